@@ -1,0 +1,43 @@
+"""The ``#ephemeral`` overflow backend: accepts everything, keeps nothing."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from zope.interface import implementer
+
+from . import IBackendQueue
+from .runs import Run
+
+__all__ = ["DummyQueue"]
+
+
+@implementer(IBackendQueue)
+class DummyQueue:
+    """NSQ's ``dummyBackendQueue``: overflow of ephemeral queues is discarded."""
+
+    __slots__ = ("dropped",)
+
+    durable = False
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def put(self, run: Run) -> Optional[Run]:
+        self.dropped += len(run[1])
+        return None
+
+    def read(self, n: int) -> List[Run]:
+        return []
+
+    def depth(self) -> int:
+        return 0
+
+    def empty(self) -> None:
+        pass
+
+    def delete(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

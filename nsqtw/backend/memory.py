@@ -1,0 +1,86 @@
+"""The bounded in-memory queue (``--mem-queue-size`` messages)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, List, Optional
+
+from zope.interface import implementer
+
+from . import IBackendQueue
+from .runs import Run, split_run
+
+__all__ = ["MemoryQueue"]
+
+
+@implementer(IBackendQueue)
+class MemoryQueue:
+    """Holds up to ``capacity`` messages as runs; what does not fit is handed back."""
+
+    __slots__ = ("capacity", "_runs", "_count")
+
+    durable = False
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._runs: Deque[Run] = deque()
+        self._count = 0
+
+    def put(self, run: Run) -> Optional[Run]:
+        room = self.capacity - self._count
+        n = len(run[1])
+        if n <= room:
+            self._runs.append(run)
+            self._count += n
+            return None
+        if room <= 0:
+            return run
+        head, rest = split_run(run, room)
+        self._runs.append(head)
+        self._count += room
+        return rest
+
+    def push_front(self, run: Run) -> None:
+        """Put a run back at the head, ignoring capacity (undo of a read)."""
+        self._runs.appendleft(run)
+        self._count += len(run[1])
+
+    def read(self, n: int) -> List[Run]:
+        out: List[Run] = []
+        runs = self._runs
+        taken = 0
+        while runs and taken < n:
+            run = runs[0]
+            k = len(run[1])
+            if taken + k <= n:
+                out.append(runs.popleft())
+                taken += k
+            else:
+                head, rest = split_run(run, n - taken)
+                runs[0] = rest
+                out.append(head)
+                taken = n
+        self._count -= taken
+        return out
+
+    def depth(self) -> int:
+        return self._count
+
+    def room(self) -> int:
+        return self.capacity - self._count
+
+    def empty(self) -> None:
+        self._runs.clear()
+        self._count = 0
+
+    def delete(self) -> None:
+        self.empty()
+
+    def close(self) -> None:
+        pass
+
+    def drain(self) -> List[Run]:
+        """Everything held, oldest first, leaving the queue empty."""
+        out = list(self._runs)
+        self.empty()
+        return out

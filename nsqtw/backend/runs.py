@@ -1,0 +1,97 @@
+"""
+Runs: how queued messages are stored in memory.
+
+A *run* is ``(blob, offsets, end)``: ``blob`` is bytes holding one or more
+complete MESSAGE frames back to back, ``offsets`` a sequence (a ``range`` when
+every frame has the same size) giving where each frame starts, and ``end`` where
+the last one stops.  An MPUB of 200 messages becomes one run; delivering all
+of it is one write of ``blob``, and copies to every channel of a topic share
+the same bytes.  Splitting a run slices ``offsets`` and never copies the blob.
+
+Keeping one bytes object per batch instead of per message saves the 33-byte
+object header and allocator rounding per message, which is what lets a
+million 200-byte messages fit in under 300 MB.
+"""
+
+from __future__ import annotations
+
+import operator
+from itertools import accumulate, repeat
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from ..protocol.message import ID_SLICE
+
+__all__ = [
+    "Run",
+    "run_of_frame",
+    "run_of_frames",
+    "run_count",
+    "split_run",
+    "run_frames",
+    "run_bytes",
+    "run_ids",
+]
+
+Run = Tuple[bytes, Sequence[int], int]
+
+_ONE = range(0, 1)
+_getitem = bytes.__getitem__
+_add = operator.add
+
+
+def run_of_frame(frame: bytes) -> Run:
+    return (frame, _ONE, len(frame))
+
+
+def run_of_frames(frames: List[bytes]) -> Run:
+    """Join frames into one run (offsets as a range when sizes are uniform)."""
+    if len(frames) == 1:
+        return run_of_frame(frames[0])
+    blob = b"".join(frames)
+    size = len(frames[0])
+    if len(blob) == size * len(frames):
+        return (blob, range(0, len(blob), size), len(blob))
+    offs = list(accumulate(map(len, frames), initial=0))
+    offs.pop()
+    return (blob, offs, len(blob))
+
+
+def run_count(run: Run) -> int:
+    return len(run[1])
+
+
+def split_run(run: Run, k: int) -> Tuple[Run, Run]:
+    """The first ``k`` messages and the rest (0 < k < count)."""
+    blob, offs, end = run
+    return (blob, offs[:k], offs[k]), (blob, offs[k:], end)
+
+
+def run_frames(run: Run) -> List[bytes]:
+    """One bytes object per message (copies; used for in-flight bookkeeping)."""
+    blob, offs, end = run
+    if len(offs) == 1:
+        start = offs[0]
+        if start == 0 and end == len(blob):
+            return [blob]
+        return [blob[start:end]]
+    ends = list(offs[1:])
+    ends.append(end)
+    return list(map(_getitem, repeat(blob), map(slice, offs, ends)))
+
+
+def run_bytes(run: Run) -> bytes:
+    """The run's frames as one bytes object, ready to write."""
+    blob, offs, end = run
+    start = offs[0]
+    if start == 0 and end == len(blob):
+        return blob
+    return blob[start:end]
+
+
+def run_ids(frames: List[bytes]) -> List[bytes]:
+    return list(map(_getitem, frames, repeat(ID_SLICE)))
+
+
+def iter_frames(runs: Iterable[Run]) -> Iterable[bytes]:
+    for run in runs:
+        yield from run_frames(run)

@@ -1,0 +1,120 @@
+"""
+Running nsqd (and nsqlookupd) inside an application's or a test's reactor.
+
+::
+
+    from nsqtw.embed import start_nsqd
+
+    nsqd = await start_nsqd()                 # 127.0.0.1, ports chosen by the OS
+    print(nsqd.tcp_address, nsqd.http_address)
+    ...
+    await nsqd.stop()                         # listeners closed, temp data removed
+
+Options are NSQ's, by attribute name (``mem_queue_size=100``,
+``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`.  Unless a
+``data_path`` is given, a temporary directory is used and deleted on stop, so
+an embedded broker leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any, Optional
+
+import attr
+from twisted.internet import defer
+
+from .options import NsqdOptions
+from .reactor import resolve_reactor
+
+__all__ = ["start_nsqd", "NsqdHandle"]
+
+
+@attr.s(eq=False)
+class NsqdHandle:
+    """A running embedded nsqd."""
+
+    service: Any = attr.ib()
+    _tempdir: Optional[str] = attr.ib(default=None)
+
+    @property
+    def broker(self) -> Any:
+        return self.service.broker
+
+    @property
+    def options(self) -> NsqdOptions:
+        return self.service.options
+
+    @property
+    def tcp_port(self) -> int:
+        return self.service.tcp_port
+
+    @property
+    def http_port(self) -> Optional[int]:
+        return self.service.http_port
+
+    @property
+    def https_port(self) -> Optional[int]:
+        return self.service.https_port
+
+    @property
+    def host(self) -> str:
+        return self.service.tcp_listener.port.getHost().host
+
+    @property
+    def tcp_address(self) -> str:
+        return f"{self.host}:{self.tcp_port}"
+
+    @property
+    def http_address(self) -> Optional[str]:
+        if self.http_port is None:
+            return None
+        return f"{self.service.http_listener.port.getHost().host}:{self.http_port}"
+
+    def stop(self) -> defer.Deferred:
+        """Stop the broker; fires once every listener and connection is closed."""
+        d = defer.maybeDeferred(self.service.stopService)
+
+        def cleanup(result: Any) -> Any:
+            if self._tempdir:
+                shutil.rmtree(self._tempdir, ignore_errors=True)
+            return result
+
+        return d.addBoth(cleanup)
+
+
+def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, **kwargs: Any) -> defer.Deferred:
+    """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`."""
+    from .service.nsqd import build_nsqd
+
+    reactor = resolve_reactor(reactor)
+    tempdir = None
+    if options is None:
+        kwargs.setdefault("tcp_address", "127.0.0.1:0")
+        kwargs.setdefault("http_address", "127.0.0.1:0")
+        kwargs.setdefault("https_address", "")
+        kwargs.setdefault("broadcast_address", "127.0.0.1")
+        if not kwargs.get("data_path"):
+            tempdir = tempfile.mkdtemp(prefix="nsqtw-")
+            kwargs["data_path"] = tempdir
+        options = NsqdOptions(**kwargs)
+    elif kwargs:
+        options = attr.evolve(options, **kwargs)
+    try:
+        service = build_nsqd(options, reactor)
+        service.startService()
+    except Exception:
+        if tempdir:
+            shutil.rmtree(tempdir, ignore_errors=True)
+        return defer.fail()
+    handle = NsqdHandle(service, tempdir)
+    d = service.ready()
+
+    def failed(f: Any) -> Any:
+        d2 = handle.stop()
+        d2.addBoth(lambda _: f)
+        return d2
+
+    d.addCallbacks(lambda _: handle, failed)
+    return d

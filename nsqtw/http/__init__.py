@@ -1,0 +1,1 @@
+"""klein applications for the daemons' HTTP APIs (no listening here)."""

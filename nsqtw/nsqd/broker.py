@@ -1,0 +1,285 @@
+"""
+The broker: every topic and channel of one nsqd, and the one place work is
+settled after an event.
+
+Protocol glue, timers and the HTTP API change state through the broker and
+then call :meth:`Broker.settle`, which moves waiting topic backlogs to their
+channels, delivers to every channel that may now have work (``dirty``), and
+writes each client's accumulated output once.  A read that FINs 500 messages
+therefore costs one delivery pass and one write, not 500.
+
+The broker imports no reactor: time arrives as ``now`` arguments, randomness
+from an injected ``random.Random``, and storage from a backend factory.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import struct
+from itertools import chain, count, repeat
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+from ..backend.dummy import DummyQueue
+from ..backend.runs import Run, run_of_frame
+from ..errors import ChannelNotFound, Exiting, QueueFull, TopicNotFound
+from ..options import NsqdOptions
+from .channel import Channel
+from .client import ClientState
+from .guid import GUIDFactory
+from .topic import Topic
+
+__all__ = ["Broker", "Event"]
+
+_SIZE = struct.Struct(">i").pack
+_MID = struct.Struct(">iqH").pack  # frame type, timestamp, attempts
+_add = operator.add
+
+
+class Event:
+    """Names of the changes listeners hear about (lookupd registration, metadata)."""
+
+    TOPIC_CREATED = "topic_created"
+    TOPIC_DELETED = "topic_deleted"
+    CHANNEL_CREATED = "channel_created"
+    CHANNEL_DELETED = "channel_deleted"
+    PAUSED = "paused"
+
+
+BackendFactory = Callable[[str, bool], Any]
+Listener = Callable[[str, str, Optional[str]], None]
+
+
+class _RefusingQueue:
+    """Overflow target when no durable backend is configured: stores nothing, refuses."""
+
+    accepts_all = False
+    durable = False
+
+    def put(self, run: Run) -> Run:
+        return run
+
+    def read(self, n: int) -> List[Run]:
+        return []
+
+    def depth(self) -> int:
+        return 0
+
+    def empty(self) -> None:
+        pass
+
+    def delete(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def memory_only_backends(name: str, ephemeral: bool) -> Any:
+    """Ephemeral queues drop their overflow; others refuse it (nothing acknowledged is lost)."""
+    return DummyQueue() if ephemeral else _RefusingQueue()
+
+
+class Broker:
+    """All topics and channels of one nsqd."""
+
+    def __init__(self, options: NsqdOptions, now: float, *,
+                 backend_factory: Optional[BackendFactory] = None,
+                 rng: Optional[random.Random] = None) -> None:
+        self.options = options
+        self.rng = rng or random.Random()
+        self.guid = GUIDFactory(options.node_id)
+        self.start_time = now
+        self.topics: Dict[str, Topic] = {}
+        self.clients: Dict[int, ClientState] = {}
+        self.dirty: Set[Channel] = set()
+        self.pumping: Set[Topic] = set()
+        self.outbox: List[ClientState] = []
+        self.listeners: List[Listener] = []
+        self.backend_factory: BackendFactory = backend_factory or memory_only_backends
+        self.health = "OK"
+        self.exiting = False
+        self.loading = False
+        self._client_ids = count(1)
+
+    # --- settling -------------------------------------------------------------
+
+    def settle(self, now: float) -> None:
+        """Pump topic backlogs, deliver to dirty channels, write every pending output once."""
+        if self.pumping:
+            for topic in list(self.pumping):
+                if not topic.pump():
+                    self.pumping.discard(topic)
+        dirty = self.dirty
+        while dirty:
+            ch = dirty.pop()
+            ch.deliver(now)
+        self.flush()
+
+    def flush(self) -> None:
+        """Write each client's pending output (clients appended meanwhile are reached too)."""
+        outbox = self.outbox
+        if outbox:
+            for client in outbox:
+                client.flush()
+            outbox.clear()
+
+    def busy(self) -> bool:
+        """True while a topic backlog still has messages to move (settle again soon)."""
+        return bool(self.pumping)
+
+    # --- clients --------------------------------------------------------------
+
+    def new_client(self, remote_address: str, now: float) -> ClientState:
+        client = ClientState(
+            next(self._client_ids), remote_address, now, self.outbox,
+            heartbeat_interval=self.options.heartbeat_interval,
+            msg_timeout=self.options.msg_timeout,
+            output_buffer_timeout=self.options.output_buffer_timeout,
+        )
+        self.clients[client.id] = client
+        return client
+
+    def client_gone(self, client: ClientState, now: float) -> None:
+        self.clients.pop(client.id, None)
+        ch = client.channel
+        if ch is not None:
+            ch.remove_client(client, now)
+        client.out.clear()
+
+    # --- topics and channels ----------------------------------------------------
+
+    def get_topic(self, name: str, now: float = 0.0) -> Topic:
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        if self.exiting:
+            raise Exiting()
+        topic = Topic(name, self, self.backend_factory(name, name.endswith("#ephemeral")))
+        self.topics[name] = topic
+        self._notify(Event.TOPIC_CREATED, name, None)
+        return topic
+
+    def _new_channel(self, topic: Topic, name: str, now: float) -> Channel:
+        if topic.exiting or self.exiting:
+            raise Exiting()
+        backend = self.backend_factory(f"{topic.name}:{name}",
+                                       topic.ephemeral or name.endswith("#ephemeral"))
+        ch = Channel(topic, name, self, backend, now)
+        topic.channels[name] = ch
+        self._notify(Event.CHANNEL_CREATED, topic.name, name)
+        if topic.mem.depth() or topic.backend.depth() or topic.deferred:
+            self.pumping.add(topic)
+        return ch
+
+    def find_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic
+
+    def find_channel(self, topic_name: str, channel_name: str) -> Channel:
+        topic = self.find_topic(topic_name)
+        ch = topic.channels.get(channel_name)
+        if ch is None:
+            raise ChannelNotFound(channel_name)
+        return ch
+
+    def delete_topic(self, name: str) -> None:
+        topic = self.find_topic(name)
+        topic.exiting = True
+        self._notify(Event.TOPIC_DELETED, name, None)
+        for ch_name in list(topic.channels):
+            self._delete_channel(topic, ch_name, notify=False)
+        topic.empty()
+        topic.backend.delete()
+        self.topics.pop(name, None)
+        self.pumping.discard(topic)
+
+    def delete_channel(self, topic_name: str, channel_name: str) -> None:
+        topic = self.find_topic(topic_name)
+        if channel_name not in topic.channels:
+            raise ChannelNotFound(channel_name)
+        self._delete_channel(topic, channel_name, notify=True)
+        if topic.ephemeral and not topic.channels and not topic.exiting:
+            self.delete_topic(topic_name)
+
+    def _delete_channel(self, topic: Topic, name: str, notify: bool) -> None:
+        ch = topic.channels[name]
+        ch.exiting = True
+        if notify:
+            self._notify(Event.CHANNEL_DELETED, topic.name, name)
+        ch.close_clients()
+        ch.empty()
+        ch.backend.delete()
+        topic.channels.pop(name, None)
+        self.dirty.discard(ch)
+
+    def channels(self) -> List[Channel]:
+        return [ch for t in self.topics.values() for ch in t.channels.values()]
+
+    def set_paused(self, topic_name: str, channel_name: Optional[str], paused: bool) -> None:
+        topic = self.find_topic(topic_name)
+        target: Any = topic
+        if channel_name is not None:
+            target = topic.channels.get(channel_name)
+            if target is None:
+                raise ChannelNotFound(channel_name)
+        if paused:
+            target.pause()
+        else:
+            target.unpause()
+        self._notify(Event.PAUSED, topic_name, channel_name)
+
+    def _notify(self, event: str, topic: str, channel: Optional[str]) -> None:
+        for listener in list(self.listeners):
+            listener(event, topic, channel)
+
+    # --- publishing -------------------------------------------------------------
+
+    def make_run(self, bodies: List[bytes], now: float) -> Tuple[Run, int]:
+        """Frames for freshly published bodies (attempts 1, new IDs), as one run, and their byte total."""
+        n = len(bodies)
+        ts = int(now * 1e9)
+        ids = self.guid.new_ids(n, ts)
+        mid = _MID(2, ts, 1)
+        if n == 1:
+            body = bodies[0]
+            return run_of_frame(b"".join((_SIZE(len(body) + 30), mid, ids[0], body))), len(body)
+        sizes = list(map(len, bodies))
+        heads = list(map(_SIZE, map(_add, sizes, repeat(30))))
+        blob = b"".join(chain.from_iterable(zip(heads, repeat(mid), ids, bodies)))
+        first = sizes[0]
+        if sizes.count(first) == n:
+            offs: Any = range(0, len(blob), first + 34)
+        else:
+            offs = [0]
+            total = 0
+            for s in sizes[:-1]:
+                total += s + 34
+                offs.append(total)
+        return (blob, offs, len(blob)), sum(sizes)
+
+    def publish(self, topic_name: str, bodies: List[bytes], now: float) -> Topic:
+        """Queue bodies on a topic (created if needed); all or nothing."""
+        topic = self.get_topic(topic_name, now)
+        topic.check_room(len(bodies))
+        run, nbytes = self.make_run(bodies, now)
+        topic.put(run, nbytes)
+        return topic
+
+    def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:
+        topic = self.get_topic(topic_name, now)
+        if topic.exiting:
+            raise Exiting()
+        run, nbytes = self.make_run([body], now)
+        topic.put_deferred(run[0], nbytes, now + delay)
+        return topic
+
+    # --- shutdown -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop accepting work and close every client connection."""
+        self.exiting = True
+        for client in list(self.clients.values()):
+            client.close()

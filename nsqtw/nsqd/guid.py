@@ -1,0 +1,69 @@
+"""
+Message IDs as NSQ mints them (``nsqd/guid.go``).
+
+A snowflake-style 64-bit integer rendered as 16 lowercase hex ASCII bytes::
+
+    id = ((ts - 1288834974288) << 22) | (node_id << 12) | sequence
+
+where ``ts`` is nanoseconds >> 20 ("pseudo-milliseconds").  NSQ's factory
+fails and retries 1 ms later when the 12-bit sequence runs out; this one
+borrows the next pseudo-millisecond instead, so IDs stay unique and
+increasing without waiting, and a batch of N IDs is N consecutive integers
+formatted by ``map`` in C.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import List
+
+__all__ = ["GUIDFactory", "TWEPOCH"]
+
+TWEPOCH = 1288834974288
+_SEQ_LIMIT = 1 << 12
+_HEX = b"%016x".__mod__
+
+
+class GUIDFactory:
+    """Mints increasing IDs for one node; time is passed in, never read."""
+
+    __slots__ = ("node_part", "last_ts", "seq")
+
+    def __init__(self, node_id: int) -> None:
+        if not 0 <= node_id < 1024:
+            raise ValueError("node id must be [0,1024)")
+        self.node_part = node_id << 12
+        self.last_ts = -1
+        self.seq = 0
+
+    def new_ids(self, count: int, now_ns: int) -> List[bytes]:
+        """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``."""
+        ts = now_ns >> 20
+        if ts <= self.last_ts:
+            ts = self.last_ts
+            seq = self.seq
+        else:
+            seq = 0
+        node = self.node_part
+        base = ((ts - TWEPOCH) << 22) | node
+        if seq + count <= _SEQ_LIMIT:
+            out = list(map(_HEX, range(base + seq, base + seq + count)))
+            seq += count
+        else:
+            ranges = []
+            while count:
+                take = min(count, _SEQ_LIMIT - seq)
+                ranges.append(range(base + seq, base + seq + take))
+                seq += take
+                count -= take
+                if seq == _SEQ_LIMIT:
+                    ts += 1
+                    seq = 0
+                    base = ((ts - TWEPOCH) << 22) | node
+            out = list(map(_HEX, chain.from_iterable(ranges)))
+        if seq == _SEQ_LIMIT:
+            ts += 1
+            seq = 0
+        self.last_ts = ts
+        self.seq = seq
+        return out

@@ -1,0 +1,141 @@
+"""
+A topic: the publish side of a stream, multicast to every channel.
+
+While a topic has channels and is not paused, a published run is handed to
+each channel at once (the same bytes, shared).  Without channels, or while
+paused, messages wait in the topic's own queue (memory, then overflow) and
+deferred ones in a list with their absolute due time; :meth:`Topic.pump`
+moves them on when a channel appears or the topic is unpaused.  This is NSQ's
+``messagePump`` without the goroutine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from ..backend.memory import MemoryQueue
+from ..backend.runs import Run, run_count, run_of_frame
+from ..errors import Exiting, QueueFull
+from ..protocol.names import is_ephemeral
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+__all__ = ["Topic"]
+
+#: messages moved from a topic's backlog to its channels per pump step
+PUMP_BATCH = 10000
+
+
+class Topic:
+    """NSQ's Topic."""
+
+    __slots__ = (
+        "name", "ephemeral", "broker", "channels", "mem", "backend", "deferred", "paused",
+        "exiting", "message_count", "message_bytes", "__weakref__",
+    )
+
+    def __init__(self, name: str, broker: "Broker", backend: Any) -> None:
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self.broker = broker
+        self.channels: Dict[str, Channel] = {}
+        self.mem = MemoryQueue(broker.options.mem_queue_size)
+        self.backend = backend
+        self.deferred: List[Tuple[float, bytes]] = []
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.message_bytes = 0
+
+    def depth(self) -> int:
+        return self.mem.depth() + self.backend.depth() + len(self.deferred)
+
+    def flowing(self) -> bool:
+        return bool(self.channels) and not self.paused
+
+    # --- publishing ---------------------------------------------------------
+
+    def check_room(self, n: int) -> None:
+        """Refuse, before anything is stored, a publish some queue cannot hold."""
+        if self.exiting:
+            raise Exiting()
+        if self.flowing():
+            for ch in self.channels.values():
+                if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
+                    raise QueueFull(f"channel {self.name}:{ch.name} is full")
+        elif not getattr(self.backend, "accepts_all", True) and self.mem.room() < n:
+            raise QueueFull(f"topic {self.name} is full")
+
+    def put(self, run: Run, nbytes: int) -> None:
+        n = len(run[1])
+        self.message_count += n
+        self.message_bytes += nbytes
+        if self.flowing() and not self.mem.depth() and not self.backend.depth():
+            for ch in self.channels.values():
+                ch.put(run)
+            return
+        rest = self.mem.put(run)
+        if rest is not None:
+            rest = self.backend.put(rest)
+            if rest is not None:
+                raise QueueFull(f"topic {self.name} is full")
+        if self.flowing():
+            self.broker.pumping.add(self)
+
+    def put_deferred(self, frame: bytes, nbytes: int, deliver_at: float) -> None:
+        self.message_count += 1
+        self.message_bytes += nbytes
+        if self.flowing():
+            for ch in self.channels.values():
+                ch.put_deferred(frame, deliver_at)
+        else:
+            self.deferred.append((deliver_at, frame))
+
+    def pump(self, limit: int = PUMP_BATCH) -> bool:
+        """Move up to ``limit`` waiting messages to the channels; True if more remain."""
+        if not self.flowing() or self.exiting:
+            return False
+        channels = list(self.channels.values())
+        if self.deferred:
+            for at, frame in self.deferred:
+                for ch in channels:
+                    ch.put_deferred(frame, at)
+            self.deferred = []
+        moved = 0
+        for run in self.mem.read(limit):
+            moved += run_count(run)
+            for ch in channels:
+                ch.put(run)
+        if moved < limit and self.backend.depth():
+            for run in self.backend.read(limit - moved):
+                moved += run_count(run)
+                for ch in channels:
+                    ch.put(run)
+        return bool(self.mem.depth() or self.backend.depth())
+
+    # --- channels -----------------------------------------------------------
+
+    def get_channel(self, name: str, now: float) -> Channel:
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = self.broker._new_channel(self, name, now)
+        return ch
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        if self.channels:
+            self.broker.pumping.add(self)
+
+    def empty(self) -> None:
+        """Drop the topic's own backlog; channels keep theirs (NSQ's Topic.Empty)."""
+        self.mem.empty()
+        self.backend.empty()
+        self.deferred = []
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name}>"

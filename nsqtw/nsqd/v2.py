@@ -1,0 +1,551 @@
+"""
+TCP protocol V2, server side, without I/O.
+
+:class:`V2Session` takes the bytes one connection sent, parses every complete
+command in them with a moving offset (no re-slicing of the tail), runs each
+against the broker, and queues the answers on the client's output; the glue
+in :mod:`nsqtw.tcp.nsqd` writes them once per read.  A run of back-to-back
+``FIN <id>\\n`` lines (a consumer acknowledging a batch) is recognised by one
+regular expression and finished as a batch, even when the run was cut across
+two reads.
+
+Errors follow nsqd exactly: every ``E_*`` text, fatal ones close the
+connection after their error frame, and the non-fatal ones (``E_FIN_FAILED``,
+``E_REQ_FAILED``, ``E_TOUCH_FAILED``) leave the commands after them in the
+same read to run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import attr
+
+from .. import NSQ_VERSION
+from ..errors import (
+    AuthDisabled, BadBody, BadChannel, BadMessage, BadProtocol, BadTopic, BrokerError, DPubFailed,
+    Exiting, IdentifyFailed, Invalid, MPubFailed, NSQError, PubFailed, QueueFull, SubFailed,
+)
+from ..options import TLS_NOT_REQUIRED
+from ..protocol.frames import (
+    CLOSE_WAIT_FRAME, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2, OK_FRAME, encode_frame,
+)
+from ..protocol.identify import IdentifyDecodeError, parse_identify
+from ..protocol.names import is_valid_name
+from ..protocol.text import b2s, go_quote
+from .broker import Broker
+from .client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, ClientState
+
+__all__ = ["V2Session", "Features", "MAX_LINE"]
+
+#: nsqd reads lines through a 16 KiB bufio.Reader; a longer line is a read error (close, no frame)
+MAX_LINE = 16 * 1024
+
+_FIN_RUN = re.compile(rb"(?:FIN [^\n]{16}\n)+")
+_FIN_IDS = re.compile(rb"FIN ([^\n]{16})\n")
+_DIGITS = re.compile(rb"[0-9]*\Z")
+_I32 = struct.Struct(">i").unpack_from
+
+_BODY_COMMANDS = frozenset((b"PUB", b"MPUB", b"DPUB", b"IDENTIFY", b"AUTH"))
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class Features:
+    """What this broker can negotiate on IDENTIFY."""
+
+    tls: bool = False
+    snappy: bool = False
+    deflate: bool = False
+
+
+@attr.s(slots=True, auto_attribs=True)
+class Upgrade:
+    """Stream upgrades IDENTIFY negotiated, performed by the glue in this order."""
+
+    tls: bool = False
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+
+
+def base10(data: bytes) -> Optional[int]:
+    """nsqd's ``ByteToBase10``: ASCII digits only, ``""`` is 0, anything else fails."""
+    if _DIGITS.match(data) is None:
+        return None
+    return int(data) if data else 0
+
+
+class _Wait(Exception):
+    """More bytes are needed before this command can run."""
+
+    def __init__(self, need: int = 0) -> None:
+        self.need = need
+
+
+class V2Session:
+    """The V2 protocol state machine for one connection (sans-IO)."""
+
+    def __init__(self, broker: Broker, client: ClientState, *, features: Features = Features(),
+                 on_identify: Optional[Callable[[ClientState], None]] = None,
+                 authorizer: Any = None) -> None:
+        self.broker = broker
+        self.client = client
+        self.features = features
+        self.on_identify = on_identify
+        self.authorizer = authorizer
+        self.closed = False
+        self.upgrade: Optional[Upgrade] = None
+        self._buf = b""
+        self._chunks: List[bytes] = []
+        self._wanted = 0
+        self._magic = False
+        opts = broker.options
+        self._max_msg_size = opts.max_msg_size
+        self._max_body_size = opts.max_body_size
+        self._tls_required = opts.tls_required != TLS_NOT_REQUIRED
+        self._line = {
+            b"RDY": self._rdy,
+            b"FIN": self._fin,
+            b"REQ": self._req,
+            b"TOUCH": self._touch,
+            b"SUB": self._sub,
+            b"CLS": self._cls,
+            b"NOP": self._nop,
+        }
+        self._body = {
+            b"PUB": self._pub,
+            b"MPUB": self._mpub,
+            b"DPUB": self._dpub,
+            b"IDENTIFY": self._identify,
+            b"AUTH": self._auth,
+        }
+
+    # --- the read loop -----------------------------------------------------------
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Handle bytes from the client; False once the connection must close."""
+        if self.closed:
+            return False
+        if self._wanted:
+            # a large body is arriving: collect chunks, join once it is all here
+            self._chunks.append(data)
+            if len(data) < self._wanted:
+                self._wanted -= len(data)
+                return True
+            self._wanted = 0
+            data = b"".join(self._chunks)
+            self._chunks = []
+        buf = self._buf + data if self._buf else data
+        self._buf = b""
+        pos = 0
+        end = len(buf)
+        if not self._magic:
+            if end < 4:
+                self._buf = buf
+                return True
+            if buf[:4] != MAGIC_V2:
+                self.client.send(encode_frame(FRAME_ERROR, BadProtocol.code))
+                self.closed = True
+                return False
+            self._magic = True
+            pos = 4
+        client = self.client
+        line_handlers = self._line
+        body_handlers = self._body
+        while pos < end:
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                if end - pos > MAX_LINE:
+                    # nsqd: "failed to read command" - the connection closes, no error frame
+                    self.closed = True
+                    return False
+                self._buf = buf[pos:]
+                return True
+            try:
+                if buf[pos] == 70 and nl - pos == 20 and client.state >= STATE_SUBSCRIBED and \
+                        not (self._tls_required and not client.tls):
+                    m = _FIN_RUN.match(buf, pos)
+                    if m is not None:
+                        stop = m.end()
+                        ids = _FIN_IDS.findall(buf, pos, stop)
+                        pos = stop
+                        for err in client.channel.finish_many(client, ids, now):
+                            client.send(encode_frame(FRAME_ERROR, err.wire()))
+                        continue
+                if nl - pos > MAX_LINE:
+                    self.closed = True
+                    return False
+                line = buf[pos:nl]
+                if line[-1:] == b"\r":
+                    line = line[:-1]
+                params = line.split(b" ")
+                name = params[0]
+                if self._tls_required and not client.tls and name != b"IDENTIFY":
+                    raise Invalid(f"cannot {b2s(name)} in current state (TLS required)")
+                handler = line_handlers.get(name)
+                if handler is not None:
+                    pos = nl + 1
+                    handler(params, now)
+                    continue
+                bhandler = body_handlers.get(name)
+                if bhandler is None:
+                    raise Invalid(f"invalid command {b2s(name)}")
+                try:
+                    pos = bhandler(params, buf, nl + 1, end, now)
+                except _Wait as w:
+                    self._buf = buf[pos:]
+                    if w.need > 65536:
+                        self._wanted = w.need
+                        self._chunks = [self._buf]
+                        self._buf = b""
+                    return True
+                if self.upgrade is not None:
+                    # bytes after a negotiated upgrade belong to the new stream layer
+                    self._buf = buf[pos:]
+                    return True
+            except NSQError as e:
+                client.send(encode_frame(FRAME_ERROR, e.wire()))
+                if e.fatal:
+                    self.closed = True
+                    return False
+        return True
+
+    def take_remainder(self) -> bytes:
+        """Bytes received after an upgrade point (to be re-fed through the new layer)."""
+        rest, self._buf = self._buf, b""
+        self.upgrade = None
+        return rest
+
+    # --- helpers ----------------------------------------------------------------
+
+    def _size(self, buf: bytes, start: int, end: int) -> int:
+        if start + 4 > end:
+            raise _Wait()
+        return _I32(buf, start)[0]
+
+    def _need(self, stop: int, end: int) -> None:
+        if stop > end:
+            raise _Wait(stop - end)
+
+    def _check_auth(self, cmd: str, topic: str, channel: str) -> None:
+        if self.authorizer is not None:
+            self.authorizer.check(self, cmd, topic, channel)
+
+    def _topic_name(self, raw: bytes, cmd: str, code: type = BadTopic, prefix: str = "") -> str:
+        name = b2s(raw)
+        if not is_valid_name(name):
+            raise code(f"{prefix}{cmd} topic name {go_quote(name)} is not valid")
+        return name
+
+    def _message_id(self, raw: bytes) -> bytes:
+        if len(raw) != 16:
+            raise Invalid("invalid message ID")
+        return raw
+
+    # --- commands without a body ------------------------------------------------------
+
+    def _nop(self, params: List[bytes], now: float) -> None:
+        pass
+
+    def _rdy(self, params: List[bytes], now: float) -> None:
+        client = self.client
+        state = client.state
+        if state == STATE_CLOSING:
+            return
+        if state != STATE_SUBSCRIBED:
+            raise Invalid("cannot RDY in current state")
+        count = 1
+        if len(params) > 1:
+            parsed = base10(params[1])
+            if parsed is None:
+                raise Invalid(f"RDY could not parse count {b2s(params[1])}")
+            count = parsed
+        max_rdy = self.broker.options.max_rdy_count
+        if count > max_rdy:
+            raise Invalid(f"RDY count {count} out of range 0-{max_rdy}")
+        if count != client.rdy:
+            client.rdy = count
+            self.broker.dirty.add(client.channel)
+
+    def _fin(self, params: List[bytes], now: float) -> None:
+        client = self.client
+        if client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
+            raise Invalid("cannot FIN in current state")
+        if len(params) < 2:
+            raise Invalid("FIN insufficient number of params")
+        client.channel.finish(client, self._message_id(params[1]), now)
+
+    def _req(self, params: List[bytes], now: float) -> None:
+        client = self.client
+        if client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
+            raise Invalid("cannot REQ in current state")
+        if len(params) < 3:
+            raise Invalid("REQ insufficient number of params")
+        mid = self._message_id(params[1])
+        ms = base10(params[2])
+        if ms is None:
+            raise Invalid(f"REQ could not parse timeout {b2s(params[2])}")
+        delay = min(ms / 1000.0, self.broker.options.max_req_timeout)
+        client.channel.requeue(client, mid, delay, now)
+
+    def _touch(self, params: List[bytes], now: float) -> None:
+        client = self.client
+        if client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
+            raise Invalid("cannot TOUCH in current state")
+        if len(params) < 2:
+            raise Invalid("TOUCH insufficient number of params")
+        client.channel.touch(client, self._message_id(params[1]), now)
+
+    def _cls(self, params: List[bytes], now: float) -> None:
+        client = self.client
+        if client.state != STATE_SUBSCRIBED:
+            raise Invalid("cannot CLS in current state")
+        client.rdy = 0
+        client.state = STATE_CLOSING
+        client.send(CLOSE_WAIT_FRAME)
+
+    def _sub(self, params: List[bytes], now: float) -> None:
+        client = self.client
+        if client.state != STATE_INIT:
+            raise Invalid("cannot SUB in current state")
+        if client.heartbeat_interval <= 0:
+            raise Invalid("cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise Invalid("SUB insufficient number of parameters")
+        topic_name = self._topic_name(params[1], "SUB")
+        channel_name = b2s(params[2])
+        if not is_valid_name(channel_name):
+            raise BadChannel(f"SUB channel name {go_quote(channel_name)} is not valid")
+        self._check_auth("SUB", topic_name, channel_name)
+        try:
+            topic = self.broker.get_topic(topic_name, now)
+            channel = topic.get_channel(channel_name, now)
+            channel.add_client(client)
+        except Exiting:
+            raise SubFailed("SUB failed to deleted topic/channel") from None
+        client.state = STATE_SUBSCRIBED
+        client.channel = channel
+        client.send(OK_FRAME)
+
+    # --- commands with a body --------------------------------------------------------
+    # each takes (params, buf, start, end, now) where start is the offset just past the
+    # command line, and returns the offset past its body (or raises _Wait)
+
+    def _pub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+        if len(params) < 2:
+            raise Invalid("PUB insufficient number of parameters")
+        topic_name = self._topic_name(params[1], "PUB")
+        size = self._size(buf, start, end)
+        if size <= 0:
+            raise BadMessage(f"PUB invalid message body size {size}")
+        if size > self._max_msg_size:
+            raise BadMessage(f"PUB message too big {size} > {self._max_msg_size}")
+        stop = start + 4 + size
+        self._need(stop, end)
+        self._check_auth("PUB", topic_name, "")
+        try:
+            self.broker.publish(topic_name, [buf[start + 4:stop]], now)
+        except BrokerError as e:
+            raise PubFailed(f"PUB failed {e}") from None
+        self.client.published(topic_name, 1)
+        self.client.send(OK_FRAME)
+        return stop
+
+    def _dpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+        if len(params) < 3:
+            raise Invalid("DPUB insufficient number of parameters")
+        topic_name = self._topic_name(params[1], "DPUB")
+        ms = base10(params[2])
+        if ms is None:
+            raise Invalid(f"DPUB could not parse timeout {b2s(params[2])}")
+        max_ms = int(self.broker.options.max_req_timeout * 1000)
+        if ms > max_ms:
+            raise Invalid(f"DPUB timeout {ms} out of range 0-{max_ms}")
+        size = self._size(buf, start, end)
+        if size <= 0:
+            raise BadMessage(f"DPUB invalid message body size {size}")
+        if size > self._max_msg_size:
+            raise BadMessage(f"DPUB message too big {size} > {self._max_msg_size}")
+        stop = start + 4 + size
+        self._need(stop, end)
+        self._check_auth("DPUB", topic_name, "")
+        try:
+            body = buf[start + 4:stop]
+            if ms:
+                self.broker.publish_deferred(topic_name, body, ms / 1000.0, now)
+            else:
+                self.broker.publish(topic_name, [body], now)
+        except BrokerError as e:
+            raise DPubFailed(f"DPUB failed {e}") from None
+        self.client.published(topic_name, 1)
+        self.client.send(OK_FRAME)
+        return stop
+
+    def _mpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+        if len(params) < 2:
+            raise Invalid("MPUB insufficient number of parameters")
+        topic_name = self._topic_name(params[1], "MPUB", prefix="E_BAD_TOPIC ")
+        self._check_auth("MPUB", topic_name, "")
+        try:
+            self.broker.get_topic(topic_name, now)
+        except BrokerError as e:
+            raise MPubFailed(f"MPUB failed {e}") from None
+        body_size = self._size(buf, start, end)
+        if body_size <= 0:
+            raise BadBody(f"MPUB invalid body size {body_size}")
+        if body_size > self._max_body_size:
+            raise BadBody(f"MPUB body too big {body_size} > {self._max_body_size}")
+        # wait for the announced body before walking it (it is bounded by --max-body-size)
+        p = start + 4
+        self._need(p + body_size, end)
+        num = self._size(buf, p, end)
+        max_messages = (self._max_body_size - 4) // 5
+        if num <= 0 or num > max_messages:
+            raise BadBody(f"MPUB invalid message count {num}")
+        p += 4
+        max_msg = self._max_msg_size
+        starts = []
+        stops = []
+        for i in range(num):
+            if p + 4 > end:
+                raise _Wait()
+            size = _I32(buf, p)[0]
+            if size <= 0:
+                raise BadMessage(f"MPUB invalid message({i}) body size {size}")
+            if size > max_msg:
+                raise BadMessage(f"MPUB message too big {size} > {max_msg}")
+            p += 4
+            starts.append(p)
+            p += size
+            stops.append(p)
+        self._need(p, end)
+        bodies = list(map(buf.__getitem__, map(slice, starts, stops)))
+        try:
+            self.broker.publish(topic_name, bodies, now)
+        except BrokerError as e:
+            raise MPubFailed(f"MPUB failed {e}") from None
+        self.client.published(topic_name, num)
+        self.client.send(OK_FRAME)
+        return p
+
+    def _identify(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+        client = self.client
+        if client.state != STATE_INIT:
+            raise Invalid("cannot IDENTIFY in current state")
+        size = self._size(buf, start, end)
+        if size > self._max_body_size:
+            raise BadBody(f"IDENTIFY body too big {size} > {self._max_body_size}")
+        if size <= 0:
+            raise BadBody(f"IDENTIFY invalid body size {size}")
+        stop = start + 4 + size
+        self._need(stop, end)
+        try:
+            req = parse_identify(buf[start + 4:stop])
+        except IdentifyDecodeError:
+            raise BadBody("IDENTIFY failed to decode JSON body") from None
+        self._apply_identify(req)
+        if self.on_identify is not None:
+            self.on_identify(client)
+        if not req.feature_negotiation:
+            client.send(OK_FRAME)
+            return stop
+        opts = self.broker.options
+        features = self.features
+        tls = features.tls and req.tls_v1
+        deflate = features.deflate and opts.deflate and req.deflate
+        level = 6
+        if deflate and req.deflate_level > 0:
+            level = req.deflate_level
+        level = min(level, opts.max_deflate_level)
+        snappy = features.snappy and opts.snappy and req.snappy
+        if deflate and snappy:
+            raise IdentifyFailed("cannot enable both deflate and snappy compression")
+        answer = {
+            "max_rdy_count": opts.max_rdy_count,
+            "version": NSQ_VERSION,
+            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
+            "msg_timeout": int(round(client.msg_timeout * 1000)),
+            "tls_v1": tls,
+            "deflate": deflate,
+            "deflate_level": level,
+            "max_deflate_level": opts.max_deflate_level,
+            "snappy": snappy,
+            "sample_rate": client.sample_rate,
+            "auth_required": self.authorizer is not None,
+            "output_buffer_size": client.output_buffer_size,
+            "output_buffer_timeout": int(round(client.output_buffer_timeout * 1000)),
+        }
+        client.send(encode_frame(FRAME_RESPONSE, json.dumps(answer, separators=(",", ":")).encode()))
+        if tls or snappy or deflate:
+            self.upgrade = Upgrade(tls, snappy, deflate, level)
+        return stop
+
+    def _apply_identify(self, req: Any) -> None:
+        client = self.client
+        opts = self.broker.options
+        client.client_id = req.client_id if req.client_id is not None else ""
+        client.hostname = req.hostname if req.hostname is not None else ""
+        client.user_agent = req.user_agent if req.user_agent is not None else ""
+        hb = req.heartbeat_interval
+        if hb == -1:
+            client.heartbeat_interval = 0
+        elif hb == 0:
+            pass
+        elif 1000 <= hb <= int(opts.max_heartbeat_interval * 1000):
+            client.heartbeat_interval = hb / 1000.0
+        else:
+            raise BadBody(f"IDENTIFY heartbeat interval ({hb}) is invalid")
+        timeout = req.output_buffer_timeout
+        if timeout == -1:
+            client.output_buffer_timeout = 0
+        elif timeout == 0:
+            pass
+        elif int(opts.min_output_buffer_timeout * 1000) <= timeout <= int(opts.max_output_buffer_timeout * 1000):
+            client.output_buffer_timeout = timeout / 1000.0
+        else:
+            raise BadBody(f"IDENTIFY output buffer timeout ({timeout}) is invalid")
+        size = req.output_buffer_size
+        if size == -1:
+            client.output_buffer_size = 1
+            client.output_buffer_timeout = 0
+        elif size == 0:
+            pass
+        elif 64 <= size <= opts.max_output_buffer_size:
+            client.output_buffer_size = size
+        else:
+            raise BadBody(f"IDENTIFY output buffer size ({size}) is invalid")
+        rate = req.sample_rate
+        if rate < 0 or rate > 99:
+            raise BadBody(f"IDENTIFY sample rate ({rate}) is invalid")
+        client.sample_rate = rate
+        mt = req.msg_timeout
+        if mt == 0:
+            pass
+        elif 1000 <= mt <= int(opts.max_msg_timeout * 1000):
+            client.msg_timeout = mt / 1000.0
+        else:
+            raise BadBody(f"IDENTIFY msg timeout ({mt}) is invalid")
+        client.identified = True
+
+    def _auth(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+        client = self.client
+        if client.state != STATE_INIT:
+            raise Invalid("cannot AUTH in current state")
+        if len(params) != 1:
+            raise Invalid("AUTH invalid number of parameters")
+        size = self._size(buf, start, end)
+        if size > self._max_body_size:
+            raise BadBody(f"AUTH body too big {size} > {self._max_body_size}")
+        if size <= 0:
+            raise BadBody(f"AUTH invalid body size {size}")
+        stop = start + 4 + size
+        self._need(stop, end)
+        if client.auth is not None:
+            raise Invalid("AUTH already set")
+        if self.authorizer is None:
+            raise AuthDisabled("AUTH disabled")
+        self.authorizer.auth(self, buf[start + 4:stop], now)
+        return stop

@@ -1,0 +1,552 @@
+"""
+Option types for every daemon, carrying NSQ's flag names, defaults and rules.
+
+One frozen attrs class per daemon is the single source of truth: the twistd
+plugins, the drop-in CLIs and the embedding API all build one from strings or
+keyword arguments and hand it to the service builder.  Each field's metadata
+holds the flag name (``--mem-queue-size``), the config-file name
+(``mem_queue_size`` unless NSQ renames it with a ``cfg`` tag), the kind that
+says how to parse a string, and the help text NSQ prints.
+
+Durations are stored as float seconds and parsed from Go's syntax (``60s``,
+``1m30s``, ``250ms``); ``/config/:opt`` reports them as nanoseconds as Go's
+JSON does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+import zlib
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+
+import attr
+
+__all__ = [
+    "OptionError",
+    "NsqdOptions",
+    "parse_duration",
+    "format_duration",
+    "option_fields",
+    "options_from_strings",
+    "config_value",
+    "LOG_LEVELS",
+]
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names the flag, as nsqd's do."""
+
+
+# --- kinds -------------------------------------------------------------------
+
+STR = "str"
+INT = "int"
+BOOL = "bool"
+DURATION = "duration"
+STRLIST = "strlist"
+FLOATLIST = "floatlist"
+TLS_REQUIRED = "tls_required"
+TLS_MIN_VERSION = "tls_min_version"
+LOG_LEVEL = "log_level"
+
+LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+_LOG_LEVEL_NAMES = {v: k for k, v in LOG_LEVELS.items()}
+
+TLS_NOT_REQUIRED = 0
+TLS_REQUIRED_EXCEPT_HTTP = 1
+TLS_REQUIRED = 2
+
+TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
+
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,
+    "\u03bcs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+
+
+def parse_duration(text: str, flag: str = "duration") -> float:
+    """Parse a Go duration (``"1m30s"``, ``"-1.5h"``, ``"0"``) into seconds."""
+    s = text.strip()
+    if s in ("0", "+0", "-0"):
+        return 0.0
+    sign = 1.0
+    if s[:1] in "+-":
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if not s:
+        raise OptionError(f'invalid value "{text}" for flag --{flag}: invalid duration')
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None or m.group(1) in ("", "."):
+            raise OptionError(f'invalid value "{text}" for flag --{flag}: invalid duration')
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds the way Go's ``time.Duration.String`` does."""
+    ns = int(round(seconds * 1e9))
+    if ns == 0:
+        return "0s"
+    neg = ns < 0
+    ns = abs(ns)
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("\u00b5s", 1_000), ("ns", 1)):
+            if ns >= size:
+                out = _trim(ns / size) + unit
+                break
+    else:
+        h, rem = divmod(ns, 3_600_000_000_000)
+        m, rem = divmod(rem, 60_000_000_000)
+        s = _trim(rem / 1e9)
+        out = (f"{h}h{m}m{s}s" if h else f"{m}m{s}s" if m else f"{s}s")
+    return ("-" + out) if neg else out
+
+
+def _trim(value: float) -> str:
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def _parse_bool(text: str, flag: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "t", "true"):
+        return True
+    if low in ("0", "f", "false"):
+        return False
+    raise OptionError(f'invalid boolean value "{text}" for -{flag}: parse error')
+
+
+def _parse_int(text: str, flag: str) -> int:
+    try:
+        return int(text.strip(), 0) if text.strip().lower().startswith(("0x", "0o", "0b")) else int(text.strip())
+    except ValueError:
+        raise OptionError(f'invalid value "{text}" for flag -{flag}: parse error') from None
+
+
+def _parse_tls_required(text: str, flag: str) -> int:
+    low = text.strip().lower()
+    if low == "tcp-https":
+        return TLS_REQUIRED_EXCEPT_HTTP
+    try:
+        return TLS_REQUIRED if _parse_bool(low, flag) else TLS_NOT_REQUIRED
+    except OptionError:
+        raise OptionError(
+            f'invalid value "{text}" for flag -{flag}: expected true, false or tcp-https'
+        ) from None
+
+
+def _parse_tls_min_version(text: str, flag: str) -> int:
+    low = text.strip().lower()
+    if low in TLS_VERSIONS:
+        return TLS_VERSIONS[low]
+    if low.isdigit() and int(low) in TLS_VERSIONS.values():
+        return int(low)
+    raise OptionError(f'invalid value "{text}" for flag -{flag}: unknown tlsVersionOption "{text}"')
+
+
+def _parse_log_level(text: str, flag: str) -> int:
+    low = text.strip().lower()
+    if low in LOG_LEVELS:
+        return LOG_LEVELS[low]
+    if low.isdigit() and int(low) in _LOG_LEVEL_NAMES:
+        return int(low)
+    raise OptionError(f'invalid value "{text}" for flag -{flag}: invalid log-level "{text}"')
+
+
+def _parse_float_list(text: str, flag: str) -> List[float]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise OptionError(f'invalid value "{text}" for flag -{flag}: parse error') from None
+    return out
+
+
+_PARSERS: Dict[str, Callable[[str, str], Any]] = {
+    STR: lambda text, flag: text,
+    INT: _parse_int,
+    BOOL: _parse_bool,
+    DURATION: lambda text, flag: parse_duration(text, flag),
+    TLS_REQUIRED: _parse_tls_required,
+    TLS_MIN_VERSION: _parse_tls_min_version,
+    LOG_LEVEL: _parse_log_level,
+}
+
+
+def opt(
+    default: Any = attr.NOTHING,
+    *,
+    flag: Optional[str],
+    kind: str,
+    help: str = "",
+    cfg: Optional[str] = None,
+    factory: Optional[Callable[[], Any]] = None,
+    unsupported: Optional[str] = None,
+) -> Any:
+    """An attrs field that knows its NSQ flag, config name, parser and help."""
+    meta = {
+        "flag": flag,
+        "kind": kind,
+        "help": help,
+        "cfg": cfg or (flag.replace("-", "_") if flag else None),
+        "unsupported": unsupported,
+    }
+    if factory is not None:
+        return attr.ib(factory=factory, metadata=meta, kw_only=True)
+    return attr.ib(default=default, metadata=meta, kw_only=True)
+
+
+def option_fields(cls: type) -> List["attr.Attribute[Any]"]:
+    """The fields of an options class that have an NSQ flag, in flag order."""
+    return [f for f in attr.fields(cls) if f.metadata.get("flag")]
+
+
+T = TypeVar("T")
+
+
+def parse_value(field: "attr.Attribute[Any]", value: Any) -> Any:
+    """Turn a flag string (or list of strings, or a TOML value) into the field's type."""
+    kind = field.metadata["kind"]
+    flag = field.metadata["flag"] or field.name
+    if kind == STRLIST:
+        if isinstance(value, str):
+            return [value]
+        return [str(v) for v in value]
+    if kind == FLOATLIST:
+        if isinstance(value, (int, float)):
+            return [float(value)]
+        if isinstance(value, str):
+            return _parse_float_list(value, flag)
+        out: List[float] = []
+        for v in value:
+            out.extend(_parse_float_list(v, flag) if isinstance(v, str) else [float(v)])
+        return out
+    if isinstance(value, list):
+        value = value[-1]
+    if kind == BOOL and isinstance(value, bool):
+        return value
+    if kind == INT and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == DURATION and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # TOML integers are nanoseconds, as Go's config loader reads them
+        return value / 1e9
+    return _PARSERS[kind](str(value) if not isinstance(value, str) else value, flag)
+
+
+def options_from_strings(cls: Type[T], values: Mapping[str, Any], **overrides: Any) -> T:
+    """
+    Build an options object from ``{flag-or-cfg-name: value}``.
+
+    Keys may be flag names (``mem-queue-size``), config names
+    (``mem_queue_size``, ``nsqlookupd_tcp_addresses``) or attribute names.
+    Values are strings or lists of strings as a command line gives them, or
+    TOML values.  Unknown keys are refused with a message naming them.
+    """
+    by_key: Dict[str, "attr.Attribute[Any]"] = {}
+    for f in attr.fields(cls):  # type: ignore[arg-type]
+        by_key[f.name] = f
+        if f.metadata.get("flag"):
+            by_key[f.metadata["flag"]] = f
+            by_key[f.metadata["flag"].replace("-", "_")] = f
+        if f.metadata.get("cfg"):
+            by_key[f.metadata["cfg"]] = f
+    kwargs: Dict[str, Any] = {}
+    for key, value in values.items():
+        f = by_key.get(key) or by_key.get(key.replace("-", "_"))
+        if f is None:
+            raise OptionError(f"flag provided but not defined: -{key}")
+        kwargs[f.name] = parse_value(f, value)
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def config_value(options: Any, name: str) -> Any:
+    """An option as ``GET /config/:opt`` reports it (Go's JSON of the value)."""
+    for f in attr.fields(type(options)):
+        if f.metadata.get("cfg") == name:
+            value = getattr(options, f.name)
+            kind = f.metadata["kind"]
+            if kind == DURATION:
+                return int(round(value * 1e9))
+            return value
+    raise KeyError(name)
+
+
+def display_default(field: "attr.Attribute[Any]", value: Any) -> str:
+    """A default as Go's flag package prints it in ``--help``."""
+    kind = field.metadata["kind"]
+    if kind == DURATION:
+        return format_duration(value)
+    if kind == LOG_LEVEL:
+        return _LOG_LEVEL_NAMES.get(value, str(value))
+    if kind in (STRLIST, FLOATLIST):
+        return ",".join(str(v) for v in value)
+    if kind == BOOL:
+        return "true" if value else "false"
+    if kind == TLS_REQUIRED:
+        return {0: "false", 1: "tcp-https", 2: "true"}[value]
+    return str(value)
+
+
+# --- helpers shared by the daemons --------------------------------------------
+
+
+def split_host_port(address: str, flag: str) -> Tuple[str, int]:
+    """``"host:port"`` -> (host, port); ``[v6]:port`` is allowed."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise OptionError(f"--{flag} {address!r}: missing port in address")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        number = int(port)
+    except ValueError:
+        raise OptionError(f"--{flag} {address!r}: invalid port") from None
+    if not 0 <= number <= 65535:
+        raise OptionError(f"--{flag} {address!r}: invalid port")
+    return host, number
+
+
+def default_node_id(hostname: Optional[str] = None) -> int:
+    """NSQ's default: ``crc32(md5(hostname)) % 1024``."""
+    name = hostname if hostname is not None else socket.gethostname()
+    return zlib.crc32(hashlib.md5(name.encode()).digest()) % 1024
+
+
+def default_hostname() -> str:
+    return socket.gethostname()
+
+
+def _check_address(flag: str, value: str, allow_empty: bool = True, allow_unix: bool = True) -> None:
+    if value == "" and allow_empty:
+        return
+    if allow_unix and ":" not in value and "/" in value:
+        return
+    split_host_port(value, flag)
+
+
+# --- nsqd ----------------------------------------------------------------------
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=False)
+class NsqdOptions:
+    """nsqd's options with NSQ's flag names and defaults; refused at start if invalid."""
+
+    log_level: int = opt(LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
+                         help="set log verbosity: debug, info, warn, error, or fatal")
+    log_prefix: str = opt("[nsqd] ", flag="log-prefix", kind=STR, help="log message prefix")
+    verbose: bool = opt(False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
+    node_id: int = opt(flag="node-id", cfg="id", kind=INT, factory=default_node_id,
+                       help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)")
+    https_address: str = opt("0.0.0.0:4152", flag="https-address", kind=STR,
+                             help="<addr>:<port> to listen on for HTTPS clients")
+    http_address: str = opt("0.0.0.0:4151", flag="http-address", kind=STR,
+                            help="address to listen on for HTTP clients (<addr>:<port> for TCP/IP or <path> for unix socket)")
+    tcp_address: str = opt("0.0.0.0:4150", flag="tcp-address", kind=STR,
+                           help="address to listen on for TCP clients (<addr>:<port> for TCP/IP or <path> for unix socket)")
+    auth_http_addresses: List[str] = opt(flag="auth-http-address", cfg="auth_http_addresses", kind=STRLIST,
+                                         factory=list,
+                                         help="<addr>:<port> or a full url to query auth server (may be given multiple times)")
+    auth_http_request_method: str = opt("get", flag="auth-http-request-method", kind=STR,
+                                        help="HTTP method to use for auth server requests (get or post)")
+    broadcast_address: str = opt(flag="broadcast-address", kind=STR, factory=default_hostname,
+                                 help="address that will be registered with lookupd (defaults to the OS hostname)")
+    broadcast_tcp_port: int = opt(0, flag="broadcast-tcp-port", kind=INT,
+                                  help="TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)")
+    broadcast_http_port: int = opt(0, flag="broadcast-http-port", kind=INT,
+                                   help="HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)")
+    lookupd_tcp_addresses: List[str] = opt(flag="lookupd-tcp-address", cfg="nsqlookupd_tcp_addresses",
+                                           kind=STRLIST, factory=list,
+                                           help="lookupd TCP address (may be given multiple times)")
+    http_client_connect_timeout: float = opt(2.0, flag="http-client-connect-timeout", kind=DURATION,
+                                             help="timeout for HTTP connect")
+    http_client_request_timeout: float = opt(5.0, flag="http-client-request-timeout", kind=DURATION,
+                                             help="timeout for HTTP request")
+    data_path: str = opt("", flag="data-path", kind=STR, help="path to store disk-backed messages")
+    mem_queue_size: int = opt(10000, flag="mem-queue-size", kind=INT,
+                              help="number of messages to keep in memory (per topic/channel)")
+    max_bytes_per_file: int = opt(100 * 1024 * 1024, flag="max-bytes-per-file", kind=INT,
+                                  help="number of bytes per diskqueue file before rolling")
+    sync_every: int = opt(2500, flag="sync-every", kind=INT, help="number of messages per diskqueue fsync")
+    sync_timeout: float = opt(2.0, flag="sync-timeout", kind=DURATION, help="duration of time per diskqueue fsync")
+    queue_scan_worker_pool_max: int = opt(4, flag="queue-scan-worker-pool-max", kind=INT,
+                                          help="max concurrency for checking in-flight and deferred message timeouts")
+    queue_scan_selection_count: int = opt(20, flag="queue-scan-selection-count", kind=INT,
+                                          help="number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts")
+    msg_timeout: float = opt(60.0, flag="msg-timeout", kind=DURATION,
+                             help="default duration to wait before auto-requeing a message")
+    max_msg_timeout: float = opt(15 * 60.0, flag="max-msg-timeout", kind=DURATION,
+                                 help="maximum duration before a message will timeout")
+    max_msg_size: int = opt(1024 * 1024, flag="max-msg-size", kind=INT,
+                            help="maximum size of a single message in bytes")
+    max_req_timeout: float = opt(3600.0, flag="max-req-timeout", kind=DURATION,
+                                 help="maximum requeuing timeout for a message")
+    max_body_size: int = opt(5 * 1024 * 1024, flag="max-body-size", kind=INT,
+                             help="maximum size of a single command body")
+    max_heartbeat_interval: float = opt(60.0, flag="max-heartbeat-interval", kind=DURATION,
+                                        help="maximum client configurable duration of time between client heartbeats")
+    max_rdy_count: int = opt(2500, flag="max-rdy-count", kind=INT, help="maximum RDY count for a client")
+    max_output_buffer_size: int = opt(64 * 1024, flag="max-output-buffer-size", kind=INT,
+                                      help="maximum client configurable size (in bytes) for a client output buffer")
+    max_output_buffer_timeout: float = opt(30.0, flag="max-output-buffer-timeout", kind=DURATION,
+                                           help="maximum client configurable duration of time between flushing to a client")
+    min_output_buffer_timeout: float = opt(0.025, flag="min-output-buffer-timeout", kind=DURATION,
+                                           help="minimum client configurable duration of time between flushing to a client")
+    output_buffer_timeout: float = opt(0.25, flag="output-buffer-timeout", kind=DURATION,
+                                       help="default duration of time between flushing data to clients")
+    max_channel_consumers: int = opt(0, flag="max-channel-consumers", kind=INT,
+                                     help="maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)")
+    statsd_address: str = opt("", flag="statsd-address", kind=STR,
+                              help="UDP <addr>:<port> of a statsd daemon for pushing stats")
+    statsd_interval: float = opt(60.0, flag="statsd-interval", kind=DURATION, help="duration between pushing to statsd")
+    statsd_mem_stats: bool = opt(True, flag="statsd-mem-stats", kind=BOOL,
+                                 help="toggle sending memory and GC stats to statsd")
+    statsd_prefix: str = opt("nsq.%s", flag="statsd-prefix", kind=STR,
+                             help="prefix used for keys sent to statsd (%s for host replacement)")
+    statsd_udp_packet_size: int = opt(508, flag="statsd-udp-packet-size", kind=INT,
+                                      help="the size in bytes of statsd UDP packets")
+    statsd_exclude_ephemeral: bool = opt(False, flag="statsd-exclude-ephemeral", kind=BOOL,
+                                         help="Skip ephemeral topics and channels when sending stats to statsd")
+    e2e_processing_latency_percentiles: List[float] = opt(
+        flag="e2e-processing-latency-percentile", cfg="e2e_processing_latency_percentiles", kind=FLOATLIST,
+        factory=list,
+        help="message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma separated '1.0,0.99,0.95', default none)")
+    e2e_processing_latency_window_time: float = opt(
+        600.0, flag="e2e-processing-latency-window-time", kind=DURATION,
+        help="calculate end to end latency quantiles for this duration of time (ie: 60s would only show quantile calculations from the past 60 seconds)")
+    tls_cert: str = opt("", flag="tls-cert", kind=STR, help="path to certificate file")
+    tls_key: str = opt("", flag="tls-key", kind=STR, help="path to key file")
+    tls_client_auth_policy: str = opt("", flag="tls-client-auth-policy", kind=STR,
+                                      help="client certificate auth policy ('require' or 'require-verify')")
+    tls_root_ca_file: str = opt("", flag="tls-root-ca-file", kind=STR, help="path to certificate authority file")
+    tls_required: int = opt(TLS_NOT_REQUIRED, flag="tls-required", kind=TLS_REQUIRED,
+                            help="require TLS for client connections (true, false, tcp-https)")
+    tls_min_version: int = opt(TLS_VERSIONS["tls1.0"], flag="tls-min-version", kind=TLS_MIN_VERSION,
+                               help="minimum SSL/TLS version acceptable ('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')")
+    deflate: bool = opt(True, flag="deflate", cfg="deflate", kind=BOOL,
+                        help="enable deflate feature negotiation (client compression)")
+    max_deflate_level: int = opt(6, flag="max-deflate-level", kind=INT,
+                                 help="max deflate compression level a client can negotiate (> values == > nsqd CPU usage)")
+    snappy: bool = opt(True, flag="snappy", cfg="snappy", kind=BOOL,
+                       help="enable snappy feature negotiation (client compression)")
+    topology_region: str = opt("", flag="topology-region", kind=STR,
+                               unsupported="topology-aware consumption is an unreleased NSQ experiment nsqtw does not implement",
+                               help="[experimental, not supported by nsqtw] region for topology-aware consumption")
+    topology_zone: str = opt("", flag="topology-zone", kind=STR,
+                             unsupported="topology-aware consumption is an unreleased NSQ experiment nsqtw does not implement",
+                             help="[experimental, not supported by nsqtw] zone for topology-aware consumption")
+    enable_experiment: List[str] = opt(flag="enable-experiment", cfg="enable_experiment", kind=STRLIST, factory=list,
+                                       unsupported="NSQ's experiments (topology-aware-consumption) are not implemented by nsqtw",
+                                       help="[experimental, not supported by nsqtw] enable an experiment")
+    # nsqtw additions (not in NSQ) -------------------------------------------------
+    stats_export_path: str = opt("", flag="stats-export-path", kind=STR,
+                                 help="[nsqtw] directory for hourly JSON Lines snapshots of /stats (empty disables)")
+    stats_export_interval: float = opt(10.0, flag="stats-export-interval", kind=DURATION,
+                                       help="[nsqtw] duration between /stats snapshots written to --stats-export-path")
+    # internal knobs NSQ does not expose as flags ------------------------------------
+    client_timeout: float = opt(60.0, flag=None, kind=DURATION)
+    queue_scan_interval: float = opt(0.1, flag=None, kind=DURATION)
+    queue_scan_refresh_interval: float = opt(5.0, flag=None, kind=DURATION)
+    queue_scan_dirty_percent: float = opt(0.25, flag=None, kind=STR)
+    magic_timeout: float = opt(60.0, flag=None, kind=DURATION)
+
+    def __attrs_post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse values nsqd refuses, with messages that name the flag."""
+        if not 0 <= self.node_id < 1024:
+            raise OptionError("--node-id must be [0,1024)")
+        if not 1 <= self.max_deflate_level <= 9:
+            raise OptionError("--max-deflate-level must be [1,9]")
+        for p in self.e2e_processing_latency_percentiles:
+            if not 0 < p <= 1:
+                raise OptionError(f"invalid E2E processing latency percentile: {p:g} (--e2e-processing-latency-percentile must be in (0,1])")
+        if self.auth_http_request_method.lower() not in ("get", "post"):
+            raise OptionError(f"--auth-http-request-method must be get or post, not {self.auth_http_request_method!r}")
+        for name, value in (
+            ("mem-queue-size", self.mem_queue_size),
+            ("max-channel-consumers", self.max_channel_consumers),
+            ("broadcast-tcp-port", self.broadcast_tcp_port),
+            ("broadcast-http-port", self.broadcast_http_port),
+        ):
+            if value < 0:
+                raise OptionError(f"--{name} must be >= 0 (got {value})")
+        for name, value in (
+            ("max-msg-size", self.max_msg_size),
+            ("max-body-size", self.max_body_size),
+            ("max-bytes-per-file", self.max_bytes_per_file),
+            ("sync-every", self.sync_every),
+            ("queue-scan-selection-count", self.queue_scan_selection_count),
+            ("queue-scan-worker-pool-max", self.queue_scan_worker_pool_max),
+            ("max-output-buffer-size", self.max_output_buffer_size),
+            ("statsd-udp-packet-size", self.statsd_udp_packet_size),
+        ):
+            if value < 1:
+                raise OptionError(f"--{name} must be > 0 (got {value})")
+        if self.max_rdy_count < 0:
+            raise OptionError(f"--max-rdy-count must be >= 0 (got {self.max_rdy_count})")
+        for name, value in (
+            ("msg-timeout", self.msg_timeout),
+            ("max-msg-timeout", self.max_msg_timeout),
+            ("max-heartbeat-interval", self.max_heartbeat_interval),
+            ("sync-timeout", self.sync_timeout),
+            ("statsd-interval", self.statsd_interval),
+            ("e2e-processing-latency-window-time", self.e2e_processing_latency_window_time),
+            ("stats-export-interval", self.stats_export_interval),
+        ):
+            if value <= 0:
+                raise OptionError(f"--{name} must be a positive duration (got {format_duration(value)})")
+        if self.max_req_timeout < 0:
+            raise OptionError("--max-req-timeout must not be negative")
+        if self.msg_timeout > self.max_msg_timeout:
+            raise OptionError(
+                f"--msg-timeout ({format_duration(self.msg_timeout)}) must not exceed "
+                f"--max-msg-timeout ({format_duration(self.max_msg_timeout)})")
+        if self.min_output_buffer_timeout > self.max_output_buffer_timeout:
+            raise OptionError("--min-output-buffer-timeout must not exceed --max-output-buffer-timeout")
+        if self.tls_client_auth_policy not in ("", "require", "require-verify"):
+            raise OptionError(
+                f"--tls-client-auth-policy must be 'require' or 'require-verify', not {self.tls_client_auth_policy!r}")
+        if (self.tls_required != TLS_NOT_REQUIRED or self.tls_client_auth_policy) and not (
+                self.tls_cert and self.tls_key):
+            raise OptionError("cannot require TLS client connections without TLS key and cert (--tls-cert, --tls-key)")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise OptionError("--tls-cert and --tls-key must be given together")
+        _check_address("tcp-address", self.tcp_address, allow_empty=False)
+        _check_address("http-address", self.http_address)
+        _check_address("https-address", self.https_address, allow_unix=False)
+        for a in self.lookupd_tcp_addresses:
+            _check_address("lookupd-tcp-address", a, allow_empty=False, allow_unix=False)
+        if self.statsd_address:
+            _check_address("statsd-address", self.statsd_address, allow_unix=False)
+        for f in option_fields(type(self)):
+            reason = f.metadata.get("unsupported")
+            if reason and getattr(self, f.name) != f.default and not (
+                    isinstance(f.default, attr.Factory) and not getattr(self, f.name)):
+                raise OptionError(f"--{f.metadata['flag']} is not supported: {reason}")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """The default client heartbeat interval: half of ClientTimeout."""
+        return self.client_timeout / 2
+
+    def replace(self, **changes: Any) -> "NsqdOptions":
+        return attr.evolve(self, **changes)

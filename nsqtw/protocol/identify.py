@@ -1,0 +1,98 @@
+"""
+IDENTIFY: the client's JSON body, read with Go's ``encoding/json`` rules, and
+the server's negotiated answer.
+
+Go matches JSON keys to struct fields case-insensitively, ignores unknown
+keys, leaves a field alone for ``null``, and refuses a value of the wrong
+type (a float for an int, a string for a bool) with an unmarshal error, which
+nsqd reports as ``E_BAD_BODY IDENTIFY failed to decode JSON body``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Optional
+
+import attr
+
+__all__ = ["IdentifyRequest", "parse_identify", "IdentifyDecodeError"]
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class IdentifyDecodeError(ValueError):
+    pass
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class IdentifyRequest:
+    """The fields of nsqd's ``identifyDataV2`` (zero values when absent)."""
+
+    client_id: Optional[str] = None
+    hostname: Optional[str] = None
+    heartbeat_interval: int = 0
+    output_buffer_size: int = 0
+    output_buffer_timeout: int = 0
+    feature_negotiation: bool = False
+    tls_v1: bool = False
+    deflate: bool = False
+    deflate_level: int = 0
+    snappy: bool = False
+    sample_rate: int = 0
+    user_agent: Optional[str] = None
+    msg_timeout: int = 0
+
+
+_FIELDS: Dict[str, Any] = {
+    "client_id": str,
+    "hostname": str,
+    "heartbeat_interval": _INT64,
+    "output_buffer_size": _INT64,
+    "output_buffer_timeout": _INT64,
+    "feature_negotiation": bool,
+    "tls_v1": bool,
+    "deflate": bool,
+    "deflate_level": _INT64,
+    "snappy": bool,
+    "sample_rate": _INT32,
+    "user_agent": str,
+    "msg_timeout": _INT64,
+}
+
+
+def parse_identify(body: bytes) -> IdentifyRequest:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise IdentifyDecodeError(str(e)) from None
+    if data is None:
+        return IdentifyRequest()
+    if not isinstance(data, dict):
+        raise IdentifyDecodeError("cannot unmarshal into identifyDataV2")
+    values: Dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.lower()
+        kind = _FIELDS.get(name)
+        if kind is None:
+            if key in _FIELDS:
+                kind = _FIELDS[key]
+                name = key
+            else:
+                continue
+        if value is None:
+            continue
+        if kind is str:
+            if not isinstance(value, str):
+                raise IdentifyDecodeError(f"cannot unmarshal {type(value).__name__} into field {name}")
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise IdentifyDecodeError(f"cannot unmarshal {type(value).__name__} into field {name}")
+        else:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise IdentifyDecodeError(f"cannot unmarshal {value!r} into field {name}")
+            lo, hi = kind
+            if not lo <= value <= hi:
+                raise IdentifyDecodeError(f"cannot unmarshal {value} into field {name}: overflow")
+        values[name] = value
+    return IdentifyRequest(**values)

@@ -1,0 +1,1 @@
+"""Broker statistics: the ``/stats`` document, process memory figures, and exporters."""

@@ -1,0 +1,94 @@
+"""
+Process memory and garbage-collector figures under nsqd's ``memory`` keys.
+
+Go reports its runtime's heap; nsqtw reports the Python process it is:
+``heap_objects`` is the interpreter's allocated block count,
+``heap_in_use_bytes`` the resident set, ``heap_idle_bytes`` and
+``heap_released_bytes`` the file-backed and swapped parts, the GC pause
+percentiles come from timing the collector with ``gc.callbacks``, and
+``next_gc_bytes`` is how many allocations remain before the next young
+collection.  The names stay NSQ's so dashboards and statsd graphs keep working.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections import deque
+from typing import Deque, Dict, Optional
+
+__all__ = ["mem_stats", "rss_bytes", "MEM_KEYS"]
+
+MEM_KEYS = (
+    "heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
+    "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs",
+)
+
+_pauses: Deque[int] = deque(maxlen=256)
+_gc_started: Optional[float] = None
+
+
+def _gc_callback(phase: str, info: Dict[str, int]) -> None:
+    global _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    elif _gc_started is not None:
+        _pauses.append(int((time.perf_counter() - _gc_started) * 1e9))
+        _gc_started = None
+
+
+if _gc_callback not in gc.callbacks:
+    gc.callbacks.append(_gc_callback)
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:  # pragma: no cover - not Linux
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _status() -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                key, _, value = line.partition(b":")
+                if key in (b"RssAnon", b"RssFile", b"VmSwap"):
+                    out[key.decode()] = int(value.split()[0]) * 1024
+    except OSError:  # pragma: no cover
+        pass
+    return out
+
+
+def _percentile(perc: float, values: list) -> int:
+    if not values:
+        return 0
+    idx = int(len(values) * perc / 100.0 + 0.5) - 1
+    idx = max(0, min(len(values) - 1, idx))
+    return values[idx]
+
+
+def mem_stats() -> Dict[str, int]:
+    status = _status()
+    pauses = sorted(_pauses)
+    threshold = gc.get_threshold()[0]
+    count0 = gc.get_count()[0]
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": status.get("RssFile", 0),
+        "heap_in_use_bytes": status.get("RssAnon", rss_bytes()),
+        "heap_released_bytes": status.get("VmSwap", 0),
+        "gc_pause_usec_100": _percentile(100.0, pauses) // 1000,
+        "gc_pause_usec_99": _percentile(99.0, pauses) // 1000,
+        "gc_pause_usec_95": _percentile(95.0, pauses) // 1000,
+        "next_gc_bytes": max(0, threshold - count0),
+        "gc_total_runs": sum(s.get("collections", 0) for s in gc.get_stats()),
+    }

@@ -1,0 +1,1 @@
+"""twistd adapters: command-line options generated from nsqtw.options, and makeService."""

@@ -1,0 +1,23 @@
+"""``twistd nsqd``: NSQ's nsqd flags in, the nsqd service tree out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import IService
+
+from ..options import NsqdOptions
+from ._base import GoFlagOptions
+
+__all__ = ["Options", "makeService"]
+
+
+class Options(GoFlagOptions):
+    options_class = NsqdOptions
+    prog = "nsqd"
+
+
+def makeService(options: Options) -> IService:
+    from ..reactor import resolve_reactor
+    from ..service.nsqd import build_nsqd
+    return build_nsqd(options.config, resolve_reactor())

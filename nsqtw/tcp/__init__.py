@@ -1,0 +1,1 @@
+"""Twisted Protocol glue between sockets and the sans-IO cores; the only code touching transports."""

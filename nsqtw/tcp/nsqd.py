@@ -1,0 +1,178 @@
+"""
+The nsqd TCP listener: Twisted glue between sockets and :class:`V2Session`.
+
+Per read: feed the bytes to the session, let the broker settle (deliver what
+became deliverable, to every client), and write each client's output once.
+Timers live here because they need a reactor: the magic timeout, the
+heartbeat ticker (``_heartbeat_`` every interval, traffic or not) and the
+read deadline (two heartbeat intervals of silence close the connection, as
+nsqd's read deadline does).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Set
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from ..nsqd.broker import Broker
+from ..nsqd.client import ClientState
+from ..nsqd.v2 import Features, V2Session
+from ..protocol.frames import HEARTBEAT_FRAME
+
+__all__ = ["NsqdProtocol", "NsqdFactory"]
+
+log = Logger(namespace="nsqtw.nsqd")
+
+
+def _address(addr: Any) -> str:
+    host = getattr(addr, "host", None)
+    port = getattr(addr, "port", None)
+    if host is None:
+        return str(getattr(addr, "name", "") or "unix")
+    if ":" in host:
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+class NsqdProtocol(Protocol):
+    """One V2 client connection."""
+
+    def __init__(self, factory: "NsqdFactory") -> None:
+        self.factory = factory
+        self.clock = factory.clock
+        self.client: Optional[ClientState] = None
+        self.session: Optional[V2Session] = None
+        self._last_read = 0.0
+        self._magic_call: Any = None
+        self._heartbeat_call: Any = None
+        self._deadline_call: Any = None
+        self._interval = 0.0
+
+    # --- connection lifecycle ------------------------------------------------
+
+    def connectionMade(self) -> None:
+        factory = self.factory
+        now = self.clock.seconds()
+        client = factory.broker.new_client(_address(self.transport.getPeer()), now)
+        client.writer = self.transport.write
+        client.closer = self.transport.loseConnection
+        self.client = client
+        self.session = V2Session(factory.broker, client, features=factory.features,
+                                 on_identify=self._identified, authorizer=factory.authorizer)
+        self._last_read = now
+        factory.protocols.add(self)
+        self._magic_call = self.clock.callLater(factory.broker.options.magic_timeout, self._no_magic)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._stop_timers()
+        factory = self.factory
+        factory.protocols.discard(self)
+        if self.client is not None:
+            factory.broker.client_gone(self.client, self.clock.seconds())
+            factory.settle()
+
+    def _stop_timers(self) -> None:
+        for call in (self._magic_call, self._heartbeat_call, self._deadline_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._magic_call = self._heartbeat_call = self._deadline_call = None
+
+    # --- reads ---------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        now = self.clock.seconds()
+        self._last_read = now
+        session = self.session
+        if session is None:
+            return
+        keep = session.feed(data, now)
+        if self._magic_call is not None and session._magic:
+            self._magic_call.cancel()
+            self._magic_call = None
+            self._start_heartbeats()
+        self.factory.settle()
+        if not keep:
+            self._close()
+        elif session.upgrade is not None:
+            self.factory.upgrade(self, session.upgrade)
+
+    def _close(self) -> None:
+        self._stop_timers()
+        self.transport.loseConnection()
+
+    def _no_magic(self) -> None:
+        self._magic_call = None
+        log.info("client({peer}) sent no protocol magic in time, closing", peer=self.client and self.client.remote_address)
+        self.transport.abortConnection()
+
+    # --- heartbeats and the read deadline ---------------------------------------
+
+    def _identified(self, client: ClientState) -> None:
+        if self._heartbeat_call is not None or self._deadline_call is not None:
+            self._start_heartbeats()
+
+    def _start_heartbeats(self) -> None:
+        for call in (self._heartbeat_call, self._deadline_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._heartbeat_call = self._deadline_call = None
+        assert self.client is not None
+        interval = self.client.heartbeat_interval
+        self._interval = interval
+        if interval > 0:
+            self._heartbeat_call = self.clock.callLater(interval, self._heartbeat)
+            self._deadline_call = self.clock.callLater(2 * interval, self._check_deadline)
+
+    def _heartbeat(self) -> None:
+        self._heartbeat_call = self.clock.callLater(self._interval, self._heartbeat)
+        client = self.client
+        if client is not None:
+            client.send(HEARTBEAT_FRAME)
+            client.flush()
+
+    def _check_deadline(self) -> None:
+        """nsqd's read deadline: two heartbeat intervals since the last read."""
+        self._deadline_call = None
+        remaining = self._last_read + 2 * self._interval - self.clock.seconds()
+        if remaining > 0:
+            self._deadline_call = self.clock.callLater(remaining, self._check_deadline)
+            return
+        log.info("client({peer}) missed two heartbeats, closing", peer=self.client and self.client.remote_address)
+        self._stop_timers()
+        self.transport.abortConnection()
+
+
+class NsqdFactory(Factory):
+    """Builds :class:`NsqdProtocol` for one broker; also the entry point for settling."""
+
+    protocol = NsqdProtocol  # type: ignore[assignment]
+
+    def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
+                 authorizer: Any = None, settle: Optional[Callable[[], None]] = None,
+                 upgrader: Optional[Callable[[NsqdProtocol, Any], None]] = None) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.features = features
+        self.authorizer = authorizer
+        self.protocols: Set[NsqdProtocol] = set()
+        self._settle = settle
+        self._upgrader = upgrader
+
+    def buildProtocol(self, addr: Any) -> NsqdProtocol:
+        return NsqdProtocol(self)
+
+    def settle(self) -> None:
+        if self._settle is not None:
+            self._settle()
+        else:
+            self.broker.settle(self.clock.seconds())
+
+    def upgrade(self, proto: NsqdProtocol, upgrade: Any) -> None:
+        if self._upgrader is None:  # pragma: no cover - features are off without one
+            proto._close()
+            return
+        self._upgrader(proto, upgrade)

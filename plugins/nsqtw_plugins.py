@@ -1,0 +1,7 @@
+# twistd plugins of nsqtw; this file must stay import-cheap and plugins/ must never get an __init__.py
+from twisted.application.service import ServiceMaker
+
+nsqd = ServiceMaker("nsqtw nsqd", "nsqtw.tap.nsqd", "NSQ daemon (TCP V2 + HTTP) on Twisted.", "nsqd")
+nsqlookupd = ServiceMaker("nsqtw nsqlookupd", "nsqtw.tap.nsqlookupd", "NSQ lookup daemon on Twisted.", "nsqlookupd")
+nsqadmin = ServiceMaker("nsqtw nsqadmin", "nsqtw.tap.nsqadmin", "NSQ admin web UI on Twisted.", "nsqadmin")
+nsqtw = ServiceMaker("nsqtw all-in-one", "nsqtw.tap.allinone", "nsqd + nsqlookupd + nsqadmin in one process.", "nsqtw")

@@ -1,0 +1,45 @@
+"""Shared fixtures: an embedded nsqd on loopback port 0, and a raw V2 connection to it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+FIXTURES = SHARED / "fixtures"
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.fail(f"../shared/fixtures is missing (looked in {FIXTURES})")
+    return FIXTURES
+
+
+@pytest_twisted.async_yield_fixture
+async def nsqd(request):
+    """A fresh nsqd in this reactor; options via ``@pytest.mark.nsqd_options(...)``."""
+    from nsqtw.embed import start_nsqd
+
+    marker = request.node.get_closest_marker("nsqd_options")
+    kwargs = dict(marker.kwargs) if marker else {}
+    handle = await start_nsqd(**kwargs)
+    yield handle
+    await handle.stop()
+
+
+@pytest_twisted.async_yield_fixture
+async def raw(nsqd):
+    """A raw V2 connection (magic sent) to the ``nsqd`` fixture."""
+    from nsqtw.testing import connect_raw
+
+    client = await connect_raw(nsqd.tcp_port)
+    yield client
+    await client.close()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "nsqd_options(**kwargs): options for the nsqd fixture")
