@@ -33,7 +33,7 @@ class Topic:
 
     __slots__ = (
         "name", "ephemeral", "broker", "channels", "mem", "backend", "deferred", "paused",
-        "exiting", "message_count", "message_bytes", "__weakref__",
+        "exiting", "message_count", "message_bytes", "holds", "__weakref__",
     )
 
     def __init__(self, name: str, broker: "Broker", backend: Any) -> None:
@@ -48,12 +48,24 @@ class Topic:
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
+        self.holds = 0
 
     def depth(self) -> int:
         return self.mem.depth() + self.backend.depth() + len(self.deferred)
 
     def flowing(self) -> bool:
-        return bool(self.channels) and not self.paused
+        return bool(self.channels) and not self.paused and not self.holds
+
+    def hold(self) -> None:
+        """Keep messages at the topic until :meth:`release` (nsqd starts a new topic's
+        pump only after pre-creating the channels nsqlookupd knows, so none miss messages)."""
+        self.holds += 1
+
+    def release(self) -> None:
+        if self.holds:
+            self.holds -= 1
+        if not self.holds and self.channels:
+            self.broker.pumping.add(self)
 
     # --- publishing ---------------------------------------------------------
 
