@@ -1,0 +1,180 @@
+"""
+The ``/stats`` document in the Prometheus text exposition format (0.0.4), for ``GET /metrics``.
+
+NSQ's most asked-for metrics feature (nsqio/nsq#732): instead of running an
+exporter that scrapes ``/stats``, nsqd answers Prometheus itself.
+:func:`render_metrics` turns one ``/stats`` dict into ``# HELP``/``# TYPE``
+blocks, one per metric family, with ``topic``, ``channel`` and client labels
+(plus any constant labels, e.g. ``node``).  nsqd's counters (message, requeue,
+timeout, finish, publish counts, GC runs) are ``counter``s named ``*_total``;
+everything else is a ``gauge``.  End-to-end latency percentiles are gauges in
+seconds with a ``quantile`` label: nsqd computes them over a sliding window
+(``--e2e-processing-latency-window-time``), so their sample count is not
+monotonic and a Prometheus ``summary`` would lie about ``_count``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+__all__ = ["render_metrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+Labels = Tuple[Tuple[str, str], ...]
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    v = float(value)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v.is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return repr(v)
+
+
+def _quantile(q: float) -> str:
+    text = repr(float(q))
+    return text[:-2] if text.endswith(".0") else text
+
+
+class _Families:
+    """Samples grouped by metric family, in first-seen order (the format wants them contiguous)."""
+
+    def __init__(self, const: Labels) -> None:
+        self.const = const
+        self.meta: Dict[str, Tuple[str, str]] = {}
+        self.samples: Dict[str, List[str]] = {}
+
+    def add(self, name: str, kind: str, help_text: str, labels: Iterable[Tuple[str, str]], value: Any) -> None:
+        if name not in self.meta:
+            self.meta[name] = (kind, help_text)
+            self.samples[name] = []
+        pairs = list(self.const) + list(labels)
+        if pairs:
+            body = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in pairs)
+            self.samples[name].append(f"{name}{{{body}}} {_number(value)}")
+        else:
+            self.samples[name].append(f"{name} {_number(value)}")
+
+    def render(self) -> bytes:
+        out: List[str] = []
+        for name, (kind, help_text) in self.meta.items():
+            out.append(f"# HELP {name} {_escape_help(help_text)}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(self.samples[name])
+        return ("\n".join(out) + "\n").encode() if out else b""
+
+
+_TOPIC = (
+    ("nsq_topic_depth", "gauge", "depth", "Messages queued at the topic (memory + disk), not yet copied to channels."),
+    ("nsq_topic_backend_depth", "gauge", "backend_depth", "Messages of the topic queue on disk."),
+    ("nsq_topic_messages_total", "counter", "message_count", "Messages published to the topic since nsqd started."),
+    ("nsq_topic_message_bytes_total", "counter", "message_bytes", "Body bytes published to the topic since nsqd started."),
+    ("nsq_topic_paused", "gauge", "paused", "1 if the topic is paused."),
+)
+
+_CHANNEL = (
+    ("nsq_channel_depth", "gauge", "depth", "Messages queued in the channel (memory + disk), excluding in-flight and deferred."),
+    ("nsq_channel_backend_depth", "gauge", "backend_depth", "Messages of the channel queue on disk."),
+    ("nsq_channel_in_flight", "gauge", "in_flight_count", "Messages sent to clients and not yet finished, requeued or timed out."),
+    ("nsq_channel_deferred", "gauge", "deferred_count", "Deferred (DPUB or REQ with delay) messages waiting in the channel."),
+    ("nsq_channel_messages_total", "counter", "message_count", "Messages put to the channel since nsqd started."),
+    ("nsq_channel_requeued_total", "counter", "requeue_count", "Explicit REQs in the channel since nsqd started."),
+    ("nsq_channel_timed_out_total", "counter", "timeout_count", "In-flight timeouts in the channel since nsqd started."),
+    ("nsq_channel_clients", "gauge", "client_count", "Consumers subscribed to the channel."),
+    ("nsq_channel_paused", "gauge", "paused", "1 if the channel is paused."),
+)
+
+_CLIENT = (
+    ("nsq_client_ready", "gauge", "ready_count", "The client's RDY count."),
+    ("nsq_client_in_flight", "gauge", "in_flight_count", "Messages in flight to the client."),
+    ("nsq_client_messages_total", "counter", "message_count", "Messages sent to the client."),
+    ("nsq_client_finished_total", "counter", "finish_count", "Messages the client finished (FIN)."),
+    ("nsq_client_requeued_total", "counter", "requeue_count", "Messages the client requeued (REQ)."),
+    ("nsq_client_connect_time_seconds", "gauge", "connect_ts", "When the client connected (unix seconds)."),
+)
+
+_MEM_GAUGES = (
+    ("nsq_mem_heap_objects", "heap_objects", "Allocated objects of the nsqd process."),
+    ("nsq_mem_heap_idle_bytes", "heap_idle_bytes", "nsqd's heap_idle_bytes (nsqtw: file-backed resident memory)."),
+    ("nsq_mem_heap_in_use_bytes", "heap_in_use_bytes", "nsqd's heap_in_use_bytes (nsqtw: anonymous resident memory)."),
+    ("nsq_mem_heap_released_bytes", "heap_released_bytes", "nsqd's heap_released_bytes (nsqtw: swapped memory)."),
+    ("nsq_mem_next_gc_bytes", "next_gc_bytes", "nsqd's next_gc_bytes (nsqtw: allocations left before the next young collection)."),
+)
+
+
+def _e2e(fam: _Families, prefix: str, what: str, labels: Labels, e2e: Optional[Mapping[str, Any]]) -> None:
+    if not e2e or not e2e.get("percentiles"):
+        return
+    for item in e2e["percentiles"]:
+        fam.add(f"{prefix}_e2e_processing_latency_seconds", "gauge",
+                f"End-to-end processing latency percentiles of the {what} over nsqd's sliding window, in seconds.",
+                labels + (("quantile", _quantile(item["quantile"])),), float(item["value"]) / 1e9)
+    fam.add(f"{prefix}_e2e_processing_latency_samples", "gauge",
+            f"Latency samples in the {what}'s current percentile window.", labels, e2e.get("count", 0))
+
+
+def render_metrics(stats_doc: Mapping[str, Any], *, labels: Optional[Mapping[str, str]] = None) -> bytes:
+    """The Prometheus text page for one ``/stats`` document; ``labels`` are added to every sample."""
+    fam = _Families(tuple((k, str(v)) for k, v in (labels or {}).items()))
+    version = stats_doc.get("version", "")
+    fam.add("nsq_info", "gauge", "Always 1; the nsqd version in a label.", (("version", version),), 1)
+    fam.add("nsq_healthy", "gauge", "1 if nsqd reports health OK.", (), stats_doc.get("health") == "OK")
+    fam.add("nsq_start_time_seconds", "gauge", "When nsqd started (unix seconds).", (), stats_doc.get("start_time", 0))
+    topics = stats_doc.get("topics") or []
+    fam.add("nsq_topics", "gauge", "Topics on this nsqd.", (), len(topics))
+    for t in topics:
+        tl: Labels = (("topic", t["topic_name"]),)
+        for name, kind, key, help_text in _TOPIC:
+            fam.add(name, kind, help_text, tl, t[key])
+        fam.add("nsq_topic_channels", "gauge", "Channels of the topic.", tl, len(t.get("channels") or []))
+        _e2e(fam, "nsq_topic", "topic (merged across its channels)", tl, t.get("e2e_processing_latency"))
+    for t in topics:
+        for c in t.get("channels") or []:
+            cl: Labels = (("topic", t["topic_name"]), ("channel", c["channel_name"]))
+            for name, kind, key, help_text in _CHANNEL:
+                fam.add(name, kind, help_text, cl, c[key])
+            _e2e(fam, "nsq_channel", "channel", cl, c.get("e2e_processing_latency"))
+    for t in topics:
+        for c in t.get("channels") or []:
+            for client in c.get("clients") or []:
+                kl: Labels = (("topic", t["topic_name"]), ("channel", c["channel_name"])) + _client_labels(client)
+                for name, kind, key, help_text in _CLIENT:
+                    fam.add(name, kind, help_text, kl, client[key])
+    for client in stats_doc.get("producers") or []:
+        for pub in client.get("pub_counts") or []:
+            fam.add("nsq_producer_published_total", "counter",
+                    "Messages a connected producer published to a topic (nsqd reports one topic per producer).",
+                    (("topic", pub["topic"]),) + _client_labels(client), pub["count"])
+    mem = stats_doc.get("memory")
+    if mem:
+        for name, key, help_text in _MEM_GAUGES:
+            fam.add(name, "gauge", help_text, (), mem[key])
+        for key, q in (("gc_pause_usec_95", "0.95"), ("gc_pause_usec_99", "0.99"), ("gc_pause_usec_100", "1")):
+            fam.add("nsq_mem_gc_pause_seconds", "gauge", "Percentiles of recent garbage-collector pauses, in seconds.",
+                    (("quantile", q),), mem[key] / 1e6)
+        fam.add("nsq_mem_gc_runs_total", "counter", "Garbage-collector runs since nsqd started.", (),
+                mem["gc_total_runs"])
+    return fam.render()
+
+
+def _client_labels(client: Mapping[str, Any]) -> Labels:
+    return (("client_id", str(client.get("client_id", ""))), ("hostname", str(client.get("hostname", ""))),
+            ("remote_address", str(client.get("remote_address", ""))),
+            ("user_agent", str(client.get("user_agent", ""))))
