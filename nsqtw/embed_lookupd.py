@@ -1,0 +1,103 @@
+"""
+Running nsqlookupd inside an application's or a test's reactor.
+
+::
+
+    from nsqtw.embed_lookupd import start_nsqlookupd
+
+    lookupd = await start_nsqlookupd()        # 127.0.0.1, ports chosen by the OS
+    nsqd = await start_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address])
+    ...
+    await lookupd.stop()
+
+Options are nsqlookupd's, by attribute name (``tombstone_lifetime=5.0``) or as
+a :class:`~nsqtw.lookupd.options.LookupdOptions`.  The embedded default
+broadcast address is ``127.0.0.1`` (not the hostname), so an nsqd on the same
+machine can always reach the HTTP API it is told about in IDENTIFY.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import attr
+from twisted.internet import defer
+
+from .lookupd.options import LookupdOptions
+from .reactor import resolve_reactor
+
+__all__ = ["start_nsqlookupd", "LookupdHandle"]
+
+
+@attr.s(eq=False)
+class LookupdHandle:
+    """A running embedded nsqlookupd."""
+
+    service: Any = attr.ib()
+
+    @property
+    def db(self) -> Any:
+        return self.service.db
+
+    @property
+    def options(self) -> LookupdOptions:
+        return self.service.options
+
+    @property
+    def tcp_port(self) -> int:
+        return self.service.tcp_port
+
+    @property
+    def http_port(self) -> int:
+        return self.service.http_port
+
+    @property
+    def host(self) -> str:
+        return self.service.tcp_listener.port.getHost().host
+
+    @property
+    def tcp_address(self) -> str:
+        return f"{self.host}:{self.tcp_port}"
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.service.http_listener.port.getHost().host}:{self.http_port}"
+
+    def stop(self) -> defer.Deferred:
+        """Stop; fires once every connection is closed and both listeners are gone."""
+        if not self.service.running:
+            return defer.succeed(None)
+        return defer.maybeDeferred(self.service.stopService)
+
+
+def start_nsqlookupd(reactor: Any = None, options: Optional[LookupdOptions] = None, *,
+                     clock: Any = None, **kwargs: Any) -> defer.Deferred:
+    """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
+
+    ``clock`` (an IReactorTime, e.g. ``task.Clock``) replaces the reactor as the
+    time source for activity and tombstones, so tests can age producers."""
+    from .service.lookupd import build_lookupd
+
+    reactor = resolve_reactor(reactor)
+    if options is None:
+        kwargs.setdefault("tcp_address", "127.0.0.1:0")
+        kwargs.setdefault("http_address", "127.0.0.1:0")
+        kwargs.setdefault("broadcast_address", "127.0.0.1")
+        options = LookupdOptions(**kwargs)
+    elif kwargs:
+        options = attr.evolve(options, **kwargs)
+    try:
+        service = build_lookupd(options, reactor, clock=clock)
+        service.startService()
+    except Exception:
+        return defer.fail()
+    handle = LookupdHandle(service)
+    d = service.ready()
+
+    def failed(f: Any) -> Any:
+        d2 = handle.stop()
+        d2.addBoth(lambda _: f)
+        return d2
+
+    d.addCallbacks(lambda _: handle, failed)
+    return d

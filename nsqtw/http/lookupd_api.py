@@ -1,0 +1,238 @@
+"""
+nsqlookupd's HTTP API (``nsqlookupd/http.go``) as a klein app.
+
+Consumers poll ``/lookup?topic=`` to find the nsqd producing a topic; nsqd asks
+``/channels?topic=`` to pre-create channels; nsqadmin reads ``/topics``,
+``/nodes`` and calls the create/delete/tombstone endpoints.  Every answer is
+NSQ's V1 envelope with nsqlookupd's exact error texts and statuses, and the
+JSON keys come out in the order Go writes them: struct fields in declaration
+order, map keys sorted.
+
+Parameters are read from the query string with Go's ``url.ParseQuery`` rules:
+a malformed query (a bad ``%`` escape, a ``;`` separator) is
+``400 INVALID_REQUEST``, as nsqlookupd answers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from urllib.parse import unquote_to_bytes, urlsplit
+
+from klein import Klein
+from twisted.logger import Logger
+from twisted.web.iweb import IRequest
+
+from .. import NSQ_VERSION
+from ..errors import HTTPAPIError
+from ..lookupd.peers import GO_ZERO_TIME_NS
+from ..protocol.names import is_valid_channel_name, is_valid_topic_name
+from .responses import install_error_handlers, plain, v1
+
+if TYPE_CHECKING:
+    from ..service.lookupd import LookupdService
+
+__all__ = ["LookupdHTTPAPI", "go_parse_query"]
+
+log = Logger(namespace="nsqtw.lookupd")
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _go_unescape(text: str) -> str:
+    """Go's ``url.QueryUnescape``: ``+`` is a space, ``%`` needs two hex digits."""
+    raw = text.encode("utf-8", "surrogateescape")
+    i = raw.find(b"%")
+    while i >= 0:
+        if i + 2 >= len(raw) or raw[i + 1] not in _HEX or raw[i + 2] not in _HEX:
+            raise ValueError(f"invalid URL escape {raw[i:i + 3]!r}")
+        i = raw.find(b"%", i + 3)
+    return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "surrogateescape")
+
+
+def go_parse_query(query: str) -> Dict[str, List[str]]:
+    """Go's ``url.ParseQuery``; raises ValueError where Go returns an error."""
+    out: Dict[str, List[str]] = {}
+    error: Optional[ValueError] = None
+    for part in query.split("&"):
+        if not part:
+            continue
+        if ";" in part:
+            error = error or ValueError("invalid semicolon separator in query")
+            continue
+        key, _, value = part.partition("=")
+        try:
+            k = _go_unescape(key)
+            v = _go_unescape(value)
+        except ValueError as e:
+            error = error or e
+            continue
+        out.setdefault(k, []).append(v)
+    if error is not None:
+        raise error
+    return out
+
+
+def _params(request: IRequest) -> Dict[str, List[str]]:
+    try:
+        return go_parse_query(urlsplit(request.uri.decode("utf-8", "surrogateescape")).query)
+    except ValueError:
+        raise HTTPAPIError(400, "INVALID_REQUEST") from None
+
+
+def _get(params: Dict[str, List[str]], key: str) -> Optional[str]:
+    """Go's ``ReqParams.Get``: the first value, None if the key is absent."""
+    values = params.get(key)
+    return values[0] if values else None
+
+
+def _topic_arg(params: Dict[str, List[str]]) -> str:
+    topic = _get(params, "topic")
+    if topic is None:
+        raise HTTPAPIError(400, "MISSING_ARG_TOPIC")
+    return topic
+
+
+def _topic_channel_args(params: Dict[str, List[str]]) -> "tuple[str, str]":
+    """NSQ's ``GetTopicChannelArgs``."""
+    topic = _topic_arg(params)
+    if not is_valid_topic_name(topic):
+        raise HTTPAPIError(400, "INVALID_ARG_TOPIC")
+    channel = _get(params, "channel")
+    if channel is None:
+        raise HTTPAPIError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_channel_name(channel):
+        raise HTTPAPIError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+class LookupdHTTPAPI:
+    """The klein app of one nsqlookupd; ``node`` is the running LookupdService."""
+
+    app = Klein()
+    install_error_handlers(app)
+
+    def __init__(self, node: "LookupdService") -> None:
+        self.node = node
+
+    def resource(self) -> Any:
+        return self.app.resource()
+
+    @property
+    def _db(self) -> Any:
+        return self.node.db
+
+    # --- reads -----------------------------------------------------------------
+
+    @app.route("/ping", methods=["GET"])
+    def ping(self, request: IRequest) -> bytes:
+        return plain(request, "OK")
+
+    @app.route("/info", methods=["GET"])
+    def info(self, request: IRequest) -> bytes:
+        return v1(request, {"version": NSQ_VERSION})
+
+    @app.route("/topics", methods=["GET"])
+    def topics(self, request: IRequest) -> bytes:
+        return v1(request, {"topics": self._db.topics()})
+
+    @app.route("/channels", methods=["GET"])
+    def channels(self, request: IRequest) -> bytes:
+        topic = _topic_arg(_params(request))
+        return v1(request, {"channels": self._db.channels(topic)})
+
+    @app.route("/lookup", methods=["GET"])
+    def lookup(self, request: IRequest) -> bytes:
+        topic = _topic_arg(_params(request))
+        db = self._db
+        if not db.has_topic(topic):
+            raise HTTPAPIError(404, "TOPIC_NOT_FOUND")
+        opts = self.node.options
+        producers = db.topic_producers(topic, opts.inactive_producer_timeout, opts.tombstone_lifetime,
+                                       self.node.now())
+        return v1(request, {
+            "channels": db.channels(topic),
+            "producers": [p.to_json() for p in producers],
+        })
+
+    @app.route("/nodes", methods=["GET"])
+    def nodes(self, request: IRequest) -> bytes:
+        opts = self.node.options
+        out = []
+        for peer, topics, tombstones in self._db.nodes(opts.inactive_producer_timeout,
+                                                       opts.tombstone_lifetime, self.node.now()):
+            entry = peer.to_json()
+            entry["tombstones"] = tombstones
+            entry["topics"] = topics
+            out.append(entry)
+        return v1(request, {"producers": out})
+
+    @app.route("/debug", methods=["GET"])
+    def debug(self, request: IRequest) -> bytes:
+        data: Dict[str, List[Dict[str, Any]]] = {}
+        for key, producers in self._db.items():
+            for producer in producers.values():
+                peer = producer.peer
+                entry = {
+                    "broadcast_address": peer.broadcast_address,
+                    "hostname": peer.hostname,
+                    "http_port": peer.http_port,
+                    "id": peer.id,
+                    "last_update": _ns(peer.last_update),
+                    "tcp_port": peer.tcp_port,
+                    "tombstoned": producer.tombstoned,
+                    "tombstoned_at": (_ns(producer.tombstoned_at) if producer.tombstoned_at is not None
+                                      else GO_ZERO_TIME_NS),
+                    "topology_region": peer.topology_region,
+                    "topology_zone": peer.topology_zone,
+                    "version": peer.version,
+                }
+                data.setdefault(str(key), []).append(entry)
+        return v1(request, {k: data[k] for k in sorted(data)})
+
+    # --- writes (nsqadmin's) --------------------------------------------------------
+
+    @app.route("/topic/create", methods=["POST"])
+    def topic_create(self, request: IRequest) -> bytes:
+        topic = _topic_arg(_params(request))
+        if not is_valid_topic_name(topic):
+            raise HTTPAPIError(400, "INVALID_ARG_TOPIC")
+        log.info("DB: adding topic({topic})", topic=topic)
+        self._db.create_topic(topic)
+        return v1(request, None)
+
+    @app.route("/topic/delete", methods=["POST"])
+    def topic_delete(self, request: IRequest) -> bytes:
+        topic = _topic_arg(_params(request))
+        log.info("DB: removing topic({topic}) and its channels", topic=topic)
+        self._db.delete_topic(topic)
+        return v1(request, None)
+
+    @app.route("/topic/tombstone", methods=["POST"])
+    def topic_tombstone(self, request: IRequest) -> bytes:
+        params = _params(request)
+        topic = _topic_arg(params)
+        node = _get(params, "node")
+        if node is None:
+            raise HTTPAPIError(400, "MISSING_ARG_NODE")
+        log.info("DB: setting tombstone for producer@{node} of topic({topic})", node=node, topic=topic)
+        self._db.tombstone_topic_producer(topic, node, self.node.now())
+        return v1(request, None)
+
+    @app.route("/channel/create", methods=["POST"])
+    def channel_create(self, request: IRequest) -> bytes:
+        topic, channel = _topic_channel_args(_params(request))
+        log.info("DB: adding channel({channel}) in topic({topic})", channel=channel, topic=topic)
+        self._db.create_channel(topic, channel)
+        return v1(request, None)
+
+    @app.route("/channel/delete", methods=["POST"])
+    def channel_delete(self, request: IRequest) -> bytes:
+        topic, channel = _topic_channel_args(_params(request))
+        if not self._db.delete_channel(topic, channel):
+            raise HTTPAPIError(404, "CHANNEL_NOT_FOUND")
+        log.info("DB: removed channel({channel}) from topic({topic})", channel=channel, topic=topic)
+        return v1(request, None)

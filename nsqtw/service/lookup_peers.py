@@ -1,0 +1,568 @@
+"""
+nsqd as an nsqlookupd peer (``nsqd/lookup.go``, ``lookup_peer.go``).
+
+:class:`LookupPeersService` keeps one connection per ``--lookupd-tcp-address``,
+each owned by a Twisted ``ClientService`` that reconnects forever with
+backoff.  On every (re)connect the peer sends the magic and IDENTIFY (nsqd's
+``version``, ``tcp_port``, ``http_port``, ``hostname``, ``broadcast_address``),
+remembers the lookupd's answer (its ``broadcast_address`` and ``http_port``
+are where ``/channels`` is asked), then REGISTERs the whole broker: one
+``REGISTER <topic>`` for a topic without channels, ``REGISTER <topic>
+<channel>`` for every channel, ephemeral ones included.  So a restarted
+nsqlookupd is repopulated as soon as nsqd reaches it again.
+
+After that the broker's events become commands: a created topic or channel is
+REGISTERed and a deleted one UNREGISTERed (a deleted topic is one
+``UNREGISTER <topic>``: nsqlookupd then drops the topic's channels too).
+While a peer is not identified its commands are dropped, not queued: the
+replay on the next connect describes the broker as it is then.  Every 15 s
+each peer is PINGed, which keeps it active in nsqlookupd's eyes.  Every
+command must be answered within a second, as nsqd's read deadline demands, or
+the connection is closed and made again.
+
+Channel pre-creation (checklist T20): when a topic is created at runtime
+(not while metadata loads), its messages are held at the topic while every
+known nsqlookupd is asked ``GET /channels?topic=``; the non-ephemeral channels
+named are created, then the topic is released, whether the queries succeeded,
+failed or timed out.  So no channel a consumer registered elsewhere misses the
+first messages.
+
+Time is injected: the PING interval, the command deadline, reconnect delays
+and the HTTP request timeout all run on ``clock`` (the nsqd's reactor unless a
+test passes a ``task.Clock``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set
+from urllib.parse import quote
+
+import attr
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.service import MultiService
+from twisted.internet import defer, task
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.error import ConnectionLost
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from .. import NSQ_VERSION
+from ..lookupd.v1 import (
+    PING_COMMAND, ResponseDecoder, ResponseTooBig, identify_command, register_command,
+    unregister_command,
+)
+from ..nsqd.broker import Event
+from ..options import split_host_port
+from ..protocol.frames import MAGIC_V1
+from ..protocol.names import is_ephemeral
+
+if TYPE_CHECKING:
+    from .nsqd import NsqdService
+
+__all__ = ["LookupPeersService", "LookupPeer", "LookupdInfo", "PING_INTERVAL", "COMMAND_TIMEOUT"]
+
+log = Logger(namespace="nsqtw.nsqd")
+
+#: nsqd's fixed heartbeat ticker towards every nsqlookupd
+PING_INTERVAL = 15.0
+#: nsqd's per-command read/write deadline and dial timeout
+COMMAND_TIMEOUT = 1.0
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class LookupdInfo:
+    """nsqlookupd's IDENTIFY answer (nsqd's ``peerInfo``)."""
+
+    tcp_port: int = 0
+    http_port: int = 0
+    version: str = ""
+    broadcast_address: str = ""
+
+    @classmethod
+    def from_json(cls, body: bytes) -> "LookupdInfo":
+        """Decode as Go does into ``peerInfo``; ValueError if it is not that JSON."""
+        data = json.loads(body.decode("utf-8", "replace"))
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        values: Dict[str, Any] = {}
+        for name, kind in (("tcp_port", int), ("http_port", int), ("version", str),
+                           ("broadcast_address", str)):
+            value = data.get(name)
+            if value is None:
+                continue
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"cannot unmarshal {value!r} into {name}")
+            if kind is str and not isinstance(value, str):
+                raise ValueError(f"cannot unmarshal {value!r} into {name}")
+            values[name] = value
+        return cls(**values)
+
+
+class LookupPeerProtocol(Protocol):
+    """One connection to nsqlookupd: IDENTIFY, the replay, then commands answered in order."""
+
+    def __init__(self, peer: "LookupPeer") -> None:
+        self.peer = peer
+        self.clock = peer.owner.clock
+        self.identified = False
+        self._decoder = ResponseDecoder(peer.owner.max_response_size)
+        self._pending: Deque[defer.Deferred] = deque()
+        self._deadline: Any = None
+        self._closing = False
+
+    # --- connection ------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.peer.protocol = self
+        self.transport.write(MAGIC_V1)
+        fields = self.peer.owner.identify_fields()
+        self.command(identify_command(fields)).addCallback(self._identified)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._cancel_deadline()
+        self.identified = False
+        pending, self._pending = self._pending, deque()
+        for d in pending:
+            d.errback(Failure(ConnectionLost(f"lookupd {self.peer.address} connection lost")))
+        self.peer._lost(self)
+
+    def close(self, why: str) -> None:
+        """Drop the connection; the ClientService makes a new one after a backoff delay."""
+        if self._closing:
+            return
+        self._closing = True
+        log.info("LOOKUPD({peer}): closing connection - {why}", peer=self.peer.address, why=why)
+        self.transport.loseConnection()
+
+    # --- commands ----------------------------------------------------------------
+
+    def command(self, data: bytes) -> defer.Deferred:
+        """Send one command; the Deferred fires with its response."""
+        d: defer.Deferred = defer.Deferred()
+        if self._closing:
+            d.errback(Failure(ConnectionLost("closing")))
+            return d
+        self._pending.append(d)
+        self.transport.write(data)
+        if self._deadline is None:
+            self._deadline = self.clock.callLater(COMMAND_TIMEOUT, self._timed_out)
+        return d
+
+    def dataReceived(self, data: bytes) -> None:
+        try:
+            responses = self._decoder.feed(data)
+        except ResponseTooBig as e:
+            log.error("LOOKUPD({peer}): {err}", peer=self.peer.address, err=str(e))
+            self.close(str(e))
+            return
+        for body in responses:
+            if not self._pending:
+                self.close("unexpected response")
+                return
+            self._cancel_deadline()
+            if len(self._pending) > 1:
+                self._deadline = self.clock.callLater(COMMAND_TIMEOUT, self._timed_out)
+            self._pending.popleft().callback(body)
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        log.error("LOOKUPD({peer}): no response within {timeout}s", peer=self.peer.address,
+                  timeout=COMMAND_TIMEOUT)
+        self.close("i/o timeout")
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    # --- IDENTIFY and the replay ------------------------------------------------------
+
+    def _identified(self, body: bytes) -> None:
+        peer = self.peer
+        if body == b"E_INVALID":
+            log.info("LOOKUPD({peer}): lookupd returned {resp}", peer=peer.address, resp=body)
+            self.close("IDENTIFY refused")
+            return
+        try:
+            info = LookupdInfo.from_json(body)
+        except ValueError:
+            log.error("LOOKUPD({peer}): parsing response - {resp!r}", peer=peer.address, resp=body)
+            self.close("bad IDENTIFY response")
+            return
+        peer.info = info
+        log.info("LOOKUPD({peer}): peer info {info}", peer=peer.address, info=info)
+        if not info.broadcast_address:
+            log.error("LOOKUPD({peer}): no broadcast address", peer=peer.address)
+        self.identified = True
+        waits = []
+        for cmd in peer.owner.registration_commands():
+            log.info("LOOKUPD({peer}): {cmd}", peer=peer.address, cmd=cmd.decode().strip())
+            waits.append(self.command(cmd).addCallback(self._check_ok, cmd))
+        done = defer.gatherResults(waits, consumeErrors=True)
+        done.addCallbacks(lambda _: peer._registered(self), lambda f: None)
+
+    def _check_ok(self, body: bytes, cmd: bytes) -> bytes:
+        if body != b"OK":
+            log.error("LOOKUPD({peer}): {cmd} - {resp}", peer=self.peer.address,
+                      cmd=cmd.decode().strip(), resp=body.decode("utf-8", "replace"))
+        return body
+
+
+class _PeerFactory(Factory):
+    noisy = False
+
+    def __init__(self, peer: "LookupPeer") -> None:
+        self.peer = peer
+
+    def buildProtocol(self, addr: Any) -> LookupPeerProtocol:
+        return LookupPeerProtocol(self.peer)
+
+
+def _endpoint(reactor: Any, address: str) -> Any:
+    """A client endpoint for ``host:port`` (IP literals connect directly, names resolve)."""
+    from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+
+    host, port = split_host_port(address, "lookupd-tcp-address")
+    if isIPAddress(host):
+        return TCP4ClientEndpoint(reactor, host, port, timeout=COMMAND_TIMEOUT)
+    if isIPv6Address(host):
+        return TCP6ClientEndpoint(reactor, host, port, timeout=COMMAND_TIMEOUT)
+    return HostnameEndpoint(reactor, host.encode("idna"), port, timeout=COMMAND_TIMEOUT)
+
+
+class LookupPeer:
+    """One nsqlookupd as nsqd sees it: its address, its IDENTIFY answer, the live connection."""
+
+    def __init__(self, owner: "LookupPeersService", address: str) -> None:
+        self.owner = owner
+        self.address = address
+        #: the last IDENTIFY answer; kept across reconnects, as nsqd keeps ``lp.Info``
+        self.info: Optional[LookupdInfo] = None
+        #: the connection, once identified
+        self.protocol: Optional[LookupPeerProtocol] = None
+        self.registered = False
+        self._when_registered: List[defer.Deferred] = []
+        self._when_lost: List[defer.Deferred] = []
+        self.service = ClientService(_endpoint(owner.nsqd.reactor, address), _PeerFactory(self),
+                                     retryPolicy=owner.retry_policy, clock=owner.clock)
+
+    def __repr__(self) -> str:
+        return f"<LookupPeer {self.address}>"
+
+    @property
+    def http_address(self) -> Optional[str]:
+        """``broadcast_address:http_port`` from IDENTIFY: where to ask ``/channels``."""
+        info = self.info
+        if info is None or not info.broadcast_address:
+            return None
+        host = info.broadcast_address
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{info.http_port}"
+
+    def command(self, data: bytes) -> Optional[defer.Deferred]:
+        """Send if identified (the Deferred fires with the answer); else drop it (None)."""
+        proto = self.protocol
+        if proto is None or not proto.identified:
+            return None
+        d = proto.command(data)
+        d.addErrback(lambda f: None)
+        return d
+
+    def when_registered(self) -> defer.Deferred:
+        """Fires once IDENTIFY and the replay of every registration were answered
+        (at once if that is already so for the current connection)."""
+        if self.registered:
+            return defer.succeed(self)
+        d: defer.Deferred = defer.Deferred()
+        self._when_registered.append(d)
+        return d
+
+    def when_lost(self) -> defer.Deferred:
+        """Fires when the current connection goes (at once if there is none)."""
+        if self.protocol is None:
+            return defer.succeed(self)
+        d: defer.Deferred = defer.Deferred()
+        self._when_lost.append(d)
+        return d
+
+    def _registered(self, proto: LookupPeerProtocol) -> None:
+        if self.protocol is not proto:
+            return
+        self.registered = True
+        waiting, self._when_registered = self._when_registered, []
+        for d in waiting:
+            d.callback(self)
+
+    def _lost(self, proto: LookupPeerProtocol) -> None:
+        if self.protocol is not proto and self.protocol is not None:
+            return
+        self.protocol = None
+        self.registered = False
+        waiting, self._when_lost = self._when_lost, []
+        for d in waiting:
+            d.callback(self)
+
+
+class LookupPeersService(MultiService):
+    """Every nsqlookupd this nsqd registers with (a child of the NsqdService)."""
+
+    name = "lookup-peers"
+
+    def __init__(self, nsqd: "NsqdService", *, clock: Any = None, ping_interval: float = PING_INTERVAL,
+                 retry_policy: Optional[Callable[[int], float]] = None,
+                 http_client: Any = None) -> None:
+        super().__init__()
+        self.nsqd = nsqd
+        self.clock = clock if clock is not None else nsqd.reactor
+        self.ping_interval = ping_interval
+        # nsqd retries on its next PING (15 s); start quicker, never wait longer
+        self.retry_policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=ping_interval)
+        self.peers: Dict[str, LookupPeer] = {}
+        self._addresses: Optional[List[str]] = None
+        self._http_client = http_client
+        self._loop: Optional[task.LoopingCall] = None
+        self._precreating: Set[defer.Deferred] = set()
+
+    # --- what the peers ask of the nsqd ---------------------------------------------
+
+    @property
+    def max_response_size(self) -> int:
+        return int(self.nsqd.options.max_body_size)
+
+    def identify_fields(self) -> Dict[str, Any]:
+        """nsqd's IDENTIFY body (broadcast ports win over the bound ones when set)."""
+        opts = self.nsqd.options
+        return {
+            "version": NSQ_VERSION,
+            "tcp_port": opts.broadcast_tcp_port or self.nsqd.tcp_port or 0,
+            "http_port": opts.broadcast_http_port or self.nsqd.http_port or 0,
+            "hostname": socket.gethostname(),
+            "broadcast_address": opts.broadcast_address,
+        }
+
+    def registration_commands(self) -> List[bytes]:
+        """The replay: REGISTER every topic without channels and every channel."""
+        commands = []
+        for topic in list(self.nsqd.broker.topics.values()):
+            if topic.exiting:
+                continue
+            channels = [ch for ch in topic.channels.values() if not ch.exiting]
+            if not channels:
+                commands.append(register_command(topic.name))
+            for ch in channels:
+                commands.append(register_command(topic.name, ch.name))
+        return commands
+
+    # --- peers ------------------------------------------------------------------
+
+    def set_addresses(self, addresses: List[str]) -> defer.Deferred:
+        """``PUT /config/nsqlookupd_tcp_addresses``: close removed peers, connect new ones;
+        fires when the removed peers are closed."""
+        wanted = list(dict.fromkeys(addresses))
+        self._addresses = wanted
+        if not self.running:
+            return defer.succeed(None)
+        stops = []
+        for address in list(self.peers):
+            if address not in wanted:
+                stops.append(self._remove_peer(address))
+        for address in wanted:
+            if address not in self.peers:
+                self._add_peer(address)
+        return defer.gatherResults(stops, consumeErrors=True)
+
+    def lookupd_http_addresses(self) -> List[str]:
+        """The HTTP addresses of every peer that has identified at least once."""
+        return [a for a in (p.http_address for p in self.peers.values()) if a]
+
+    def _add_peer(self, address: str) -> LookupPeer:
+        log.info("LOOKUP({peer}): adding peer", peer=address)
+        peer = LookupPeer(self, address)
+        self.peers[address] = peer
+        peer.service.setServiceParent(self)
+        return peer
+
+    def _remove_peer(self, address: str) -> defer.Deferred:
+        log.info("LOOKUP({peer}): removing peer", peer=address)
+        peer = self.peers.pop(address)
+        return defer.maybeDeferred(peer.service.disownServiceParent)
+
+    def send(self, data: bytes) -> None:
+        """A command to every identified peer (the others get the replay when they connect)."""
+        for peer in list(self.peers.values()):
+            if peer.command(data) is not None:
+                log.info("LOOKUPD({peer}): {cmd}", peer=peer.address, cmd=data.decode().strip())
+
+    def ping(self) -> None:
+        """nsqd's heartbeat: PING every identified peer (an unanswered PING closes it)."""
+        for peer in list(self.peers.values()):
+            if peer.command(PING_COMMAND) is not None:
+                log.debug("LOOKUPD({peer}): sending heartbeat", peer=peer.address)
+
+    # --- broker events ------------------------------------------------------------
+
+    def _on_event(self, event: str, topic: str, channel: Optional[str]) -> None:
+        try:
+            if event == Event.TOPIC_CREATED:
+                self.send(register_command(topic))
+                self._precreate_channels(topic)
+            elif event == Event.CHANNEL_CREATED:
+                self.send(register_command(topic, channel or ""))
+            elif event == Event.TOPIC_DELETED:
+                self.send(unregister_command(topic))
+            elif event == Event.CHANNEL_DELETED:
+                self.send(unregister_command(topic, channel or ""))
+        except Exception:
+            log.failure("lookupd notification for {event} {topic}:{channel} failed",
+                        event=event, topic=topic, channel=channel)
+
+    # --- channel pre-creation (T20) -------------------------------------------------
+
+    def _precreate_channels(self, name: str) -> None:
+        broker = self.nsqd.broker
+        if broker.loading:
+            return
+        topic = broker.topics.get(name)
+        if topic is None:
+            return
+        addresses = self.lookupd_http_addresses()
+        if not addresses:
+            if self.peers:
+                log.error("no available nsqlookupd to query for channels to pre-create for topic {topic}",
+                          topic=name)
+            return
+        topic.hold()
+        d = self._query_channels(name, addresses)
+
+        def create(channels: List[str]) -> None:
+            if broker.topics.get(name) is not topic or topic.exiting:
+                return
+            now = self.nsqd.reactor.seconds()
+            for channel in channels:
+                if is_ephemeral(channel):
+                    continue  # no ephemeral channel without a consumer
+                topic.get_channel(channel, now)
+
+        def failed(f: Failure) -> None:
+            if self.running and not f.check(defer.CancelledError):
+                log.warn("failed to query nsqlookupd for channels to pre-create for topic {topic} - {err}",
+                         topic=name, err=f.getErrorMessage())
+
+        def release(_: Any) -> None:
+            self._precreating.discard(d)
+            topic.release()
+            self.nsqd.settle()
+
+        d.addCallback(create)
+        d.addErrback(failed)
+        d.addBoth(release)
+        if not d.called:
+            self._precreating.add(d)
+
+    def _client(self) -> Any:
+        if self._http_client is None:
+            import treq
+            from twisted.web.client import Agent, HTTPConnectionPool
+
+            reactor = self.nsqd.reactor
+            pool = HTTPConnectionPool(reactor, persistent=False)
+            agent = Agent(reactor, connectTimeout=self.nsqd.options.http_client_connect_timeout, pool=pool)
+            self._http_client = treq.client.HTTPClient(agent)
+        return self._http_client
+
+    def _query_channels(self, topic: str, addresses: List[str]) -> defer.Deferred:
+        """NSQ's ``GetLookupdTopicChannels``: the union of every lookupd's answer, sorted;
+        fails only if every lookupd failed."""
+        queries = [self._get_channels(f"http://{a}/channels?topic={quote(topic, safe='')}")
+                   for a in addresses]
+        d = defer.DeferredList(queries, consumeErrors=True)
+
+        def merge(results: List[Any]) -> List[str]:
+            channels: Set[str] = set()
+            errors = []
+            for ok, value in results:
+                if ok:
+                    channels.update(value)
+                else:
+                    errors.append(value.getErrorMessage())
+            if errors and len(errors) == len(results):
+                raise RuntimeError(f"failed to query any nsqlookupd: {'; '.join(errors)}")
+            if errors:
+                log.warn("failed to query some nsqlookupd for channels of topic {topic} - {err}",
+                         topic=topic, err="; ".join(errors))
+            return sorted(channels)
+
+        return d.addCallback(merge)
+
+    def _get_channels(self, url: str) -> defer.Deferred:
+        """One ``GET /channels`` (V1), within ``--http-client-request-timeout``."""
+        log.debug("CI: querying nsqlookupd {url}", url=url)
+        client = self._client()
+        d = client.get(url, headers={b"Accept": [b"application/vnd.nsq; version=1.0"]})
+
+        def got(response: Any) -> defer.Deferred:
+            body = response.content()
+
+            def parse(data: bytes) -> List[str]:
+                if response.code != 200:
+                    raise RuntimeError(f"got response {response.code} {data!r}")
+                doc = json.loads(data)
+                channels = doc.get("channels") if isinstance(doc, dict) else None
+                if channels is None:
+                    return []
+                if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
+                    raise ValueError(f"bad /channels answer {data!r}")
+                return channels
+
+            return body.addCallback(parse)
+
+        d.addCallback(got)
+        d.addTimeout(self.nsqd.options.http_client_request_timeout, self.clock)
+        return d
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()
+        self.nsqd.broker.listeners.append(self._on_event)
+        addresses = self._addresses
+        if addresses is None:
+            addresses = list(dict.fromkeys(self.nsqd.options.lookupd_tcp_addresses))
+        for address in addresses:
+            if address not in self.peers:
+                self._add_peer(address)
+        self._loop = task.LoopingCall(self._safe_ping)
+        self._loop.clock = self.clock
+        self._loop.start(self.ping_interval, now=False)
+
+    def _safe_ping(self) -> None:
+        try:
+            self.ping()
+        except Exception:
+            log.failure("LOOKUP: heartbeat failed")
+
+    def stopService(self) -> defer.Deferred:
+        log.info("LOOKUP: closing")
+        listeners = self.nsqd.broker.listeners
+        if self._on_event in listeners:
+            listeners.remove(self._on_event)
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        for d in list(self._precreating):
+            d.cancel()
+        self._precreating.clear()
+        stopping = defer.maybeDeferred(super().stopService)
+
+        def forget(result: Any) -> Any:
+            self.peers.clear()
+            return result
+
+        return stopping.addBoth(forget)
