@@ -1,0 +1,245 @@
+"""The Twisted glue (nsqtw.tcp.nsqd.NsqdProtocol) on a StringTransport and a task.Clock: magic, heartbeats,
+the 2x heartbeat read deadline, closes, and one write per read (nsqd/protocol_v2.go IOLoop/messagePump)."""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from twisted.internet import task
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+
+from nsqtw.nsqd.broker import Broker, memory_only_backends
+from nsqtw.options import NsqdOptions
+from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
+from nsqtw.tcp.nsqd import NsqdFactory
+
+from nsqd_harness import T0, cmd, identify, pub
+
+HB = (FRAME_RESPONSE, b"_heartbeat_")
+
+
+class CountingTransport(StringTransport):
+    """A StringTransport that counts write calls."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class Node:
+    """A broker behind an NsqdFactory on a fake clock."""
+
+    def __init__(self, **opts: Any) -> None:
+        opts.setdefault("node_id", 1)
+        self.clock = task.Clock()
+        self.clock.advance(T0)  # message IDs need a wall-clock time after NSQ's 2010 epoch
+        self.options = NsqdOptions(**opts)
+        self.broker = Broker(self.options, self.clock.seconds(), backend_factory=memory_only_backends)
+        self.factory = NsqdFactory(self.broker, self.clock)
+        self._port = 50000
+
+    def connect(self, magic: bool = True) -> "Conn":
+        self._port += 1
+        return Conn(self, self._port, magic)
+
+
+class Conn:
+    def __init__(self, node: Node, port: int, magic: bool) -> None:
+        self.node = node
+        self.proto = node.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
+        self.tr = CountingTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", port))
+        self.proto.makeConnection(self.tr)
+        self._dec = FrameDecoder()
+        if magic:
+            self.send(MAGIC_V2)
+
+    def send(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def frames(self) -> List[Tuple[int, bytes]]:
+        data = self.tr.value()
+        self.tr.clear()
+        return self._dec.feed(data)
+
+    @property
+    def closed(self) -> bool:
+        return self.tr.disconnecting
+
+    def lose(self) -> None:
+        self.proto.connectionLost(None)
+
+
+def test_bad_magic_framed_error_and_close():
+    """A wrong magic gets a framed E_BAD_PROTOCOL and the connection is closed."""
+    n = Node()
+    c = n.connect(magic=False)
+    c.send(b"GET / HTTP/1.1\r\n")
+    assert c.frames() == [(FRAME_ERROR, b"E_BAD_PROTOCOL")]
+    assert c.closed
+
+
+def test_magic_timeout_aborts_silent_connection():
+    """A connection that never sends the magic is aborted after the magic timeout, without a frame."""
+    n = Node(magic_timeout=5.0)
+    c = n.connect(magic=False)
+    n.clock.advance(4.9)
+    assert not c.closed
+    n.clock.advance(0.2)
+    assert c.closed and c.tr.disconnected
+    assert c.frames() == []
+
+
+def test_magic_cancels_the_magic_timeout():
+    """Once the magic arrived the magic timeout no longer applies."""
+    n = Node(magic_timeout=5.0)
+    c = n.connect(magic=False)
+    n.clock.advance(2)
+    c.send(MAGIC_V2)
+    c.send(identify(heartbeat_interval=-1))
+    n.clock.advance(100)
+    assert not c.closed
+
+
+def test_default_heartbeat_every_30s_whatever_the_traffic():
+    """Heartbeats are sent every ClientTimeout/2 = 30 s on a fixed ticker, traffic or not."""
+    n = Node()
+    c = n.connect()
+    n.clock.advance(29.9)
+    assert c.frames() == []
+    n.clock.advance(0.1)
+    assert c.frames() == [HB]
+    n.clock.advance(20)
+    c.send(cmd("NOP"))  # traffic does not move the ticker
+    n.clock.advance(10)
+    assert c.frames() == [HB]
+
+
+def test_two_missed_heartbeats_close_the_connection():
+    """60 s (2 x 30 s) without any command from the client closes it, with no error frame."""
+    n = Node()
+    c = n.connect()
+    n.clock.advance(50)
+    c.send(cmd("NOP"))
+    n.clock.advance(109.9 - 50)
+    assert not c.closed
+    n.clock.advance(0.2)
+    assert c.closed
+    assert [f for f in c.frames() if f != HB] == []
+
+
+def test_identify_heartbeat_interval_sets_ticker_and_deadline():
+    """IDENTIFY heartbeat_interval N: heartbeats every N ms, and 2N ms of silence closes the connection."""
+    n = Node()
+    c = n.connect()
+    c.send(identify(heartbeat_interval=1000))
+    assert c.frames() == [(FRAME_RESPONSE, b"OK")]
+    for _ in range(5):
+        n.clock.advance(1.0)
+        c.send(cmd("NOP"))
+    assert c.frames() == [HB] * 5
+    assert not c.closed
+    n.clock.advance(1.9)
+    assert not c.closed
+    n.clock.advance(0.2)
+    assert c.closed
+
+
+def test_heartbeats_disabled():
+    """heartbeat_interval -1: no heartbeats and no read deadline."""
+    n = Node()
+    c = n.connect()
+    c.send(identify(heartbeat_interval=-1))
+    c.frames()
+    n.clock.advance(3600)
+    assert c.frames() == [] and not c.closed
+
+
+def test_sub_refused_with_heartbeats_disabled_closes():
+    """SUB after disabling heartbeats: the error frame, then the connection closes."""
+    n = Node()
+    c = n.connect()
+    c.send(identify(heartbeat_interval=-1) + cmd("SUB", "t", "c"))
+    assert c.frames() == [(FRAME_RESPONSE, b"OK"), (FRAME_ERROR, b"E_INVALID cannot SUB with heartbeats disabled")]
+    assert c.closed
+
+
+def test_fatal_error_writes_frame_then_closes():
+    """A fatal error is written before the connection is closed."""
+    n = Node()
+    c = n.connect()
+    c.send(b"BOGUS\n")
+    assert c.frames() == [(FRAME_ERROR, b"E_INVALID invalid command BOGUS")]
+    assert c.closed
+
+
+def test_over_long_line_closes_without_frame():
+    """A command line over 16 KiB closes the connection without an error frame."""
+    n = Node()
+    c = n.connect()
+    c.send(b"X" * 20000)
+    assert c.closed and c.frames() == []
+
+
+def test_non_fatal_error_keeps_connection():
+    """E_FIN_FAILED leaves the transport open."""
+    n = Node()
+    c = n.connect()
+    c.send(cmd("SUB", "t", "c") + cmd("FIN", "0123456789abcdef"))
+    assert c.frames()[-1][0] == FRAME_ERROR
+    assert not c.closed
+
+
+def test_one_write_per_read_for_pipelined_commands():
+    """Answers to all commands of one read go out in a single transport write."""
+    n = Node()
+    c = n.connect()
+    before = c.tr.writes
+    c.send(b"".join(pub("t", b"%d" % i) for i in range(200)))
+    assert c.tr.writes - before == 1
+    assert c.frames() == [(FRAME_RESPONSE, b"OK")] * 200
+
+
+def test_delivery_in_the_publishers_read():
+    """A PUB reaches a ready consumer during the publisher's dataReceived, in one write to the consumer."""
+    n = Node()
+    cons = n.connect()
+    cons.send(cmd("SUB", "t", "c") + cmd("RDY", 100))
+    cons.frames()
+    prod = n.connect()
+    before = cons.tr.writes
+    prod.send(b"".join(pub("t", b"%d" % i) for i in range(50)))
+    frames = cons.frames()
+    assert [t for t, _ in frames] == [FRAME_MESSAGE] * 50
+    assert cons.tr.writes - before == 1
+
+
+def test_connection_lost_removes_client():
+    """connectionLost unsubscribes the client from its channel and forgets it."""
+    n = Node()
+    c = n.connect()
+    c.send(cmd("SUB", "t", "c"))
+    ch = n.broker.find_channel("t", "c")
+    assert len(ch.clients) == 1
+    c.lose()
+    assert len(ch.clients) == 0 and c.proto.client.id not in n.broker.clients
+    n.clock.advance(1000)  # no timers left behind
+    assert n.clock.getDelayedCalls() == [] or all(not d.active() for d in n.clock.getDelayedCalls())
+
+
+def test_heartbeats_reach_consumers_with_messages_in_flight():
+    """A subscribed consumer keeps getting heartbeats while holding messages."""
+    n = Node()
+    c = n.connect()
+    c.send(identify(heartbeat_interval=1000) + cmd("SUB", "t", "c") + cmd("RDY", 1))
+    p = n.connect()
+    p.send(pub("t", b"x"))
+    frames = c.frames()
+    assert frames[-1][0] == FRAME_MESSAGE
+    n.clock.advance(1.0)
+    c.send(cmd("NOP"))
+    assert c.frames() == [HB]
