@@ -1,0 +1,964 @@
+"""
+The disk queue: go-diskqueue v1.1.0's files, byte for byte, behind :class:`IBackendQueue`.
+
+Files (in ``--data-path``; a channel's queue is named ``<topic>:<channel>``)::
+
+    <name>.diskqueue.000000.dat     [4-byte BE length N][N-byte record] ...
+    <name>.diskqueue.meta.dat       "%d\\n%d,%d\\n%d,%d\\n" % (depth, readFileNum, readPos,
+                                                             writeFileNum, writePos)
+    <name>.diskqueue.NNNNNN.dat.bad a quarantined corrupt file
+    <name>.diskqueue.deferred.dat   nsqtw only: deferral hints (:mod:`.deferred_store`)
+
+A record is NSQ's message serialization (timestamp, attempts = deliveries so
+far, id, body); queued frames are converted at this boundary, so Go's nsqd
+and nsqtw read each other's queues.  The rules are go-diskqueue's: a write
+that would push a non-empty file past ``max_bytes_per_file`` rolls to the
+next file first; a file is deleted once read to its end; a record length
+outside ``[26, max_msg_size + 26]`` on read is corruption, which renames the
+read file to ``.bad`` and continues with the next one (moving writes to a
+new file when it was also the write file); at the tail a non-zero depth is
+reset; on open, a metadata ``writePos`` behind the write file's real size
+(an unclean stop) moves writes to a new file and the reader salvages what
+is past.  Beyond Go: the salvaged records are counted into the depth, files
+written after a roll whose metadata never reached the disk are found again,
+and a queue whose metadata is missing but whose data files exist is
+recovered instead of overwritten.
+
+Threads and durability -- the contract the broker relies on:
+
+* ``put(run)`` validates the whole run, then ``pwrite()``s it (one call per
+  file touched) before returning: when it returns the messages are in the
+  OS page cache and survive the broker's own crash (``kill -9``), though not
+  a power loss.  Nothing is buffered in Python.  A failure raises
+  :class:`~nsqtw.errors.BackendError` (the caller answers ``E_PUB_FAILED``;
+  a run that spanned a roll may have been stored in part).
+* fsync and metadata writes never run on the reactor thread.  They go to the
+  :class:`SyncWorker`, a single thread per broker that runs every job in
+  submission order (fsync, metadata rewrite, deletion of read files, closing
+  of rolled file descriptors).  Syncs are grouped: a queue asks for one at
+  the end of the reactor turn (``callLater(0)``), has at most one in flight,
+  and a sync covers every write made before it was submitted.
+* When a sync happens follows go-diskqueue: after ``sync_every`` operations
+  (writes plus consumed reads), ``sync_timeout`` after activity, on roll,
+  after a read file is deleted or corruption was handled, and on close.
+  Metadata is written after the fsync of the data it describes, so it never
+  claims data that is not on disk.
+* ``flush_and_sync()`` returns a Deferred that fires once an fsync covering
+  every message put before the call has completed (it errbacks if that
+  fsync fails); ``when_synced()`` waits the same way without forcing an
+  early sync.  What an OK means, per setting:
+
+  - ``--sync-every=1``: nsqd fsyncs after every write.  The broker answers
+    OK only when ``flush_and_sync()`` of every disk queue the publish wrote
+    to has fired; concurrent publishes share one fsync per turn.  A message
+    that went to a memory queue is, as in Go, not on disk at all.
+  - ``--sync-every=N > 1``: OK once ``put()`` returned (page cache).  An
+    fsync follows within N operations or ``--sync-timeout``; a power loss
+    can lose what was written since the last one.
+
+For unit tests, ``SyncWorker(clock=None, threaded=False)`` runs every job
+inline at once, so the whole queue is synchronous and deterministic; with a
+``task.Clock`` the end-of-turn and timeout syncs wait for ``clock.advance``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import re
+import struct
+import time
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from ..errors import BackendError, Exiting
+from ..protocol.message import ID_SLICE, MIN_MESSAGE_LENGTH
+from . import IBackendQueue
+from .deferred_store import DeferredStore
+from .metadata import write_file_atomically
+from .runs import Run
+
+__all__ = ["DiskQueue", "SyncWorker", "disk_backends", "read_queue_metadata", "format_queue_metadata"]
+
+log = Logger(namespace="nsqtw.diskqueue")
+
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_FRAME_HEAD = struct.Struct(">ii")
+_unpack_i32 = _I32.unpack_from
+_unpack_u16 = _U16.unpack_from
+_pack_u16_into = _U16.pack_into
+_pack_i32_into = _I32.pack_into
+_pack_frame_head = _FRAME_HEAD.pack
+
+#: bytes read from a data file at a time
+READ_CHUNK = 256 * 1024
+
+_META_RE = re.compile(rb"\A\s*(-?\d+)[ \t]*\r?\n\s*(-?\d+),(-?\d+)[ \t]*\r?\n\s*(-?\d+),(-?\d+)")
+_DATA_RE_TMPL = r"\A%s\.diskqueue\.(\d{6,})\.dat\Z"
+
+
+def format_queue_metadata(depth: int, read_file: int, read_pos: int, write_file: int, write_pos: int) -> bytes:
+    """The ``.meta.dat`` text, exactly as go-diskqueue's ``persistMetaData`` writes it."""
+    return b"%d\n%d,%d\n%d,%d\n" % (depth, read_file, read_pos, write_file, write_pos)
+
+
+def read_queue_metadata(data: bytes) -> Tuple[int, int, int, int, int]:
+    """``(depth, readFileNum, readPos, writeFileNum, writePos)``; ValueError if unparsable."""
+    m = _META_RE.match(data)
+    if m is None:
+        raise ValueError("invalid diskqueue metadata %r" % data[:80])
+    d, rf, rp, wf, wp = (int(x) for x in m.groups())
+    return d, rf, rp, wf, wp
+
+
+# --- the sync worker -----------------------------------------------------------------------
+
+class SyncWorker(Service):
+    """
+    One broker's blocking disk work, in order, off the reactor thread.
+
+    Add it to the service tree *before* the broker's services (a MultiService
+    stops children in reverse, so it stops last): its ``stopService`` runs
+    every job already submitted (closing queues submits their final syncs)
+    and joins the thread.  Jobs submitted while it is not running run inline.
+    """
+
+    def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
+                 name: str = "nsqtw-diskqueue-sync") -> None:
+        self.reactor = reactor
+        self.clock = clock if clock is not None else reactor
+        self.threaded = threaded and reactor is not None
+        self.setName(name)
+        self._pool: Any = None
+        self._dirty: Dict[int, "DiskQueue"] = {}
+        self._turn_call: Any = None
+        self.jobs = 0
+
+    # lifecycle
+    def startService(self) -> None:
+        super().startService()
+        if self.threaded and self._pool is None:
+            from twisted.python.threadpool import ThreadPool
+            self._pool = ThreadPool(1, 1, name=self.name)
+            self._pool.start()
+
+    def stopService(self) -> Any:
+        super().stopService()
+        self.end_turn()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()  # runs what is queued, then joins the thread
+        return None
+
+    def seconds(self) -> float:
+        return self.clock.seconds() if self.clock is not None else time.time()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Any:
+        if self.clock is None:
+            return None
+        return self.clock.callLater(delay, fn)
+
+    def submit(self, fn: Callable[[], Any]) -> Deferred:
+        """Run ``fn`` after every job submitted before; fires with its result."""
+        self.jobs += 1
+        pool = self._pool
+        if pool is None:
+            try:
+                return succeed(fn())
+            except BaseException:
+                return fail(Failure())
+        from twisted.internet.threads import deferToThreadPool
+        return deferToThreadPool(self.reactor, pool, fn)
+
+    # end of turn
+    def wake(self, queue: "DiskQueue") -> None:
+        """``queue`` has work for the end of this reactor turn (a sync to submit)."""
+        if self.clock is None:
+            queue._end_turn()
+            return
+        self._dirty[id(queue)] = queue
+        if self._turn_call is None:
+            self._turn_call = self.clock.callLater(0, self._turn)
+
+    def _turn(self) -> None:
+        self._turn_call = None
+        self.end_turn()
+
+    def end_turn(self) -> None:
+        """Submit the syncs queues asked for now (the glue may call this at the end of settle)."""
+        if self._turn_call is not None:
+            if self._turn_call.active():
+                self._turn_call.cancel()
+            self._turn_call = None
+        dirty = self._dirty
+        while dirty:
+            _, q = dirty.popitem()
+            try:
+                q._end_turn()
+            except Exception:
+                log.failure("DISKQUEUE({name}) end of turn failed", name=q.name)
+
+
+_INLINE: Optional[SyncWorker] = None
+
+
+def _inline_worker() -> SyncWorker:
+    global _INLINE
+    if _INLINE is None:
+        _INLINE = SyncWorker(None, threaded=False)
+    return _INLINE
+
+
+# --- jobs (run on the worker thread; they only see values handed to them) ---------------------
+
+def _job_sync(fd: Optional[int], meta_path: str, meta: bytes,
+              hints: Optional[Tuple[DeferredStore, List[Tuple[float, bytes]], float]],
+              close_fd: bool = False) -> None:
+    try:
+        if fd is not None:
+            os.fsync(fd)
+        write_file_atomically(meta_path, meta)
+        if hints is not None:
+            store, items, now = hints
+            store.save(items, now)
+    finally:
+        if close_fd and fd is not None:
+            os.close(fd)
+
+
+def _job_close(fd: int, sync: bool) -> None:
+    try:
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _job_unlink(paths: Sequence[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.error("DISKQUEUE failed to remove {path} - {err}", path=p, err=e)
+
+
+# --- the queue -------------------------------------------------------------------------------
+
+@implementer(IBackendQueue)
+class DiskQueue:
+    """go-diskqueue for one topic or channel (see the module docstring)."""
+
+    durable = True
+    accepts_all = True
+
+    def __init__(self, name: str, data_path: str, *,
+                 max_bytes_per_file: int = 100 * 1024 * 1024,
+                 max_msg_size: int = 1024 * 1024,
+                 sync_every: int = 2500,
+                 sync_timeout: float = 2.0,
+                 worker: Optional[SyncWorker] = None,
+                 deferred_sink: Optional[Callable[[float, bytes], None]] = None,
+                 min_msg_size: int = MIN_MESSAGE_LENGTH) -> None:
+        self.name = name
+        self.data_path = data_path
+        self.max_bytes_per_file = max_bytes_per_file
+        self.min_record = min_msg_size
+        #: go-diskqueue's maxMsgSize: nsqd passes --max-msg-size + 26
+        self.max_record = max_msg_size + MIN_MESSAGE_LENGTH
+        self.sync_every = max(1, sync_every)
+        self.sync_timeout = sync_timeout
+        self.worker = worker if worker is not None else _inline_worker()
+        #: called with (deliver_at, frame) for a record whose deferral hint is still pending
+        self.deferred_sink = deferred_sink
+        self.error: Optional[BaseException] = None
+
+        self._depth = 0
+        self.read_file_num = 0
+        self.read_pos = 0
+        self.write_file_num = 0
+        self.write_pos = 0
+
+        self._wfd: Optional[int] = None
+        self._rfd: Optional[int] = None
+        self._rbuf = b""
+        self._rbuf_at = 0
+        self._read_end: Optional[int] = None
+
+        self._count = 0
+        self._need_sync = False
+        self._syncing = False
+        self._timer: Any = None
+        self._put_seq = 0
+        self._synced_seq = 0
+        self._waiters: List[Tuple[int, Deferred, bool]] = []
+        self._closed = False
+
+        self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
+        self._file_tmpl = os.path.join(data_path, f"{name}.diskqueue.%06d.dat")
+        self._hint_store = DeferredStore.for_queue(data_path, name)
+        self._hints: Dict[bytes, float] = {}
+        self._hints_dirty = False
+
+        self._open()
+
+    # --- names and introspection ---------------------------------------------------------
+
+    def file_name(self, num: int) -> str:
+        return self._file_tmpl % num
+
+    @property
+    def metadata_file_name(self) -> str:
+        return self._meta_path
+
+    def positions(self) -> Tuple[int, int, int, int, int]:
+        """``(depth, readFileNum, readPos, writeFileNum, writePos)`` as the metadata would say."""
+        return self._depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pending_hints(self) -> Dict[bytes, float]:
+        return dict(self._hints)
+
+    def __repr__(self) -> str:
+        return f"<DiskQueue {self.name} {self.positions()}>"
+
+    # --- opening (retrieveMetaData) ------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            with open(self._meta_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raw = None
+        except OSError as e:
+            log.error("DISKQUEUE({name}) failed to retrieveMetaData - {err}", name=self.name, err=e)
+            raw = None
+        state = None
+        if raw is not None:
+            try:
+                state = read_queue_metadata(raw)
+            except ValueError as e:
+                log.error("DISKQUEUE({name}) failed to retrieveMetaData - {err}", name=self.name, err=e)
+        if state is None:
+            self._recover_without_metadata()
+        else:
+            self._depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos = state
+            self._salvage_past_write_pos()
+        for at, mid in self._hint_store.load():
+            self._hints[mid] = at
+        self._check_tail_corruption()
+
+    def _existing_data_files(self) -> List[int]:
+        pat = re.compile(_DATA_RE_TMPL % re.escape(self.name))
+        nums = []
+        try:
+            names = os.listdir(self.data_path)
+        except OSError:
+            return []
+        for fn in names:
+            m = pat.match(fn)
+            if m:
+                nums.append(int(m.group(1)))
+        return sorted(nums)
+
+    def _recover_without_metadata(self) -> None:
+        nums = self._existing_data_files()
+        if not nums:
+            return  # a new queue
+        total = 0
+        for n in nums:
+            total += self._count_records(self.file_name(n), 0)[0]
+        log.warn("DISKQUEUE({name}) no metadata but data files {first}..{last}; "
+                 "recovering {total} messages", name=self.name, first=nums[0], last=nums[-1], total=total)
+        self._depth = total
+        self.read_file_num, self.read_pos = nums[0], 0
+        self.write_file_num, self.write_pos = nums[-1] + 1, 0
+        self._need_sync = True
+
+    def _salvage_past_write_pos(self) -> None:
+        """go-diskqueue's stale-metadata rule, extended to files written after a lost roll."""
+        extra = 0
+        while True:
+            fn = self.file_name(self.write_file_num)
+            try:
+                size = os.stat(fn).st_size
+            except FileNotFoundError:
+                if self.write_pos > 0:
+                    log.warn("DISKQUEUE({name}) {fn} missing at writePos {pos}, skipping to new file",
+                             name=self.name, fn=fn, pos=self.write_pos)
+                    self.write_file_num += 1
+                    self.write_pos = 0
+                    self._need_sync = True
+                    continue
+                break
+            if size == self.write_pos:
+                if size > 0 and os.path.exists(self.file_name(self.write_file_num + 1)):
+                    # rolled, then stopped before the metadata said so
+                    self.write_file_num += 1
+                    self.write_pos = 0
+                    self._need_sync = True
+                    continue
+                break
+            if size > self.write_pos:
+                n, _ = self._count_records(fn, self.write_pos)
+                extra += n
+                log.warn("DISKQUEUE({name}) {fn} metadata writePos {pos} < file size of {size}, "
+                         "skipping to new file ({n} messages salvaged)",
+                         name=self.name, fn=fn, pos=self.write_pos, size=size, n=n)
+            else:
+                log.warn("DISKQUEUE({name}) {fn} metadata writePos {pos} > file size of {size}, "
+                         "skipping to new file", name=self.name, fn=fn, pos=self.write_pos, size=size)
+            self.write_file_num += 1
+            self.write_pos = 0
+            self._need_sync = True
+        self._depth += extra
+
+    def _count_records(self, path: str, start: int) -> Tuple[int, int]:
+        """Valid records from ``start`` to the first bad or partial one: (count, end)."""
+        count = 0
+        pos = start
+        lo, hi = self.min_record, self.max_record
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return 0, start
+        try:
+            buf = b""
+            at = start
+            while True:
+                i = pos - at
+                if i + 4 > len(buf):
+                    buf = os.pread(fd, READ_CHUNK, pos)
+                    at, i = pos, 0
+                    if len(buf) < 4:
+                        break
+                size = _unpack_i32(buf, i)[0]
+                if size < lo or size > hi:
+                    break
+                if i + 4 + size > len(buf):
+                    buf = os.pread(fd, max(READ_CHUNK, 4 + size), pos)
+                    at = pos
+                    if len(buf) < 4 + size:
+                        break
+                pos += 4 + size
+                count += 1
+        finally:
+            os.close(fd)
+        return count, pos
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def _encode(self, run: Run) -> Tuple[memoryview, List[Tuple[int, int]]]:
+        """The run's frames as diskqueue entries, in a private copy: (buffer, [(start, end)])."""
+        blob, offs, end = run
+        start = offs[0]
+        ba = bytearray(blob[start:end]) if (start or end != len(blob)) else bytearray(blob)
+        lo, hi = self.min_record, self.max_record
+        spans: List[Tuple[int, int]] = []
+        total = len(ba)
+        for o in offs:
+            o -= start
+            size = _unpack_i32(ba, o)[0]  # 4 (type) + record
+            n = size - 4
+            if n < lo or n > hi or o + 4 + size > total:
+                raise BackendError(
+                    f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
+            _pack_i32_into(ba, o + 4, n)  # the type field becomes the record length
+            a = o + 16
+            _pack_u16_into(ba, a, (_unpack_u16(ba, a)[0] - 1) & 0xFFFF)  # deliveries so far
+            spans.append((o + 4, o + 4 + size))
+        return memoryview(ba), spans
+
+    def put(self, run: Run) -> Optional[Run]:
+        """Store the whole run (rolling as needed); returns None.  Raises BackendError."""
+        if self._closed:
+            raise Exiting()
+        mv, spans = self._encode(run)
+        maxb = self.max_bytes_per_file
+        wp = self.write_pos
+        g_start = 0
+        i = 0
+        for a, b in spans:
+            size = b - a
+            if wp > 0 and wp + size > maxb:
+                if i > g_start:
+                    self._write(mv, spans[g_start:i])
+                self._roll()
+                wp = 0
+                g_start = i
+            wp += size
+            i += 1
+        if i > g_start:
+            self._write(mv, spans[g_start:i])
+        self._after_ops()
+        return None
+
+    def put_deferred(self, items: Sequence[Tuple[float, bytes]]) -> None:
+        """Store deferred frames as ordinary records, remembering when each is due.
+
+        Go's nsqd reading these files delivers them as backlog (its own
+        behaviour); nsqtw's reader hands those still deferred to
+        ``deferred_sink`` with their remaining delay.
+        """
+        if not items:
+            return
+        for at, frame in items:
+            self._hints[bytes(frame[ID_SLICE])] = at
+        self._hints_dirty = True
+        self.put(_run_of_frames([bytes(f) for _, f in items]))
+
+    def _write(self, mv: memoryview, spans: List[Tuple[int, int]]) -> None:
+        if len(spans) == 1:
+            a, b = spans[0]
+            data: Any = mv[a:b]
+        else:
+            data = b"".join([mv[a:b] for a, b in spans])
+        fd = self._wfd
+        if fd is None:
+            fn = self.file_name(self.write_file_num)
+            try:
+                fd = os.open(fn, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as e:
+                self.error = e
+                raise BackendError(f"DISKQUEUE({self.name}) cannot open {fn} - {e.strerror}") from e
+            self._wfd = fd
+        pos = self.write_pos
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.pwrite(fd, view, pos)
+                pos += n
+                view = view[n:]
+        except OSError as e:
+            self.error = e
+            raise BackendError(f"DISKQUEUE({self.name}) write failed - {e.strerror}") from e
+        k = len(spans)
+        self.write_pos = pos
+        self._depth += k
+        self._count += k
+        self._put_seq += k
+
+    def _roll(self) -> None:
+        """Close the full write file (fsync off-thread) and continue in the next one."""
+        fd, self._wfd = self._wfd, None
+        self.write_file_num += 1
+        self.write_pos = 0
+        if fd is not None:
+            self.worker.submit(partial(_job_close, fd, True)).addErrback(self._log_job_failure, "sync on roll")
+        self._need_sync = True
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def read(self, n: int) -> List[Run]:
+        """Remove and return up to ``n`` messages, oldest first, as (at most) one run."""
+        if self._closed or n <= 0:
+            return []
+        out = bytearray()
+        offs: List[int] = []
+        diverted: List[Tuple[float, bytes]] = []
+        hints = self._hints
+        sink = self.deferred_sink
+        now = self.worker.seconds() if hints else 0.0
+        lo, hi = self.min_record, self.max_record
+        got = 0
+        first = -1
+        uniform = True
+        while got < n:
+            rf = self.read_file_num
+            wf = self.write_file_num
+            if rf >= wf and self.read_pos >= self.write_pos:
+                break
+            if self._rfd is None:
+                try:
+                    self._rfd = os.open(self.file_name(rf), os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as e:
+                    self._handle_read_error(e)
+                    continue
+                self._rbuf = b""
+                self._read_end = None
+            if rf < wf:
+                end = self._read_end
+                if end is None:
+                    end = self._read_end = os.fstat(self._rfd).st_size
+                if self.read_pos >= end:
+                    self._finish_read_file()
+                    continue
+            else:
+                end = self.write_pos
+            fd = self._rfd
+            buf = self._rbuf
+            mbuf = memoryview(buf)
+            base = self._rbuf_at
+            pos = self.read_pos
+            err: Optional[str] = None
+            while got < n and pos < end:
+                i = pos - base
+                if i < 0 or i + 4 > len(buf):
+                    buf = os.pread(fd, READ_CHUNK, pos)
+                    mbuf = memoryview(buf)
+                    base, i = pos, 0
+                    if len(buf) < 4:
+                        err = "EOF"
+                        break
+                size = _unpack_i32(buf, i)[0]
+                if size < lo or size > hi:
+                    err = "invalid message read size (%d)" % size
+                    break
+                j = i + 4 + size
+                if j > len(buf):
+                    buf = os.pread(fd, max(READ_CHUNK, 4 + size), pos)
+                    mbuf = memoryview(buf)
+                    base, i = pos, 0
+                    j = 4 + size
+                    if len(buf) < j:
+                        err = "unexpected EOF"
+                        break
+                if hints:
+                    at = hints.pop(buf[i + 14:i + 30], None)
+                    if at is not None:
+                        self._hints_dirty = True
+                        if sink is not None and at > now:
+                            diverted.append((at, self._frame_of(buf, i, size)))
+                            pos += 4 + size
+                            self._depth -= 1
+                            self._count += 1
+                            continue
+                fs = len(out)
+                if size != first:
+                    if first < 0:
+                        first = size
+                    else:
+                        uniform = False
+                out += _pack_frame_head(size + 4, 2)
+                out += mbuf[i + 4:j]
+                a = fs + 16
+                _pack_u16_into(out, a, (_unpack_u16(out, a)[0] + 1) & 0xFFFF)
+                offs.append(fs)
+                got += 1
+                pos += 4 + size
+                self._depth -= 1
+                self._count += 1
+            self._rbuf = buf
+            self._rbuf_at = base
+            self.read_pos = pos
+            if err is not None:
+                self._handle_read_error(err)
+                continue
+            if rf < wf and pos >= end:
+                self._finish_read_file()
+        if self._rfd is not None and self.read_pos - self._rbuf_at >= len(self._rbuf):
+            self._rbuf = b""  # nothing buffered ahead: do not hold the chunk
+        self._check_tail_corruption()
+        self._after_ops()
+        if diverted and sink is not None:
+            for at, frame in diverted:
+                sink(at, frame)
+        if not offs:
+            return []
+        return [_run_of(bytes(out), offs, uniform)]
+
+    @staticmethod
+    def _frame_of(buf: bytes, i: int, size: int) -> bytes:
+        frame = bytearray(_pack_frame_head(size + 4, 2))
+        frame += buf[i + 4:i + 4 + size]
+        _pack_u16_into(frame, 16, (_unpack_u16(frame, 16)[0] + 1) & 0xFFFF)
+        return bytes(frame)
+
+    def _close_read_file(self) -> None:
+        fd, self._rfd = self._rfd, None
+        self._rbuf = b""
+        self._rbuf_at = 0
+        self._read_end = None
+        if fd is not None:
+            os.close(fd)
+
+    def _finish_read_file(self) -> None:
+        """A completed file was read to its end: delete it, move on, sync soon."""
+        self._close_read_file()
+        old = self.file_name(self.read_file_num)
+        self.read_file_num += 1
+        self.read_pos = 0
+        self.worker.submit(partial(_job_unlink, [old])).addErrback(self._log_job_failure, "remove")
+        self._need_sync = True
+
+    def _handle_read_error(self, err: Any) -> None:
+        """go-diskqueue's handleReadError: quarantine the read file, go on with the next."""
+        bad = self.file_name(self.read_file_num)
+        log.error("DISKQUEUE({name}) reading at {pos} of {fn} - {err}",
+                  name=self.name, pos=self.read_pos, fn=bad, err=err)
+        self._close_read_file()
+        if self.read_file_num == self.write_file_num:
+            self._hand_off_write_fd(sync=False)
+            self.write_file_num += 1
+            self.write_pos = 0
+        log.warn("DISKQUEUE({name}) jump to next file and saving bad file as {fn}.bad",
+                 name=self.name, fn=bad)
+        try:
+            os.rename(bad, bad + ".bad")
+        except OSError as e:
+            log.error("DISKQUEUE({name}) failed to rename bad diskqueue file {fn} to {fn}.bad - {err}",
+                      name=self.name, fn=bad, err=e)
+        self.read_file_num += 1
+        self.read_pos = 0
+        self._need_sync = True
+        self._check_tail_corruption()
+
+    def _check_tail_corruption(self) -> None:
+        rf, wf = self.read_file_num, self.write_file_num
+        if rf < wf or self.read_pos < self.write_pos:
+            return
+        if self._depth != 0:
+            if self._depth < 0:
+                log.error("DISKQUEUE({name}) negative depth at tail ({d}), metadata corruption, "
+                          "resetting 0...", name=self.name, d=self._depth)
+            else:
+                log.error("DISKQUEUE({name}) positive depth at tail ({d}), data loss, resetting 0...",
+                          name=self.name, d=self._depth)
+            self._depth = 0
+            self._need_sync = True
+        if rf != wf or self.read_pos != self.write_pos:
+            if rf > wf:
+                log.error("DISKQUEUE({name}) readFileNum > writeFileNum ({r} > {w}), corruption, "
+                          "skipping to next writeFileNum and resetting 0...", name=self.name, r=rf, w=wf)
+            if self.read_pos > self.write_pos:
+                log.error("DISKQUEUE({name}) readPos > writePos ({r} > {w}), corruption, "
+                          "skipping to next writeFileNum and resetting 0...",
+                          name=self.name, r=self.read_pos, w=self.write_pos)
+            self._skip_to_next_rw_file()
+            self._need_sync = True
+
+    def _hand_off_write_fd(self, sync: bool) -> None:
+        fd, self._wfd = self._wfd, None
+        if fd is not None:
+            self.worker.submit(partial(_job_close, fd, sync)).addErrback(self._log_job_failure, "close")
+
+    def _skip_to_next_rw_file(self, extra: Sequence[str] = ()) -> Deferred:
+        """Delete every data file from the read file to the write file; start afresh after them."""
+        self._close_read_file()
+        self._hand_off_write_fd(sync=False)
+        paths = [self.file_name(i) for i in range(self.read_file_num, self.write_file_num + 1)]
+        paths.extend(extra)
+        d = self.worker.submit(partial(_job_unlink, paths))
+        self.write_file_num += 1
+        self.write_pos = 0
+        self.read_file_num = self.write_file_num
+        self.read_pos = 0
+        self._depth = 0
+        return d
+
+    # --- depth, empty, delete, close -------------------------------------------------------
+
+    def depth(self) -> int:
+        """Messages not yet read (never 0 while unread records remain, whatever the counter)."""
+        if self.read_file_num < self.write_file_num or self.read_pos < self.write_pos:
+            d = self._depth
+            return d if d > 0 else 1
+        return 0
+
+    def empty(self) -> Deferred:
+        """Go's Empty(): delete the data files and the metadata, restart in a new file."""
+        if self._closed:
+            return succeed(None)
+        log.info("DISKQUEUE({name}): emptying", name=self.name)
+        self._hints.clear()
+        self._hints_dirty = False
+        d = self._skip_to_next_rw_file(extra=(self._meta_path, self._hint_store.path))
+        self._count = 0
+        self._need_sync = False
+        self._cancel_timer()
+        self._synced_seq = self._put_seq
+        self._fire_waiters(self._put_seq, None)
+        return d
+
+    def delete(self) -> Deferred:
+        """Go's Empty() then Delete(): no file of this queue is left; the queue is done."""
+        if self._closed:
+            return succeed(None)
+        d = self.empty()
+        self._closed = True
+        self._cancel_timer()
+        return d
+
+    def close(self) -> Deferred:
+        """Go's Close(): a final fsync and metadata write; fires when they are on disk."""
+        if self._closed:
+            return succeed(None)
+        log.info("DISKQUEUE({name}): closing", name=self.name)
+        self._closed = True
+        self._cancel_timer()
+        self._close_read_file()
+        fd, self._wfd = self._wfd, None
+        seq = self._put_seq
+        d = self.worker.submit(partial(_job_sync, fd, self._meta_path, self._meta_bytes(),
+                                       self._hints_snapshot(force=True), close_fd=True))
+        d.addCallbacks(self._sync_done, self._sync_failed, callbackArgs=(seq, False), errbackArgs=(seq,))
+        return d
+
+    # --- syncing ---------------------------------------------------------------------------
+
+    def flush_and_sync(self) -> Deferred:
+        """Fires once an fsync covering every message put so far has completed (forces one soon)."""
+        return self._wait(force=True)
+
+    def when_synced(self) -> Deferred:
+        """Like :meth:`flush_and_sync`, but waits for the regular schedule."""
+        return self._wait(force=False)
+
+    def _wait(self, force: bool) -> Deferred:
+        target = self._put_seq
+        if self._synced_seq >= target:
+            return succeed(None)
+        d: Deferred = Deferred()
+        self._waiters.append((target, d, force))
+        if self._closed:
+            return d  # the final sync in flight will fire it
+        if force:
+            self._need_sync = True
+            self.worker.wake(self)
+        else:
+            self._arm_timer()
+        return d
+
+    def _meta_bytes(self) -> bytes:
+        return format_queue_metadata(self._depth, self.read_file_num, self.read_pos,
+                                     self.write_file_num, self.write_pos)
+
+    def _hints_snapshot(self, force: bool = False) -> Optional[Tuple[DeferredStore, List[Tuple[float, bytes]], float]]:
+        if not (self._hints_dirty or force):
+            return None
+        self._hints_dirty = False
+        return (self._hint_store, [(at, mid) for mid, at in self._hints.items()], self.worker.seconds())
+
+    def _after_ops(self) -> None:
+        if self._count >= self.sync_every:
+            self._need_sync = True
+        if self._need_sync:
+            self.worker.wake(self)
+        elif self._count > 0:
+            self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if self._timer is None and self.sync_timeout > 0:
+            self._timer = self.worker.call_later(self.sync_timeout, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        t, self._timer = self._timer, None
+        if t is not None and t.active():
+            t.cancel()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closed:
+            return
+        if self._count > 0 or self._waiters:
+            self._need_sync = True
+            self._end_turn()
+
+    def _end_turn(self) -> None:
+        if self._closed:
+            return
+        if self._need_sync or any(force for _, _, force in self._waiters):
+            self._start_sync()
+
+    def _start_sync(self) -> None:
+        if self._syncing:
+            return  # the completion of the one in flight starts the next
+        self._need_sync = False
+        self._count = 0
+        self._cancel_timer()
+        seq = self._put_seq
+        self._syncing = True
+        d = self.worker.submit(partial(_job_sync, self._wfd, self._meta_path, self._meta_bytes(),
+                                       self._hints_snapshot()))
+        d.addCallbacks(self._sync_done, self._sync_failed, callbackArgs=(seq, True), errbackArgs=(seq,))
+
+    def _sync_done(self, _: Any, seq: int, regular: bool) -> None:
+        if regular:
+            self._syncing = False
+        if seq > self._synced_seq:
+            self._synced_seq = seq
+        self.error = None
+        self._fire_waiters(seq, None)
+        if self._closed or not regular:
+            return
+        if self._need_sync or any(force for _, _, force in self._waiters):
+            self.worker.wake(self)
+        elif self._waiters or self._count > 0:
+            self._arm_timer()
+
+    def _sync_failed(self, f: Failure, seq: int) -> None:
+        self._syncing = False
+        self.error = f.value
+        log.failure("DISKQUEUE({name}) failed to sync", f, name=self.name)
+        self._need_sync = True  # retried on the next operation
+        self._fire_waiters(seq, f)
+
+    def _fire_waiters(self, seq: int, f: Optional[Failure]) -> None:
+        if not self._waiters:
+            return
+        keep = []
+        ready = []
+        for w in self._waiters:
+            (ready if w[0] <= seq else keep).append(w)
+        self._waiters = keep
+        for _, d, _force in ready:
+            if f is None:
+                d.callback(None)
+            else:
+                d.errback(BackendError(f"DISKQUEUE({self.name}) fsync failed - {f.value}"))
+
+    def _log_job_failure(self, f: Failure, what: str) -> None:
+        self.error = f.value
+        log.failure("DISKQUEUE({name}) {what} failed", f, name=self.name, what=what)
+
+
+def _run_of(blob: bytes, offs: List[int], uniform: bool) -> Run:
+    """A run over ``blob`` (a range of offsets when every frame has the same size)."""
+    n = len(offs)
+    if n == 1:
+        return (blob, range(0, 1), len(blob))
+    if uniform:
+        return (blob, range(0, len(blob), offs[1]), len(blob))
+    return (blob, offs, len(blob))
+
+
+def _run_of_frames(frames: List[bytes]) -> Run:
+    blob = b"".join(frames)
+    offs: List[int] = []
+    at = 0
+    for f in frames:
+        offs.append(at)
+        at += len(f)
+    first = len(frames[0])
+    return _run_of(blob, offs, all(len(f) == first for f in frames))
+
+
+def disk_backends(options: Any, worker: SyncWorker, data_path: Optional[str] = None) -> Callable[[str, bool], Any]:
+    """The broker's backend factory: a DiskQueue per durable name, a DummyQueue per ephemeral one."""
+    from .dummy import DummyQueue
+
+    path = data_path if data_path is not None else (options.data_path or os.getcwd())
+
+    def factory(name: str, ephemeral: bool) -> Any:
+        if ephemeral:
+            return DummyQueue()
+        return DiskQueue(name, path,
+                         max_bytes_per_file=options.max_bytes_per_file,
+                         max_msg_size=options.max_msg_size,
+                         sync_every=options.sync_every,
+                         sync_timeout=options.sync_timeout,
+                         worker=worker)
+
+    return factory

@@ -1,0 +1,224 @@
+"""
+``nsqd.dat``: which topics and channels exist and which are paused.
+
+The file is nsqd's ``Metadata`` struct as Go's ``encoding/json`` writes it,
+so a data directory moves freely between nsqtw and Go's nsqd::
+
+    {"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":true}]},
+               {"name":"u","paused":false,"channels":null}],"version":"1.3.0"}
+
+Ephemeral topics, and ephemeral channels of durable topics, are left out.
+Writes are atomic (``nsqd.dat.<rand>.tmp``, fsync, rename; like nsqd the
+directory is not fsynced).  Loading follows ``NSQD.LoadMetadata``: a missing
+file is a fresh start, unparsable JSON is fatal (:class:`MetadataError`),
+invalid names are skipped with a warning.  Field names match Go's decoder
+(case-insensitively); a value of the wrong type is fatal, as in Go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import attr
+from twisted.logger import Logger
+
+from .. import NSQ_VERSION
+from ..protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
+
+__all__ = [
+    "METADATA_FILE",
+    "ChannelMetadata",
+    "TopicMetadata",
+    "Metadata",
+    "MetadataError",
+    "encode_metadata",
+    "decode_metadata",
+    "load_metadata",
+    "write_metadata",
+    "metadata_from_broker",
+    "write_file_atomically",
+]
+
+METADATA_FILE = "nsqd.dat"
+
+log = Logger(namespace="nsqtw.nsqd")
+
+
+class MetadataError(Exception):
+    """``nsqd.dat`` exists but cannot be used; nsqd refuses to start."""
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ChannelMetadata:
+    name: str
+    paused: bool = False
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class TopicMetadata:
+    name: str
+    paused: bool = False
+    channels: Tuple[ChannelMetadata, ...] = ()
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class Metadata:
+    topics: Tuple[TopicMetadata, ...] = ()
+    version: str = NSQ_VERSION
+
+
+# --- encoding ----------------------------------------------------------------
+
+def _str(s: str) -> str:
+    # Go escapes <, > and & in strings; valid names never contain them, other text might.
+    return json.dumps(s, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def encode_metadata(md: Metadata) -> bytes:
+    """The exact bytes Go's ``json.Marshal(Metadata)`` produces (nil slices as ``null``)."""
+    topics: List[str] = []
+    for t in md.topics:
+        if t.channels:
+            chans = "[" + ",".join(
+                '{"name":%s,"paused":%s}' % (_str(c.name), _bool(c.paused)) for c in t.channels) + "]"
+        else:
+            chans = "null"
+        topics.append('{"name":%s,"paused":%s,"channels":%s}' % (_str(t.name), _bool(t.paused), chans))
+    body = "[" + ",".join(topics) + "]" if topics else "null"
+    return ('{"topics":%s,"version":%s}' % (body, _str(md.version))).encode("utf-8")
+
+
+def metadata_from_broker(broker: Any) -> Metadata:
+    """What ``PersistMetadata`` would write for a :class:`~nsqtw.nsqd.broker.Broker`.
+
+    Reads ``broker.topics`` (name -> topic with ``name``, ``paused``, ``channels``);
+    ephemeral names are recognised by their ``#ephemeral`` suffix.
+    """
+    topics: List[TopicMetadata] = []
+    for topic in list(broker.topics.values()):
+        if is_ephemeral(topic.name):
+            continue
+        chans = tuple(ChannelMetadata(ch.name, bool(ch.paused))
+                      for ch in list(topic.channels.values()) if not is_ephemeral(ch.name))
+        topics.append(TopicMetadata(topic.name, bool(topic.paused), chans))
+    return Metadata(tuple(topics))
+
+
+# --- decoding ----------------------------------------------------------------
+
+def _field(obj: Dict[str, Any], key: str) -> Any:
+    """Go's decoder: an exact key first, else a case-insensitive match."""
+    if key in obj:
+        return obj[key]
+    low = key.lower()
+    for k, v in obj.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _expect(value: Any, kind: type, what: str, source: str) -> Any:
+    if value is None or isinstance(value, kind):
+        return value
+    raise MetadataError(f"failed to parse metadata in {source} - {what} has the wrong type "
+                        f"({type(value).__name__}, want {kind.__name__})")
+
+
+def decode_metadata(data: bytes, source: str = METADATA_FILE,
+                    warn: Optional[Callable[[str], None]] = None) -> Metadata:
+    """Parse ``nsqd.dat``; invalid names are skipped and reported through ``warn``."""
+    if warn is None:
+        def warn(text: str) -> None:
+            log.warn("{text}", text=text)
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MetadataError(f"failed to parse metadata in {source} - {e}") from None
+    if doc is None:
+        return Metadata()
+    _expect(doc, dict, "the document", source)
+    raw_topics = _expect(_field(doc, "topics"), list, "topics", source) or []
+    version = _expect(_field(doc, "version"), str, "version", source) or ""
+    topics: List[TopicMetadata] = []
+    for raw in raw_topics:
+        if raw is None:
+            raw = {}
+        _expect(raw, dict, "a topic", source)
+        name = _expect(_field(raw, "name"), str, "topic name", source) or ""
+        paused = bool(_expect(_field(raw, "paused"), bool, "topic paused", source))
+        raw_chans = _expect(_field(raw, "channels"), list, "channels", source) or []
+        chans: List[ChannelMetadata] = []
+        for rc in raw_chans:
+            if rc is None:
+                rc = {}
+            _expect(rc, dict, "a channel", source)
+            cname = _expect(_field(rc, "name"), str, "channel name", source) or ""
+            cpaused = bool(_expect(_field(rc, "paused"), bool, "channel paused", source))
+            chans.append(ChannelMetadata(cname, cpaused))
+        if not is_valid_topic_name(name):
+            warn(f"skipping creation of invalid topic {name}")
+            continue
+        good: List[ChannelMetadata] = []
+        for c in chans:
+            if not is_valid_channel_name(c.name):
+                warn(f"skipping creation of invalid channel {c.name}")
+                continue
+            good.append(c)
+        topics.append(TopicMetadata(name, paused, tuple(good)))
+    return Metadata(tuple(topics), version)
+
+
+def load_metadata(data_path: str, warn: Optional[Callable[[str], None]] = None) -> Optional[Metadata]:
+    """``nsqd.dat`` of ``data_path``, or None for a fresh start (no file)."""
+    fn = os.path.join(data_path, METADATA_FILE)
+    try:
+        with open(fn, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise MetadataError(f"failed to read metadata from {fn} - {e.strerror or e}") from None
+    return decode_metadata(data, fn, warn)
+
+
+# --- writing -----------------------------------------------------------------
+
+def write_file_atomically(path: str, data: bytes, rng: Optional[random.Random] = None) -> None:
+    """``<path>.<rand>.tmp``, write, fsync, close, rename over ``path`` (as Go's nsqd)."""
+    tmp = "%s.%d.tmp" % (path, (rng or random).getrandbits(63))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_metadata(data_path: str, md: Metadata) -> None:
+    """Persist ``md`` as ``<data_path>/nsqd.dat`` (blocking: a write and an fsync)."""
+    write_file_atomically(os.path.join(data_path, METADATA_FILE), encode_metadata(md))
+
+
+def iter_queue_names(md: Metadata) -> Iterable[str]:
+    """The diskqueue names the metadata implies: ``topic`` and ``topic:channel``."""
+    for t in md.topics:
+        yield t.name
+        for c in t.channels:
+            yield f"{t.name}:{c.name}"
