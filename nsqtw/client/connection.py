@@ -1,0 +1,435 @@
+"""
+One connection to an nsqd: the Twisted Protocol over :class:`~nsqtw.client.core.ClientCore`.
+
+It writes what the core says, starts TLS when negotiated, answers
+``_heartbeat_`` with ``NOP``, matches responses to the commands that expect
+one in FIFO order (:meth:`NSQConnection.command`), and declares the server
+dead when nothing arrives for two heartbeat intervals (``read_timeout`` when
+heartbeats are off, and for the handshake).  Error frames are typed with
+:func:`nsqtw.errors.from_wire`: ``E_FIN_FAILED``, ``E_REQ_FAILED`` and
+``E_TOUCH_FAILED`` are non-fatal and answer no pending command (FIN, REQ and
+TOUCH expect no response); every other error answers the oldest pending
+command and, being fatal, closes the connection as nsqd does.
+
+What the connection's owner (a producer or a consumer) learns arrives through
+a :class:`ConnectionDelegate`.  :func:`connect` dials any address form
+(``host:port``, ``inprocess:[name]``, an embedded broker handle) and fires
+once the handshake is done.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Optional
+
+from twisted.internet import defer, error as ierror
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from ..errors import NSQError, from_wire
+from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT
+from ..protocol.message import decode_message
+from . import commands
+from .config import Config
+from .core import EV_FAILED, EV_READY, EV_START_TLS, EV_WRITE, ClientCore
+from .errors import ClientError, IdentifyError, NotConnected, ProtocolError
+from .message import Message
+
+__all__ = ["NSQConnection", "ConnectionDelegate", "connect", "dial", "new_connection", "Connector"]
+
+log = Logger(namespace="nsqtw.client")
+
+_NOP = commands.NOP
+
+#: ``connector(address, protocol) -> Deferred[protocol]``: how a connection is dialed
+Connector = Callable[[Any, Protocol], defer.Deferred]
+
+
+class ConnectionDelegate:
+    """What an owner hears from its connections (every method optional)."""
+
+    def on_message(self, conn: "NSQConnection", msg: Message) -> None:
+        """A message arrived (counted in flight until answered)."""
+
+    def on_response(self, conn: "NSQConnection", data: bytes) -> None:
+        """A response no pending command was waiting for."""
+
+    def on_error(self, conn: "NSQConnection", err: NSQError) -> None:
+        """An error frame no pending command took (non-fatal ones always come here)."""
+
+    def on_heartbeat(self, conn: "NSQConnection") -> None:
+        """``_heartbeat_`` arrived (NOP already sent)."""
+
+    def on_message_finished(self, conn: "NSQConnection", msg: Message) -> None:
+        """A FIN is about to be written."""
+
+    def on_message_requeued(self, conn: "NSQConnection", msg: Message, backoff: bool) -> None:
+        """A REQ is about to be written."""
+
+    def on_close(self, conn: "NSQConnection", reason: Failure) -> None:
+        """The connection is gone (after a successful handshake or not)."""
+
+
+class NSQConnection(Protocol):
+    """A V2 client connection (consumer and producer alike)."""
+
+    def __init__(self, config: Config, address: str, delegate: Optional[ConnectionDelegate] = None,
+                 clock: Optional[IReactorTime] = None, *, host: str = "") -> None:
+        self.config = config
+        self.address = address
+        self.host = host or address.rpartition(":")[0].strip("[]")
+        self.delegate = delegate or ConnectionDelegate()
+        if clock is None:
+            from ..reactor import resolve_reactor
+            clock = resolve_reactor()
+        self.clock = clock
+        self.core = ClientCore(config)
+        #: fires with this connection once IDENTIFY (and any upgrade, AUTH) is done
+        self.handshake: defer.Deferred = defer.Deferred(lambda _: self.abort())
+        #: fires with the close reason when the connection is gone
+        self.closed: defer.Deferred = defer.Deferred()
+        self.connected_ = False
+        self.ready = False
+        self.closing = False
+        self.lost = False
+        self.close_reason: Optional[Failure] = None
+        self._pending: Deque[defer.Deferred] = deque()
+        self._idle_waiters: list = []
+        self._last_read = 0.0
+        self._timeout = 0.0
+        self._deadline: Any = None
+        self._write_stall: Any = None
+        self._fatal: Optional[Exception] = None
+        # consumer bookkeeping (go-nsq Conn fields), read and written by the RDY logic
+        self.rdy = 0
+        self.last_rdy_time = 0.0
+        self.last_msg_time = self.clock.seconds()
+        self.in_flight = 0
+        self.messages_received = 0
+
+    # --- what the RDY logic reads --------------------------------------------------
+
+    @property
+    def max_rdy_count(self) -> int:
+        return self.core.max_rdy_count
+
+    @property
+    def identify_response(self) -> Optional[Dict[str, Any]]:
+        return self.core.identify_response
+
+    @property
+    def msg_timeout(self) -> Optional[float]:
+        return self.core.msg_timeout
+
+    def is_closing(self) -> bool:
+        return self.closing or self.lost
+
+    def write_rdy(self, count: int) -> None:
+        self.send(commands.rdy(count))
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.connected_ = True
+        now = self.clock.seconds()
+        self._last_read = now
+        self.last_msg_time = now
+        self._timeout = self.config.read_timeout
+        self._arm_deadline(self._timeout)
+        register = getattr(self.transport, "registerProducer", None)
+        if register is not None:
+            try:
+                register(self, True)
+            except Exception:  # pragma: no cover - a transport that refuses producers
+                pass
+        self.transport.write(self.core.start())
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        if reason is None:
+            reason = Failure(ierror.ConnectionDone())
+        self.connected_ = False
+        self.lost = True
+        self.ready = False
+        self.core.close()
+        for call in (self._deadline, self._write_stall):
+            if call is not None and call.active():
+                call.cancel()
+        self._deadline = self._write_stall = None
+        cause = self._fatal
+        if cause is not None and not isinstance(cause, NSQError):
+            reason = Failure(cause)
+        self.close_reason = reason
+        why = reason.getErrorMessage() if reason is not None else "closed"
+        pending, self._pending = self._pending, deque()
+        # the owner hears first, so that a retry from an errback below dials anew
+        self.delegate.on_close(self, reason)
+        for d in pending:
+            d.errback(NotConnected(f"connection closed before the answer ({why})"))
+        self._fire_idle()
+        if not self.handshake.called:
+            if cause is not None:
+                err: Exception = cause
+            else:
+                err = NotConnected(f"connection to {self.address} closed during the handshake ({why})")
+            self.handshake.errback(err)
+        if not self.closed.called:
+            self.closed.callback(reason)
+
+    def close(self) -> None:
+        """Graceful close: wait for the messages in flight to be answered, then hang up."""
+        self.closing = True
+        if self.in_flight <= 0 and self.connected_:
+            self.transport.loseConnection()
+
+    def abort(self, reason: Optional[Exception] = None) -> None:
+        """Close now; pending commands fail."""
+        if reason is not None and self._fatal is None:
+            self._fatal = reason
+        self.closing = True
+        if self.connected_:
+            abort = getattr(self.transport, "abortConnection", None)
+            if abort is not None:
+                abort()
+            else:  # pragma: no cover - transports without abort
+                self.transport.loseConnection()
+
+    # --- writing --------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Write a command that expects no response (NOP, RDY, FIN, REQ, TOUCH)."""
+        if not self.ready or not self.connected_:
+            raise NotConnected(f"not connected to {self.address}")
+        self.transport.write(self.core.encode(data))
+
+    def command(self, data: bytes) -> defer.Deferred:
+        """Write a command that expects a response; fires with it (FIFO matching)."""
+        if not self.ready or not self.connected_:
+            return defer.fail(NotConnected(f"not connected to {self.address}"))
+        d: defer.Deferred = defer.Deferred()
+        self._pending.append(d)
+        self.transport.write(self.core.encode(data))
+        return d
+
+    @property
+    def pending(self) -> int:
+        """Commands written and not answered yet."""
+        return len(self._pending)
+
+    def when_idle(self) -> defer.Deferred:
+        """Fires once no command awaits its answer."""
+        if not self._pending:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._idle_waiters.append(d)
+        return d
+
+    def _fire_idle(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    # --- the transport's producer hooks: a stalled write is the write timeout ------------
+
+    def pauseProducing(self) -> None:
+        if self._write_stall is None and self.connected_:
+            self._write_stall = self.clock.callLater(self.config.write_timeout, self._write_timed_out)
+
+    def resumeProducing(self) -> None:
+        call, self._write_stall = self._write_stall, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def stopProducing(self) -> None:
+        self.resumeProducing()
+
+    def _write_timed_out(self) -> None:
+        self._write_stall = None
+        log.warn("({addr}) write timed out after {t}s", addr=self.address, t=self.config.write_timeout)
+        self.abort(NotConnected("i/o timeout (write)"))
+
+    # --- liveness -------------------------------------------------------------------------
+
+    def _arm_deadline(self, delay: float) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = self.clock.callLater(delay, self._check_deadline) if delay > 0 else None
+
+    def _check_deadline(self) -> None:
+        """Nothing read for the whole timeout: the server is gone (go-nsq's read deadline)."""
+        self._deadline = None
+        remaining = self._last_read + self._timeout - self.clock.seconds()
+        if remaining > 1e-9:
+            self._deadline = self.clock.callLater(remaining, self._check_deadline)
+            return
+        what = "heartbeats" if self.ready else "the IDENTIFY answer"
+        log.warn("({addr}) nothing read for {t}s (waiting for {what}); closing",
+                 addr=self.address, t=self._timeout, what=what)
+        self.abort(NotConnected(f"i/o timeout: nothing read from {self.address} for {self._timeout:g}s"))
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        self._last_read = self.clock.seconds()
+        for ftype, payload in self.core.receive(data):
+            if self._fatal is not None and not self.connected_:
+                return
+            if ftype == FRAME_MESSAGE:
+                self._on_message(payload)
+            elif ftype == FRAME_RESPONSE:
+                if payload == HEARTBEAT:
+                    if self.connected_:
+                        self.transport.write(self.core.encode(_NOP))
+                    self.delegate.on_heartbeat(self)
+                elif self._pending:
+                    d = self._pending.popleft()
+                    if not self._pending:
+                        self._fire_idle()
+                    d.callback(payload)
+                else:
+                    self.delegate.on_response(self, payload)
+            elif ftype == FRAME_ERROR:
+                self._on_error_frame(payload)
+            elif ftype == EV_WRITE:
+                self.transport.write(payload)
+            elif ftype == EV_START_TLS:
+                self._start_tls()
+            elif ftype == EV_READY:
+                self._on_ready()
+            elif ftype == EV_FAILED:
+                self._fail_handshake(payload)
+                return
+            else:
+                self.abort(ProtocolError(f"unknown frame type {ftype}"))
+                return
+
+    def _on_message(self, payload: bytes) -> None:
+        try:
+            raw = decode_message(payload)
+        except ValueError as e:
+            self.abort(ProtocolError(str(e)))
+            return
+        msg = Message(raw.id, raw.body, raw.timestamp, raw.attempts, self, self.address)
+        self.in_flight += 1
+        self.messages_received += 1
+        self.last_msg_time = self._last_read
+        self.delegate.on_message(self, msg)
+
+    def _on_error_frame(self, payload: bytes) -> None:
+        err = from_wire(payload)
+        if not err.fatal:
+            log.info("({addr}) protocol error - {err}", addr=self.address, err=payload.decode("utf-8", "replace"))
+            self.delegate.on_error(self, err)
+            return
+        log.warn("({addr}) protocol error - {err}", addr=self.address, err=payload.decode("utf-8", "replace"))
+        # nsqd closes after a fatal error; so do we (later pending commands fail as not
+        # connected).  Marked before any callback runs, so that a retry dials anew.
+        self._fatal = err
+        self.closing = True
+        self.ready = False
+        if self.connected_:
+            self.transport.loseConnection()
+        if self._pending:
+            d = self._pending.popleft()
+            if not self._pending:
+                self._fire_idle()
+            d.errback(err)
+        else:
+            self.delegate.on_error(self, err)
+
+    def _on_ready(self) -> None:
+        self.ready = True
+        hb = self.config.heartbeat_interval
+        self._timeout = 2 * hb if hb > 0 else self.config.read_timeout
+        self._arm_deadline(self._timeout)
+        if not self.handshake.called:
+            self.handshake.callback(self)
+
+    def _fail_handshake(self, err: Exception) -> None:
+        log.warn("({addr}) {err}", addr=self.address, err=err)
+        self.abort(err)
+
+    def _start_tls(self) -> None:
+        start = getattr(self.transport, "startTLS", None)
+        if start is None:
+            self._fail_handshake(IdentifyError("TLS negotiated but this transport cannot start TLS"))
+            return
+        from .tls import client_tls_options
+        try:
+            options = client_tls_options(self.config, self.host)
+        except Exception as e:
+            self._fail_handshake(IdentifyError(f"TLS setup failed: {e}"))
+            return
+        start(options)
+
+    # --- answers to messages (called by Message) -------------------------------------------
+
+    def _answered(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight <= 0 and self.closing and self.connected_:
+            self.transport.loseConnection()
+
+    def _write_answer(self, data: bytes) -> None:
+        if self.connected_ and not self.lost:
+            self.transport.write(self.core.encode(data))
+
+    def on_message_finish(self, msg: Message) -> None:
+        self.delegate.on_message_finished(self, msg)
+        self._write_answer(commands.fin(msg.id))
+        self._answered()
+
+    def on_message_requeue(self, msg: Message, delay: Optional[float], backoff: bool) -> None:
+        if delay is None or delay < 0:
+            delay = self.config.requeue_delay(msg.attempts)
+        self.delegate.on_message_requeued(self, msg, backoff)
+        self._write_answer(commands.req(msg.id, delay))
+        self._answered()
+
+    def on_message_touch(self, msg: Message) -> None:
+        self._write_answer(commands.touch(msg.id))
+
+    def __repr__(self) -> str:
+        return f"<NSQConnection {self.address} rdy={self.rdy} in_flight={self.in_flight}>"
+
+
+def connect(address: Any, config: Config, delegate: Optional[ConnectionDelegate] = None, *,
+            reactor: Any = None, connector: Optional[Connector] = None) -> defer.Deferred:
+    """Dial ``address`` and run the handshake; fires with the ready :class:`NSQConnection`."""
+    return dial(new_connection(address, config, delegate, reactor), address, connector=connector)
+
+
+def new_connection(address: Any, config: Config, delegate: Optional[ConnectionDelegate] = None,
+                   reactor: Any = None) -> NSQConnection:
+    """A not yet dialed connection for ``address`` (any address form)."""
+    from ..reactor import resolve_reactor
+    from .addresses import address_key, tls_host
+
+    return NSQConnection(config, address_key(address), delegate, resolve_reactor(reactor),
+                         host=tls_host(address))
+
+
+def dial(proto: NSQConnection, address: Any, *, connector: Optional[Connector] = None) -> defer.Deferred:
+    """Connect ``proto`` to ``address``; fires with it once the handshake is done.
+
+    Dial failures become :class:`NotConnected`; handshake failures keep their
+    type (:class:`IdentifyError`, a typed AUTH error ...).
+    """
+    from .addresses import default_connector
+
+    do_dial = connector or default_connector(proto.clock, proto.config)
+    d = defer.maybeDeferred(do_dial, address, proto)
+
+    def dialed(_: Any) -> defer.Deferred:
+        return proto.handshake
+
+    def failed(f: Failure) -> Failure:
+        if f.check(ClientError, NSQError, defer.CancelledError):
+            return f
+        err = NotConnected(f"dial {proto.address}: {f.getErrorMessage()}")
+        err.__cause__ = f.value
+        return Failure(err)
+
+    d.addCallback(dialed)
+    d.addErrback(failed)
+    return d
