@@ -31,9 +31,18 @@ __all__ = ["start_nsqlookupd", "LookupdHandle"]
 
 @attr.s(eq=False)
 class LookupdHandle:
-    """A running embedded nsqlookupd."""
+    """A running embedded nsqlookupd; its addresses stay readable after stop (to restart on them)."""
 
     service: Any = attr.ib()
+    tcp_port: int = attr.ib(default=0)
+    http_port: int = attr.ib(default=0)
+    host: str = attr.ib(default="")
+    http_host: str = attr.ib(default="")
+
+    @classmethod
+    def of(cls, service: Any) -> "LookupdHandle":
+        return cls(service, service.tcp_port, service.http_port,
+                   service.tcp_listener.port.getHost().host, service.http_listener.port.getHost().host)
 
     @property
     def db(self) -> Any:
@@ -44,24 +53,12 @@ class LookupdHandle:
         return self.service.options
 
     @property
-    def tcp_port(self) -> int:
-        return self.service.tcp_port
-
-    @property
-    def http_port(self) -> int:
-        return self.service.http_port
-
-    @property
-    def host(self) -> str:
-        return self.service.tcp_listener.port.getHost().host
-
-    @property
     def tcp_address(self) -> str:
         return f"{self.host}:{self.tcp_port}"
 
     @property
     def http_address(self) -> str:
-        return f"{self.service.http_listener.port.getHost().host}:{self.http_port}"
+        return f"{self.http_host}:{self.http_port}"
 
     def stop(self) -> defer.Deferred:
         """Stop; fires once every connection is closed and both listeners are gone."""
@@ -91,13 +88,12 @@ def start_nsqlookupd(reactor: Any = None, options: Optional[LookupdOptions] = No
         service.startService()
     except Exception:
         return defer.fail()
-    handle = LookupdHandle(service)
     d = service.ready()
 
     def failed(f: Any) -> Any:
-        d2 = handle.stop()
+        d2 = defer.maybeDeferred(service.stopService)
         d2.addBoth(lambda _: f)
         return d2
 
-    d.addCallbacks(lambda _: handle, failed)
+    d.addCallbacks(lambda _: LookupdHandle.of(service), failed)
     return d

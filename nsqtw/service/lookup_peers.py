@@ -247,6 +247,8 @@ class LookupPeer:
         #: the connection, once identified
         self.protocol: Optional[LookupPeerProtocol] = None
         self.registered = False
+        #: the answer to the last heartbeat sent (tests await it after advancing the clock)
+        self.last_ping: Optional[defer.Deferred] = None
         self._when_registered: List[defer.Deferred] = []
         self._when_lost: List[defer.Deferred] = []
         self.service = ClientService(_endpoint(owner.nsqd.reactor, address), _PeerFactory(self),
@@ -306,6 +308,12 @@ class LookupPeer:
         self.protocol = None
         self.registered = False
         waiting, self._when_lost = self._when_lost, []
+        if waiting:
+            # on the next reactor turn: the ClientService schedules its retry only after
+            # this connectionLost returns, and a waiter may want to advance the clock
+            self.owner.nsqd.reactor.callLater(0, self._fire_lost, waiting)
+
+    def _fire_lost(self, waiting: List[defer.Deferred]) -> None:
         for d in waiting:
             d.callback(self)
 
@@ -329,6 +337,7 @@ class LookupPeersService(MultiService):
         self._http_client = http_client
         self._loop: Optional[task.LoopingCall] = None
         self._precreating: Set[defer.Deferred] = set()
+        self._idle_waiters: List[defer.Deferred] = []
 
     # --- what the peers ask of the nsqd ---------------------------------------------
 
@@ -403,7 +412,9 @@ class LookupPeersService(MultiService):
     def ping(self) -> None:
         """nsqd's heartbeat: PING every identified peer (an unanswered PING closes it)."""
         for peer in list(self.peers.values()):
-            if peer.command(PING_COMMAND) is not None:
+            d = peer.command(PING_COMMAND)
+            if d is not None:
+                peer.last_ping = d
                 log.debug("LOOKUPD({peer}): sending heartbeat", peer=peer.address)
 
     # --- broker events ------------------------------------------------------------
@@ -459,12 +470,24 @@ class LookupPeersService(MultiService):
             self._precreating.discard(d)
             topic.release()
             self.nsqd.settle()
+            if not self._precreating:
+                waiting, self._idle_waiters = self._idle_waiters, []
+                for w in waiting:
+                    w.callback(None)
 
         d.addCallback(create)
         d.addErrback(failed)
         d.addBoth(release)
         if not d.called:
             self._precreating.add(d)
+
+    def idle(self) -> defer.Deferred:
+        """Fires once no channel pre-creation is in flight (every held topic released)."""
+        if not self._precreating:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._idle_waiters.append(d)
+        return d
 
     def _client(self) -> Any:
         if self._http_client is None:
