@@ -167,4 +167,4 @@ def test_depth_counter_below_real_count_still_reads_everything(tmp_path):
     assert q.depth() >= 1
     assert ids(read_all(q, batch=1)) == [0, 1, 2, 3, 4]
     assert q.depth() == 0
-    assert os.path.exists(tmp_path / "c.diskqueue.000001.dat") is False or q.positions()[1] == 1
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".bad")]
