@@ -35,9 +35,9 @@ def within(d: defer.Deferred, seconds: float = TIMEOUT) -> defer.Deferred:
     return d.addTimeout(seconds, reactor)
 
 
-async def get(address: str, path: str, method: str = "GET") -> Tuple[int, Any, Any]:
+async def get(address: str, path: str, method: str = "GET", data: Optional[bytes] = None) -> Tuple[int, Any, Any]:
     """(status, parsed JSON or text, headers) of one request to ``http://address/path``."""
-    response = await within(treq.request(method, f"http://{address}{path}", persistent=False))
+    response = await within(treq.request(method, f"http://{address}{path}", data=data, persistent=False))
     body = await within(response.content())
     ctype = response.headers.getRawHeaders(b"content-type", [b""])[0]
     if ctype.startswith(b"application/json"):

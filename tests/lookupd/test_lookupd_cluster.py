@@ -1,0 +1,209 @@
+"""A real multi-process cluster: one nsqlookupd under ``twistd`` and two nsqd processes.
+
+nsqlookupd runs as ``twistd -n nsqlookupd`` with the repo's plugin file made
+discoverable through a temporary ``twisted/plugins`` directory on PYTHONPATH
+(a bare checkout is not an installed package).  Each nsqd runs from
+``cluster_runner.py``, which builds the tree with the nsqd tap and attaches
+the lookupd peers.  The tests wait for log lines of the processes (events,
+not sleeps) and check nsqlookupd's HTTP answers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Pattern, Tuple
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer
+from twisted.internet.protocol import ProcessProtocol
+
+from lookupd_helpers import get, post, within
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+START_TIMEOUT = 30.0
+
+_LISTEN = r"{label}: listening on 127\.0\.0\.1:(\d+)"
+_READY = re.compile(r"READY tcp=(\d+) http=(\d+)")
+
+
+class Daemon(ProcessProtocol):
+    """A child process whose output lines can be awaited by regular expression."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: List[str] = []
+        self._partial = ""
+        self._waiters: List[Tuple[Pattern[str], int, List[re.Match], defer.Deferred]] = []
+        self.ended: defer.Deferred = defer.Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        text = self._partial + data.decode("utf-8", "replace")
+        *complete, self._partial = text.split("\n")
+        for line in complete:
+            self.lines.append(line)
+            for waiter in list(self._waiters):
+                pattern, count, found, d = waiter
+                m = pattern.search(line)
+                if m:
+                    found.append(m)
+                    if len(found) >= count:
+                        self._waiters.remove(waiter)
+                        d.callback(found)
+
+    errReceived = outReceived
+
+    def processEnded(self, reason: Any) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _, _, _, d in waiters:
+            d.errback(RuntimeError(f"{self.name} ended; output:\n" + "\n".join(self.lines[-40:])))
+        self.ended.callback(None)
+
+    def wait_for(self, pattern: str, count: int = 1, since: int = 0,
+                 timeout: float = START_TIMEOUT) -> defer.Deferred:
+        """The first ``count`` matches among the lines from index ``since`` on, present or future."""
+        regex = re.compile(pattern)
+        found = [m for m in (regex.search(line) for line in self.lines[since:]) if m]
+        if len(found) >= count:
+            return defer.succeed(found[:count])
+        d: defer.Deferred = defer.Deferred()
+        self._waiters.append((regex, count, found, d))
+
+        def explain(f: Any) -> Any:
+            if f.check(defer.TimeoutError):
+                raise AssertionError(f"{self.name}: no {count} x {pattern!r}; output:\n"
+                                     + "\n".join(self.lines[-40:]))
+            return f
+
+        return within(d, timeout).addErrback(explain)
+
+    async def stop(self) -> None:
+        if self.ended.called:
+            return
+        self.transport.signalProcess("TERM")
+        try:
+            await within(self.ended, 15.0)
+        except defer.TimeoutError:
+            self.transport.signalProcess("KILL")
+            await within(self.ended, 5.0)
+
+
+def _environment(plugin_dir: Path) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), str(plugin_dir)])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path) -> Path:
+    """A ``twisted/plugins`` directory holding the repo's plugin file, for PYTHONPATH."""
+    target = tmp_path / "plugins" / "twisted" / "plugins"
+    target.mkdir(parents=True)
+    shutil.copy(ROOT / "plugins" / "nsqtw_plugins.py", target / "nsqtw_plugins.py")
+    return tmp_path / "plugins"
+
+
+class Cluster:
+    """Starts and stops the processes of one test."""
+
+    def __init__(self, tmp_path: Path, plugin_dir: Path) -> None:
+        self.tmp_path = tmp_path
+        self.env = _environment(plugin_dir)
+        self.daemons: List[Daemon] = []
+
+    def spawn(self, name: str, argv: List[str]) -> Daemon:
+        from twisted.internet import reactor
+
+        daemon = Daemon(name)
+        cwd = self.tmp_path / name
+        cwd.mkdir(exist_ok=True)
+        reactor.spawnProcess(daemon, argv[0], argv, env=self.env, path=str(cwd))
+        self.daemons.append(daemon)
+        return daemon
+
+    async def nsqlookupd(self, name: str, tcp_port: int = 0) -> Tuple[Daemon, int, int]:
+        """``twistd -n nsqlookupd`` on 127.0.0.1; (process, tcp port, http port)."""
+        daemon = self.spawn(name, [str(BIN / "twistd"), "-n", "--pidfile=", "--logfile=-", "nsqlookupd",
+                                   f"--tcp-address=127.0.0.1:{tcp_port}", "--http-address=127.0.0.1:0",
+                                   "--broadcast-address=127.0.0.1"])
+        (tcp,) = await daemon.wait_for(_LISTEN.format(label="TCP"))
+        (http,) = await daemon.wait_for(_LISTEN.format(label="HTTP"))
+        return daemon, int(tcp.group(1)), int(http.group(1))
+
+    async def nsqd(self, name: str, lookupd_tcp_port: int) -> Tuple[Daemon, int, int]:
+        """An nsqd process registered with the given nsqlookupd; (process, tcp port, http port)."""
+        data = self.tmp_path / name / "data"
+        data.mkdir(parents=True)
+        daemon = self.spawn(name, [sys.executable, str(HERE / "cluster_runner.py"), "nsqd",
+                                   "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                   "--https-address=", "--broadcast-address=127.0.0.1",
+                                   f"--lookupd-tcp-address=127.0.0.1:{lookupd_tcp_port}",
+                                   f"--data-path={data}"])
+        (ready,) = await daemon.wait_for(_READY.pattern)
+        return daemon, int(ready.group(1)), int(ready.group(2))
+
+    async def stop(self) -> None:
+        for daemon in reversed(self.daemons):
+            await daemon.stop()
+
+
+@pytest_twisted.async_yield_fixture
+async def cluster(tmp_path, plugin_dir):
+    c = Cluster(tmp_path, plugin_dir)
+    yield c
+    await c.stop()
+
+
+def _registered(topic: str, channel: str = "") -> str:
+    return (r"DB: client\((127\.0\.0\.1:\d+)\) REGISTER category:"
+            + (f"channel key:{re.escape(topic)} subkey:{re.escape(channel)}$" if channel
+               else f"topic key:{re.escape(topic)} subkey:$"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_nsqd_one_nsqlookupd_cluster(cluster) -> None:
+    """Two nsqd processes register with a twistd nsqlookupd: /lookup lists both producers, a new
+    topic gets the channel nsqlookupd knows, and a restarted nsqlookupd is repopulated."""
+    lookupd, lk_tcp, lk_http = await cluster.nsqlookupd("nsqlookupd")
+    lk = f"127.0.0.1:{lk_http}"
+    n1, n1_tcp, n1_http = await cluster.nsqd("nsqd1", lk_tcp)
+    n2, n2_tcp, n2_http = await cluster.nsqd("nsqd2", lk_tcp)
+    await lookupd.wait_for(r"IDENTIFY Address:127\.0\.0\.1 TCP:\d+ HTTP:\d+ Version:1\.3\.0", count=2)
+
+    for http in (n1_http, n2_http):
+        assert (await get(f"127.0.0.1:{http}", "/pub?topic=events", method="POST", data=b"e"))[:2] == (200, "OK")
+    matches = await lookupd.wait_for(_registered("events"), count=2)
+    assert len({m.group(1) for m in matches}) == 2
+    code, body, _ = await get(lk, "/lookup?topic=events")
+    assert code == 200
+    assert sorted((p["tcp_port"], p["http_port"]) for p in body["producers"]) == sorted(
+        [(n1_tcp, n1_http), (n2_tcp, n2_http)])
+    assert len((await get(lk, "/nodes"))[1]["producers"]) == 2
+
+    # channel pre-creation across processes: nsqd1 asks nsqlookupd's /channels for a new topic
+    assert (await post(lk, "/channel/create?topic=orders&channel=billing"))[0] == 200
+    mark = len(lookupd.lines)
+    assert (await get(f"127.0.0.1:{n1_http}", "/pub?topic=orders", method="POST", data=b"o"))[0] == 200
+    await lookupd.wait_for(_registered("orders", "billing"), since=mark)
+    stats = (await get(f"127.0.0.1:{n1_http}", "/stats?format=json&topic=orders"))[1]
+    (topic,) = stats["topics"]
+    assert [(c["channel_name"], c["depth"]) for c in topic["channels"]] == [("billing", 1)]
+
+    # restart nsqlookupd on the same TCP address: both nsqd replay their registrations
+    await lookupd.stop()
+    fresh, _, fresh_http = await cluster.nsqlookupd("nsqlookupd-2", tcp_port=lk_tcp)
+    await fresh.wait_for(_registered("events"), count=2)
+    await fresh.wait_for(_registered("orders", "billing"))
+    lk = f"127.0.0.1:{fresh_http}"
+    assert len((await get(lk, "/lookup?topic=events"))[1]["producers"]) == 2
+    body = (await get(lk, "/lookup?topic=orders"))[1]
+    assert body["channels"] == ["billing"] and [p["tcp_port"] for p in body["producers"]] == [n1_tcp]
