@@ -491,13 +491,13 @@ class LookupPeersService(MultiService):
 
     def _client(self) -> Any:
         if self._http_client is None:
-            import treq
+            from treq.client import HTTPClient
             from twisted.web.client import Agent, HTTPConnectionPool
 
             reactor = self.nsqd.reactor
             pool = HTTPConnectionPool(reactor, persistent=False)
             agent = Agent(reactor, connectTimeout=self.nsqd.options.http_client_connect_timeout, pool=pool)
-            self._http_client = treq.client.HTTPClient(agent)
+            self._http_client = HTTPClient(agent)
         return self._http_client
 
     def _query_channels(self, topic: str, addresses: List[str]) -> defer.Deferred:
