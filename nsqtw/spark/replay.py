@@ -1,0 +1,364 @@
+"""
+``nsqtw-replay``: read ``nsq_to_file`` archives with Spark, de-duplicate, and republish or rewrite them.
+
+Archives (agreed project-wide), plain or gzip (``.gz``, concatenated members
+as ``nsq_to_file --gzip`` writes them; Hadoop's codec reads them all):
+
+* **jsonl** (nsqtw's ``nsq_to_file --output-format=jsonl``), one object a line::
+
+      {"topic": "t", "channel": "c", "id": "<16 hex>", "timestamp": <ns>, "attempts": 1, "body": "<base64>"}
+
+  De-duplicated by ``(topic, id)`` (nsqd message IDs are unique per node): of
+  the copies, the one with the fewest attempts is kept.
+* **raw** (Go's ``nsq_to_file``): the body, one per line, no IDs.  Fallback:
+  de-duplicated by the exact body per topic (so identical bodies published
+  twice on purpose collapse to one).  The topic is the file name up to its
+  first ``.`` (``<TOPIC>.<HOST><REV>.<DATETIME>.log``), or ``--topic`` when
+  topic names contain dots.  Lines split on ``\\n`` only; bodies are kept as
+  bytes (not decoded).  A body that itself contains ``\\n`` was already split
+  by ``nsq_to_file``; nothing can rejoin it.
+
+``--format auto`` (the default) decides per line: a JSON object with a 16-hex
+``id``, a ``topic`` and a base64 ``body`` is a jsonl record, anything else a
+raw body.  ``--since``/``--until`` filter jsonl records by message timestamp
+and raw lines by their file's modification time (coarse: raw lines carry no
+time).  The result is republished in timestamp order (raw: file order) through
+nsqd's HTTP ``/mpub?binary=true`` in batches from the driver, or written as a
+de-duplicated archive (jsonl, gzip by default, partitioned by topic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import struct
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import quote, urlsplit
+
+from .session import add_spark_arguments, get_session, parse_conf
+
+__all__ = ["read_archives", "deduplicate", "filter_time", "encode_mpub", "HttpPublisher", "publish_rows",
+           "write_archive", "parse_time", "main"]
+
+JSONL_SCHEMA = "topic STRING, channel STRING, id STRING, timestamp BIGINT, attempts INT, body STRING"
+COLUMNS = ["topic", "channel", "id", "timestamp", "attempts", "body", "source", "source_mtime", "line"]
+
+
+def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic: Optional[str] = None,
+                  pattern: Optional[str] = None, recursive: bool = False) -> Any:
+    """Archive lines as rows: topic, channel, id, timestamp (ns), attempts, body (bytes), source..."""
+    from pyspark.sql import functions as F
+
+    if fmt not in ("auto", "jsonl", "raw"):
+        raise ValueError(f"unknown archive format {fmt!r}")
+    reader = spark.read.option("lineSep", "\n")
+    if pattern:
+        reader = reader.option("pathGlobFilter", pattern)
+    if recursive:
+        reader = reader.option("recursiveFileLookup", "true")
+    lines = reader.text(list(paths)).select(
+        "value",
+        F.col("_metadata.file_path").alias("source"),
+        F.col("_metadata.file_modification_time").alias("source_mtime"),
+        F.monotonically_increasing_id().alias("line"),
+    ).where(F.length("value") > 0)
+    parsed = F.from_json(F.col("value"), JSONL_SCHEMA)
+    is_json = (F.col("j.id").rlike("^[0-9a-f]{16}$") & F.col("j.topic").isNotNull()
+               & F.col("j.body").isNotNull())
+    lines = lines.withColumn("j", parsed if fmt != "raw" else F.lit(None).cast(_jsonl_struct()))
+    jsonl = lines.where(is_json).select(
+        F.col("j.topic").alias("topic"), F.col("j.channel").alias("channel"), F.col("j.id").alias("id"),
+        F.col("j.timestamp").alias("timestamp"), F.col("j.attempts").alias("attempts"),
+        F.unbase64(F.col("j.body")).alias("body"), "source", "source_mtime", "line")
+    name = F.regexp_extract(F.col("source"), r"([^/]+)$", 1)
+    topic = F.lit(raw_topic) if raw_topic else F.split(name, r"\.").getItem(0)
+    raw = lines.where(~F.coalesce(is_json, F.lit(False))).select(
+        topic.alias("topic"), F.lit(None).cast("string").alias("channel"), F.lit(None).cast("string").alias("id"),
+        F.lit(None).cast("long").alias("timestamp"), F.lit(None).cast("int").alias("attempts"),
+        F.col("value").cast("binary").alias("body"), "source", "source_mtime", "line")
+    if fmt == "jsonl":
+        return jsonl
+    if fmt == "raw":
+        return raw
+    return jsonl.unionByName(raw)
+
+
+def _jsonl_struct() -> Any:
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+    return StructType([StructField("topic", StringType()), StructField("channel", StringType()),
+                       StructField("id", StringType()), StructField("timestamp", LongType()),
+                       StructField("attempts", IntegerType()), StructField("body", StringType())])
+
+
+def parse_time(text: str) -> int:
+    """``--since``/``--until``: unix seconds or ISO 8601 (``Z`` or offset; naive means UTC) -> ns."""
+    t = text.strip()
+    try:
+        return int(float(t) * 1_000_000_000)
+    except ValueError:
+        pass
+    if t.endswith("Z"):
+        t = t[:-1] + "+00:00"
+    dt = datetime.fromisoformat(t)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1_000_000) * 1000
+
+
+def filter_time(df: Any, since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> Any:
+    """[since, until): message timestamp for jsonl rows, file modification time for raw rows."""
+    from pyspark.sql import functions as F
+
+    mtime_ns = F.unix_micros(F.col("source_mtime")) * 1000
+    when = F.coalesce(F.col("timestamp"), mtime_ns)
+    if since_ns is not None:
+        df = df.where(when >= F.lit(since_ns))
+    if until_ns is not None:
+        df = df.where(when < F.lit(until_ns))
+    return df
+
+
+def deduplicate(df: Any) -> Any:
+    """One row per (topic, id) for jsonl rows, per (topic, body) for raw rows."""
+    from pyspark.sql import functions as F
+
+    cols = COLUMNS
+    keyed = df.withColumn("_key", F.when(F.col("id").isNotNull(), F.concat(F.lit(b"i"), F.col("id").cast("binary")))
+                          .otherwise(F.concat(F.lit(b"b"), F.col("body"))))
+    order = F.struct(F.coalesce("attempts", F.lit(0)), F.coalesce("timestamp", F.lit(0)), "source_mtime", "source",
+                     "line")
+    picked = keyed.groupBy("topic", "_key").agg(F.min_by(F.struct(*cols), order).alias("r"))
+    return picked.select("r.*")
+
+
+def ordered(df: Any) -> Any:
+    """Timestamp order (jsonl); raw rows by file time, file and line, after the jsonl of the same time."""
+    from pyspark.sql import functions as F
+
+    when = F.coalesce(F.col("timestamp"), F.unix_micros(F.col("source_mtime")) * 1000)
+    return df.orderBy(when, "source", "line")
+
+
+def encode_mpub(bodies: Sequence[bytes]) -> bytes:
+    """``/mpub?binary=true``: [4-byte count] then [4-byte size][body] per message."""
+    parts = [struct.pack(">i", len(bodies))]
+    for b in bodies:
+        parts.append(struct.pack(">i", len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+class PublishError(Exception):
+    """nsqd refused a batch (4xx) or kept failing (5xx, connection errors) past the retries."""
+
+
+class HttpPublisher:
+    """Batches to one or more nsqd HTTP addresses (round robin), keep-alive, retries with backoff."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float = 10.0, retries: int = 5,
+                 backoff: float = 0.5, sleep: Any = time.sleep) -> None:
+        if not addresses:
+            raise ValueError("at least one nsqd HTTP address is needed")
+        self.targets = [self._split(a) for a in addresses]
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.sleep = sleep
+        self._conns: Dict[int, http.client.HTTPConnection] = {}
+        self._next = 0
+        self.batches = 0
+        self.messages = 0
+
+    @staticmethod
+    def _split(address: str) -> Tuple[str, int, str]:
+        url = urlsplit(address if "://" in address else "http://" + address)
+        if url.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported scheme in {address!r}")
+        return url.scheme, url.port or (443 if url.scheme == "https" else 4151), url.hostname or "127.0.0.1"
+
+    def _conn(self, i: int) -> http.client.HTTPConnection:
+        conn = self._conns.get(i)
+        if conn is None:
+            scheme, port, host = self.targets[i]
+            cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+            conn = cls(host, port, timeout=self.timeout)
+            self._conns[i] = conn
+        return conn
+
+    def publish(self, topic: str, bodies: Sequence[bytes]) -> None:
+        if not bodies:
+            return
+        payload = encode_mpub(bodies)
+        path = f"/mpub?topic={quote(topic, safe='')}&binary=true"
+        delay = self.backoff
+        last: Any = None
+        for attempt in range(self.retries + 1):
+            i = self._next % len(self.targets)
+            self._next += 1
+            try:
+                conn = self._conn(i)
+                conn.request("POST", path, body=payload, headers={"Content-Type": "application/octet-stream"})
+                resp = conn.getresponse()
+                text = resp.read()
+                if resp.status == 200:
+                    self.batches += 1
+                    self.messages += len(bodies)
+                    return
+                if 400 <= resp.status < 500:
+                    raise PublishError(f"nsqd refused /mpub to {topic!r}: {resp.status} {text[:200]!r}")
+                last = f"{resp.status} {text[:200]!r}"
+            except PublishError:
+                raise
+            except (OSError, http.client.HTTPException) as e:
+                last = e
+                self._drop(i)
+            if attempt < self.retries:
+                self.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        raise PublishError(f"publishing to {topic!r} failed after {self.retries + 1} attempts: {last}")
+
+    def _drop(self, i: int) -> None:
+        conn = self._conns.pop(i, None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        for i in list(self._conns):
+            self._drop(i)
+
+
+def publish_rows(rows: Iterable[Any], publisher: Any, topic: Optional[str] = None, batch_size: int = 100,
+                 max_batch_bytes: int = 4 * 1024 * 1024, rate: float = 0.0, clock: Any = time) -> int:
+    """Publish rows in order, batched per destination topic; returns the number published."""
+    pending: Dict[str, List[bytes]] = {}
+    sizes: Dict[str, int] = {}
+    sent = 0
+    started = clock.monotonic()
+
+    def flush(t: str) -> None:
+        nonlocal sent
+        bodies = pending.pop(t, [])
+        sizes.pop(t, None)
+        if not bodies:
+            return
+        if rate > 0:
+            due = started + (sent + len(bodies)) / rate
+            wait = due - clock.monotonic()
+            if wait > 0:
+                clock.sleep(wait)
+        publisher.publish(t, bodies)
+        sent += len(bodies)
+
+    for row in rows:
+        dest = topic or row["topic"]
+        body = bytes(row["body"])
+        if not body:
+            continue
+        if pending.get(dest) and (len(pending[dest]) >= batch_size or sizes[dest] + len(body) + 4 > max_batch_bytes):
+            flush(dest)
+        pending.setdefault(dest, []).append(body)
+        sizes[dest] = sizes.get(dest, 4) + len(body) + 4
+    for t in list(pending):
+        flush(t)
+    return sent
+
+
+def write_archive(df: Any, output: str, output_format: str = "jsonl", compression: str = "gzip",
+                  mode: str = "errorifexists") -> None:
+    """A de-duplicated archive under ``output/topic=<t>/``: jsonl records, or raw bodies one a line."""
+    from pyspark.sql import functions as F
+
+    if output_format == "jsonl":
+        value = F.to_json(F.struct("topic", "channel", "id", "timestamp", "attempts",
+                                   F.base64("body").alias("body")), {"ignoreNullFields": "false"})
+    else:
+        value = F.col("body").cast("string")
+    when = F.coalesce(F.col("timestamp"), F.unix_micros(F.col("source_mtime")) * 1000)
+    out = (df.withColumn("_when", when).repartition("topic")
+           .sortWithinPartitions("topic", "_when", "source", "line")
+           .select("topic", value.alias("value")))
+    writer = out.write.mode(mode).partitionBy("topic").option("lineSep", "\n")
+    if compression and compression != "none":
+        writer = writer.option("compression", compression)
+    writer.text(output)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nsqtw-replay",
+        description="De-duplicate nsq_to_file archives with Spark and republish them to nsqd over HTTP "
+                    "(/mpub) or write a clean archive.")
+    p.add_argument("paths", nargs="+", help="archive files or directories (local paths or Hadoop URIs)")
+    p.add_argument("--format", choices=("auto", "jsonl", "raw"), default="auto",
+                   help="archive format (default auto: decided per line)")
+    p.add_argument("--topic", default="", help="topic of raw archives (default: the file name up to its first '.')")
+    p.add_argument("--pattern", default="", help="file name glob inside directories (e.g. '*.log*')")
+    p.add_argument("--recursive", action="store_true", help="descend into sub-directories")
+    p.add_argument("--since", default="", help="keep messages at or after this time (unix seconds or ISO 8601)")
+    p.add_argument("--until", default="", help="keep messages before this time (unix seconds or ISO 8601)")
+    p.add_argument("--no-dedupe", action="store_true", help="keep duplicates")
+    p.add_argument("--nsqd-http-address", action="append", default=[],
+                   help="republish to this nsqd (host:port or http(s)://host:port; repeatable: round robin)")
+    p.add_argument("--destination-topic", default="", help="republish everything to this topic (default: each "
+                                                          "message to its own topic)")
+    p.add_argument("--batch-size", type=int, default=100, help="messages per /mpub (default 100)")
+    p.add_argument("--max-batch-bytes", type=int, default=4 * 1024 * 1024,
+                   help="bytes per /mpub body, below nsqd's --max-body-size (default 4 MiB)")
+    p.add_argument("--rate", type=float, default=0.0, help="messages per second (default 0: unthrottled)")
+    p.add_argument("-o", "--output", default="", help="write the de-duplicated archive to this directory")
+    p.add_argument("--output-format", choices=("jsonl", "raw"), default="jsonl")
+    p.add_argument("--compression", default="gzip", help="gzip (default), none, or any Spark text codec")
+    p.add_argument("--dry-run", action="store_true", help="count only")
+    add_spark_arguments(p)
+    return p
+
+
+def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> Dict[str, int]:
+    out = out or sys.stdout
+    if not (args.nsqd_http_address or args.output or args.dry_run):
+        raise SystemExit("nothing to do: give --nsqd-http-address, --output or --dry-run")
+    own = spark is None
+    if own:
+        spark = get_session("nsqtw-replay", args.master, parse_conf(args.conf))
+    try:
+        df = read_archives(spark, args.paths, args.format, args.topic or None, args.pattern or None,
+                           args.recursive)
+        df = filter_time(df, parse_time(args.since) if args.since else None,
+                         parse_time(args.until) if args.until else None).cache()
+        read = df.count()
+        result = df if args.no_dedupe else deduplicate(df).cache()
+        kept = result.count()
+        figures = {"read": read, "kept": kept, "duplicates": read - kept, "published": 0}
+        out.write(f"nsqtw-replay: {read} messages read, {read - kept} duplicates dropped, {kept} kept\n")
+        if args.output and not args.dry_run:
+            write_archive(result, args.output, args.output_format, args.compression)
+            out.write(f"archive written to {args.output}\n")
+        if args.nsqd_http_address and not args.dry_run:
+            publisher = HttpPublisher(args.nsqd_http_address)
+            try:
+                rows: Iterator[Any] = ordered(result).select("topic", "body").toLocalIterator()
+                figures["published"] = publish_rows(rows, publisher, args.destination_topic or None,
+                                                    args.batch_size, args.max_batch_bytes, args.rate)
+            finally:
+                publisher.close()
+            out.write(f"published {figures['published']} messages in {publisher.batches} batches\n")
+        df.unpersist()
+        if result is not df:
+            result.unpersist()
+        return figures
+    finally:
+        if own:
+            spark.stop()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    run(build_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

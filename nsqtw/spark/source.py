@@ -1,0 +1,271 @@
+"""
+``spark.readStream.format("nsq")``: NSQ as a Structured Streaming source with replayable offsets.
+
+::
+
+    from nsqtw.spark.source import register
+    register(spark)
+    stream = (spark.readStream.format("nsq")
+              .option("nsqd", "127.0.0.1:4150")          # or .option("lookupd", "127.0.0.1:4161")
+              .option("topic", "events").option("channel", "spark")
+              .option("spoolDir", "/data/checkpoints/events-spool")
+              .load())                                   # id, timestamp, attempts, body, topic, channel
+
+Why a spool: Spark commits batch N only when it plans batch N+1, so a source
+that FINs on ``commit`` keeps every message of a batch in flight for a whole
+trigger, starves nsqd's RDY window (``max_in_flight``), stalls the stream and
+gets everything redelivered on ``--msg-timeout``.  Here a consumer thread in
+the driver's Python source process reads from nsqd with its own RDY window,
+appends messages to a durable spool (:mod:`nsqtw.spark.spool`), fsyncs, and
+only then FINs.  Offsets are spool positions (``{"seq": n, "spool": id}``),
+so any batch can be re-read exactly; ``commit(end)`` deletes spooled data
+below ``end``.  nsqd's window never waits for Spark.
+
+Guarantees (documented in the README too):
+
+* A message FINed to nsqd is on disk in the spool (fsync before FIN).
+* Driver crash or restart: messages not yet fsynced were never FINed and nsqd
+  redelivers them (at once, since the connection drops); spooled messages
+  that Spark had not committed are re-read from the spool with the offsets of
+  the checkpoint's offset log, so replayed batches are identical.  No message
+  is lost as long as the spool directory survives with the checkpoint.
+* Duplicates are possible (at-least-once into Spark): a crash between fsync
+  and FIN spools a message that nsqd then redelivers (``attempts`` > 1), and
+  nsqd itself redelivers on timeouts/requeues elsewhere.  De-duplicate on
+  ``id`` (unique per nsqd) downstream if needed; with an idempotent sink (file
+  sink, ``foreachBatch`` keyed by batch id) replays add nothing else.
+* Losing the spool while keeping the checkpoint loses its uncommitted
+  messages; with ``failOnDataLoss=true`` (default) the query stops with an
+  error instead of skipping them.
+* Backpressure: when ``maxSpoolMessages`` are spooled and uncommitted the
+  consumer sends ``RDY 0`` until Spark catches up.
+
+Options: ``nsqd`` (comma-separated host:port) or ``lookupd`` (comma-separated
+HTTP addresses), ``topic``, ``channel`` (default ``spark``), ``spoolDir``
+(required: a durable POSIX path, one per query), ``maxInFlight`` (200),
+``maxRecordsPerBatch`` (0 = all available), ``maxSpoolMessages`` (1000000),
+``partitionSize`` (10000 records per Spark partition), ``inline`` (true: the
+records travel inside the partitions, which works on any cluster; false: the
+executors read the spool files, which needs ``spoolDir`` on storage they see,
+always true in local mode), ``failOnDataLoss`` (true), ``msgTimeout``,
+``heartbeatInterval`` (seconds), ``lookupdPollInterval`` (60), ``authSecret``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from .consumer import BlockingConsumer
+from .spool import DataLossError, Spool, read_range
+
+__all__ = ["NsqDataSource", "NsqStreamReader", "SpoolPartition", "register", "SCHEMA"]
+
+log = logging.getLogger("nsqtw.spark.source")
+
+SCHEMA = "id STRING, timestamp TIMESTAMP, attempts INT, body BINARY, topic STRING, channel STRING"
+
+_TRUE = ("true", "1", "yes", "on")
+
+
+def register(spark: Any) -> None:
+    """Make ``format("nsq")`` known to this SparkSession."""
+    spark.dataSource.register(NsqDataSource)
+
+
+class SpoolPartition(InputPartition):
+    """A slice of the spool: file pieces for executors, or the records themselves (``inline``)."""
+
+    def __init__(self, topic: str, channel: str, pieces: Sequence[Tuple[str, int, int]],
+                 records: Optional[List[Tuple[bytes, int, int, bytes]]] = None) -> None:
+        super().__init__(None)
+        self.topic = topic
+        self.channel = channel
+        self.pieces = list(pieces)
+        self.records = records
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _row(topic: str, channel: str, mid: bytes, ts: int, attempts: int, body: bytes) -> Tuple[Any, ...]:
+    when = _EPOCH + timedelta(microseconds=ts // 1000)
+    return (mid.decode("ascii", "replace"), when, attempts, body, topic, channel)
+
+
+class NsqDataSource(DataSource):
+    """``format("nsq")`` (streaming only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> "NsqStreamReader":
+        return NsqStreamReader(dict(self.options))
+
+
+def _split_list(value: Optional[str]) -> List[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+class NsqStreamReader(DataSourceStreamReader):
+    """Driver side: the consumer thread, the spool and the offsets."""
+
+    def __init__(self, options: Dict[str, str]) -> None:
+        opts = {k.lower(): v for k, v in options.items()}
+        self.topic = opts.get("topic", "")
+        self.channel = opts.get("channel", "spark")
+        if not self.topic:
+            raise ValueError("format('nsq') needs option('topic', ...)")
+        self.nsqd = _split_list(opts.get("nsqd"))
+        self.lookupd = _split_list(opts.get("lookupd"))
+        if not self.nsqd and not self.lookupd:
+            raise ValueError("format('nsq') needs option('nsqd', 'host:port') or option('lookupd', 'host:port')")
+        spool_dir = opts.get("spooldir", "")
+        if not spool_dir:
+            raise ValueError("format('nsq') needs option('spoolDir', path): a durable directory beside the "
+                             "query's checkpoint, where messages wait (fsynced) until Spark commits them")
+        self.max_in_flight = int(opts.get("maxinflight", "200"))
+        self.max_records = int(opts.get("maxrecordsperbatch", "0"))
+        self.max_spool = int(opts.get("maxspoolmessages", "1000000"))
+        self.partition_size = max(1, int(opts.get("partitionsize", "10000")))
+        self.inline = opts.get("inline", "true").lower() in _TRUE
+        self.fail_on_data_loss = opts.get("failondataloss", "true").lower() in _TRUE
+        self.msg_timeout = float(opts["msgtimeout"]) if opts.get("msgtimeout") else None
+        self.heartbeat_interval = float(opts.get("heartbeatinterval", "30"))
+        self.lookupd_poll_interval = float(opts.get("lookupdpollinterval", "60"))
+        self.auth_secret = opts.get("authsecret") or None
+        self.spool = Spool(spool_dir, self.topic, self.channel)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self.consumer: Optional[BlockingConsumer] = None
+
+    # --- the consumer thread ------------------------------------------------------
+
+    def _ensure_consumer(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"nsq source: spooling failed: {self._error!r}") from self._error
+        if self._thread is None:
+            self.consumer = BlockingConsumer(
+                self.topic, self.channel, nsqd_tcp_addresses=self.nsqd, lookupd_http_addresses=self.lookupd,
+                max_in_flight=self.max_in_flight, heartbeat_interval=self.heartbeat_interval,
+                msg_timeout=self.msg_timeout, lookupd_poll_interval=self.lookupd_poll_interval,
+                auth_secret=self.auth_secret)
+            self._thread = threading.Thread(target=self._run, name=f"nsq-spool-{self.topic}", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        consumer = self.consumer
+        assert consumer is not None
+        spool = self.spool
+        try:
+            while not self._stop.is_set():
+                backlog = spool.end - spool.committed
+                if backlog >= self.max_spool:
+                    consumer.pause(True)
+                elif consumer.paused and backlog < self.max_spool // 2:
+                    consumer.pause(False)
+                batch = consumer.poll(0.1)
+                while batch and len(batch) < self.max_in_flight:
+                    more = consumer.poll(0)
+                    if not more:
+                        break
+                    batch.extend(more)
+                if not batch:
+                    continue
+                spool.append([m for _conn, m in batch])  # fsynced when this returns...
+                consumer.finish_many(batch)              # ...and only then FINed
+        except BaseException as e:  # surfaced to Spark by the next latestOffset
+            log.exception("nsq source: consumer thread failed")
+            self._error = e
+        finally:
+            consumer.close()
+
+    # --- offsets --------------------------------------------------------------------
+
+    def _offset(self, seq: int) -> Dict[str, Any]:
+        return {"seq": seq, "spool": self.spool.spool_id}
+
+    def _check_spool(self, offset: Dict[str, Any]) -> int:
+        seq = int(offset.get("seq", 0))
+        if offset.get("spool") not in (None, self.spool.spool_id):
+            text = (f"nsq source: the checkpoint refers to spool {offset.get('spool')}, but {self.spool.directory} "
+                    f"is spool {self.spool.spool_id}: messages spooled but not committed may be lost")
+            if self.fail_on_data_loss:
+                raise DataLossError(text + " (set failOnDataLoss=false to go on)")
+            log.warning(text)
+        return seq
+
+    def initialOffset(self) -> Dict[str, Any]:
+        self._ensure_consumer()
+        return self._offset(self.spool.first)
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+        return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
+
+    def latestOffset(self, start: Dict[str, Any], limit: Any) -> Dict[str, Any]:
+        seq = self._check_spool(start)
+        self.spool.advance_to(seq)
+        self._ensure_consumer()
+        end = self.spool.end
+        max_rows = getattr(limit, "max_rows", None)
+        if max_rows:
+            end = min(end, seq + int(max_rows))
+        return self._offset(max(seq, end))
+
+    def reportLatestOffset(self) -> Dict[str, Any]:
+        return self._offset(self.spool.end)
+
+    def partitions(self, start: Dict[str, Any], end: Dict[str, Any]) -> Sequence[InputPartition]:
+        lo = self._check_spool(start)
+        hi = int(end.get("seq", 0))
+        if hi <= lo:
+            return []
+        missing = self.spool.missing(lo, hi)
+        if missing:
+            text = f"nsq source: {missing} of the messages {lo}..{hi} are not in the spool {self.spool.directory}"
+            if self.fail_on_data_loss:
+                raise DataLossError(text + " (set failOnDataLoss=false to skip them)")
+            log.warning(text)
+        parts: List[InputPartition] = []
+        for a in range(lo, hi, self.partition_size):
+            b = min(hi, a + self.partition_size)
+            ranges = self.spool.ranges(a, b)
+            if not ranges:
+                continue
+            if self.inline:
+                records = [(m.id, m.timestamp, m.attempts, m.body) for _seq, m in self.spool.read(a, b)]
+                parts.append(SpoolPartition(self.topic, self.channel, [], records))
+            else:
+                parts.append(SpoolPartition(self.topic, self.channel, [(p, x, y) for p, x, y, _l, _h in ranges]))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[Tuple[Any, ...]]:
+        assert isinstance(partition, SpoolPartition)
+        topic, channel = partition.topic, partition.channel
+        if partition.records is not None:
+            for mid, ts, attempts, body in partition.records:
+                yield _row(topic, channel, mid, ts, attempts, body)
+            return
+        for path, a, b in partition.pieces:
+            for m in read_range(path, a, b):
+                yield _row(topic, channel, m.id, m.timestamp, m.attempts, m.body)
+
+    def commit(self, end: Dict[str, Any]) -> None:
+        if end.get("spool") == self.spool.spool_id:
+            self.spool.commit(int(end.get("seq", 0)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.spool.close()
