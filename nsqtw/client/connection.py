@@ -88,7 +88,7 @@ class NSQConnection(Protocol):
         self.core = ClientCore(config)
         #: fires with this connection once IDENTIFY (and any upgrade, AUTH) is done
         self.handshake: defer.Deferred = defer.Deferred(lambda _: self.abort())
-        #: fires with the close reason when the connection is gone
+        #: fires (with None; see ``close_reason``) when the connection is gone
         self.closed: defer.Deferred = defer.Deferred()
         self.connected_ = False
         self.ready = False
@@ -175,7 +175,7 @@ class NSQConnection(Protocol):
                 err = NotConnected(f"connection to {self.address} closed during the handshake ({why})")
             self.handshake.errback(err)
         if not self.closed.called:
-            self.closed.callback(reason)
+            self.closed.callback(None)
 
     def close(self) -> None:
         """Graceful close: wait for the messages in flight to be answered, then hang up."""

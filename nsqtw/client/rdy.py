@@ -251,8 +251,8 @@ class RdyController:
                 self._quiet_update(conn, count)
         elif counter > 0:
             duration = min(self.config.backoff_duration(counter, self.rng), self.config.max_backoff_duration)
-            log.warn("backing off for {d:.3f}s (backoff level {level}), setting all to RDY 0",
-                     d=duration, level=counter)
+            log.warn("backing off for {d:.3f}s (backoff level {backoff_level}), setting all to RDY 0",
+                     d=duration, backoff_level=counter)
             for conn in list(self.conns.values()):
                 self._quiet_update(conn, 0)
             self._backoff(duration)
