@@ -485,6 +485,21 @@ class DiskQueue:
         """Store the whole run (rolling as needed); returns None.  Raises BackendError."""
         if self._closed:
             raise Exiting()
+        blob, offs, end = run
+        if len(offs) == 1:  # a PUB: no private copy needed
+            o = offs[0]
+            size = _unpack_i32(blob, o)[0]
+            n = size - 4
+            if n < self.min_record or n > self.max_record or o + 4 + size > len(blob):
+                raise BackendError(f"invalid message write size ({n}) "
+                                   f"minMsgSize={self.min_record} maxMsgSize={self.max_record}")
+            att = (_unpack_u16(blob, o + 16)[0] - 1) & 0xFFFF
+            data = _I32.pack(n) + blob[o + 8:o + 16] + _U16.pack(att) + blob[o + 18:o + 4 + size]
+            if self.write_pos > 0 and self.write_pos + size > self.max_bytes_per_file:
+                self._roll()
+            self._write(data, 1)
+            self._after_ops()
+            return None
         mv, spans = self._encode(run)
         maxb = self.max_bytes_per_file
         wp = self.write_pos
@@ -494,14 +509,14 @@ class DiskQueue:
             size = b - a
             if wp > 0 and wp + size > maxb:
                 if i > g_start:
-                    self._write(mv, spans[g_start:i])
+                    self._write(_join(mv, spans[g_start:i]), i - g_start)
                 self._roll()
                 wp = 0
                 g_start = i
             wp += size
             i += 1
         if i > g_start:
-            self._write(mv, spans[g_start:i])
+            self._write(_join(mv, spans[g_start:i]), i - g_start)
         self._after_ops()
         return None
 
@@ -519,12 +534,8 @@ class DiskQueue:
         self._hints_dirty = True
         self.put(_run_of_frames([bytes(f) for _, f in items]))
 
-    def _write(self, mv: memoryview, spans: List[Tuple[int, int]]) -> None:
-        if len(spans) == 1:
-            a, b = spans[0]
-            data: Any = mv[a:b]
-        else:
-            data = b"".join([mv[a:b] for a, b in spans])
+    def _write(self, data: Any, k: int) -> None:
+        """pwrite ``k`` entries at the write position (one system call unless it is short)."""
         fd = self._wfd
         if fd is None:
             fn = self.file_name(self.write_file_num)
@@ -535,16 +546,18 @@ class DiskQueue:
                 raise BackendError(f"DISKQUEUE({self.name}) cannot open {fn} - {e.strerror}") from e
             self._wfd = fd
         pos = self.write_pos
-        view = memoryview(data)
         try:
-            while view:
-                n = os.pwrite(fd, view, pos)
-                pos += n
-                view = view[n:]
+            n = os.pwrite(fd, data, pos)
+            pos += n
+            if n < len(data):
+                view = memoryview(data)[n:]
+                while view:
+                    n = os.pwrite(fd, view, pos)
+                    pos += n
+                    view = view[n:]
         except OSError as e:
             self.error = e
             raise BackendError(f"DISKQUEUE({self.name}) write failed - {e.strerror}") from e
-        k = len(spans)
         self.write_pos = pos
         self._depth += k
         self._count += k
@@ -922,6 +935,13 @@ class DiskQueue:
     def _log_job_failure(self, f: Failure, what: str) -> None:
         self.error = f.value
         log.failure("DISKQUEUE({name}) {what} failed", f, name=self.name, what=what)
+
+
+def _join(mv: memoryview, spans: List[Tuple[int, int]]) -> Any:
+    if len(spans) == 1:
+        a, b = spans[0]
+        return mv[a:b]
+    return b"".join([mv[a:b] for a, b in spans])
 
 
 def _run_of(blob: bytes, offs: List[int], uniform: bool) -> Run:
