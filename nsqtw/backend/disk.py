@@ -63,13 +63,12 @@ inline at once, so the whole queue is synchronous and deterministic; with a
 
 from __future__ import annotations
 
-import errno as _errno
 import os
 import re
 import struct
 import time
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
@@ -356,9 +355,13 @@ class DiskQueue:
         else:
             self._depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos = state
             self._salvage_past_write_pos()
+        now = self.worker.seconds()
         for at, mid in self._hint_store.load():
-            self._hints[mid] = at
+            if at > now:
+                self._hints[mid] = at
         self._check_tail_corruption()
+        if self._need_sync:
+            self.worker.wake(self)  # record the recovery before anything else happens
 
     def _existing_data_files(self) -> List[int]:
         pat = re.compile(_DATA_RE_TMPL % re.escape(self.name))
