@@ -1,0 +1,170 @@
+"""nsqtw-replay: jsonl and raw archives (plain and concatenated gzip) de-duplicated exactly, republished."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import os
+import time
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+T = 1_700_000_000  # message times are T + i seconds
+
+
+def _rec(topic: str, i: int, attempts: int = 1, channel: str = "archive") -> bytes:
+    body = f"{topic}-message-{i}".encode() + (b"\n\x00\xff" if i == 4 else b"")
+    return json.dumps({"topic": topic, "channel": channel, "id": "%016x" % (0xabc000 + i),
+                       "timestamp": (T + i) * 1_000_000_000, "attempts": attempts,
+                       "body": base64.b64encode(body).decode()}).encode() + b"\n"
+
+
+def _gzip_members(*chunks: bytes) -> bytes:
+    """As nsq_to_file --gzip writes: one gzip member per sync, concatenated."""
+    return b"".join(gzip.compress(c) for c in chunks)
+
+
+@pytest.fixture(scope="module")
+def archive_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("archives")
+    (d / "events.host1.2023-11-14_22.log").write_bytes(
+        _rec("events", 1) + _rec("events", 2) + _rec("events", 3) + _rec("events", 4) + _rec("events", 5)
+        + _rec("events", 2, attempts=2))
+    (d / "events.host2.2023-11-14_22.log.gz").write_bytes(_gzip_members(
+        _rec("events", 3, attempts=3, channel="other"), _rec("events", 6) + _rec("events", 7),
+        _rec("audit", 1)))  # same id as events-1, another topic: not a duplicate
+    raw1 = d / "clicks.host1.2023-11-14_22.log"
+    raw1.write_bytes(b"a\nb\na\n\xff\x00\nx\ry\n")
+    raw2 = d / "clicks.host2.2023-11-14_22.log.gz"
+    raw2.write_bytes(_gzip_members(b"b\n", b"c\n"))
+    os.utime(raw1, (T + 3, T + 3))
+    os.utime(raw2, (T + 100, T + 100))
+    return d
+
+
+def _args(*argv):
+    from nsqtw.spark.replay import build_parser
+    return build_parser().parse_args(list(argv))
+
+
+def test_reads_both_formats_and_gzip_members(spark, archive_dir) -> None:
+    """Every line of every file is read: jsonl decoded, raw kept as bytes, all gzip members."""
+    from nsqtw.spark.replay import read_archives
+
+    rows = read_archives(spark, [str(archive_dir)]).collect()
+    assert len(rows) == 6 + 4 + 5 + 2
+    by_topic = {}
+    for r in rows:
+        by_topic.setdefault(r["topic"], []).append(r)
+    assert len(by_topic["events"]) == 9 and len(by_topic["audit"]) == 1 and len(by_topic["clicks"]) == 7
+    raw_bodies = sorted(bytes(r["body"]) for r in by_topic["clicks"])
+    assert raw_bodies == sorted([b"a", b"b", b"a", b"\xff\x00", b"x\ry", b"b", b"c"])
+    four = [r for r in by_topic["events"] if r["id"] == "%016x" % (0xabc000 + 4)][0]
+    assert bytes(four["body"]) == b"events-message-4\n\x00\xff" and four["timestamp"] == (T + 4) * 10**9
+
+
+def test_dedupe_exact(spark, archive_dir) -> None:
+    """(topic, id) for jsonl keeping the fewest attempts; exact body per topic for raw."""
+    from nsqtw.spark.replay import deduplicate, read_archives
+
+    rows = deduplicate(read_archives(spark, [str(archive_dir)])).collect()
+    keys = sorted((r["topic"], r["id"] or bytes(r["body"]).decode("latin-1")) for r in rows)
+    assert keys == sorted(
+        [("events", "%016x" % (0xabc000 + i)) for i in range(1, 8)] + [("audit", "%016x" % (0xabc000 + 1))]
+        + [("clicks", b.decode("latin-1")) for b in (b"a", b"b", b"\xff\x00", b"x\ry", b"c")])
+    two = [r for r in rows if r["id"] == "%016x" % (0xabc000 + 2)][0]
+    three = [r for r in rows if r["id"] == "%016x" % (0xabc000 + 3)][0]
+    assert two["attempts"] == 1 and three["attempts"] == 1 and three["channel"] == "archive"
+
+
+def test_time_filter(spark, archive_dir) -> None:
+    """--since/--until: jsonl by message time, raw by the file's modification time."""
+    from nsqtw.spark.replay import deduplicate, filter_time, parse_time, read_archives
+
+    df = filter_time(read_archives(spark, [str(archive_dir)]), parse_time(str(T + 2)),
+                     parse_time("2023-11-14T22:13:26Z"))
+    rows = deduplicate(df).collect()
+    ids = sorted(r["id"] for r in rows if r["id"])
+    assert ids == ["%016x" % (0xabc000 + i) for i in (2, 3, 4, 5)]
+    assert sorted(bytes(r["body"]) for r in rows if not r["id"]) == sorted([b"a", b"b", b"\xff\x00", b"x\ry"])
+    assert parse_time("2023-11-14T22:13:20") == T * 10**9
+
+
+def test_cli_writes_deduplicated_archive(spark, archive_dir, tmp_path) -> None:
+    """--output writes gzip jsonl partitioned by topic; reading it back gives each message once."""
+    from nsqtw.spark.replay import run
+
+    out = tmp_path / "clean"
+    buf = io.StringIO()
+    figures = run(_args(str(archive_dir), "--output", str(out)), spark=spark, out=buf)
+    assert figures == {"read": 17, "kept": 13, "duplicates": 4, "published": 0}
+    records = {}
+    for root, _dirs, files in os.walk(out):
+        for name in files:
+            if name.endswith(".gz"):
+                with gzip.open(os.path.join(root, name)) as f:
+                    for line in f:
+                        rec = json.loads(line)
+                        records.setdefault(os.path.basename(root), []).append(rec)
+    assert sorted(records) == ["topic=audit", "topic=clicks", "topic=events"]
+    events = records["topic=events"]
+    assert [r["id"] for r in events] == ["%016x" % (0xabc000 + i) for i in range(1, 8)]  # time order
+    assert list(events[0]) == ["topic", "channel", "id", "timestamp", "attempts", "body"]
+    assert base64.b64decode(events[3]["body"]) == b"events-message-4\n\x00\xff"
+    assert len(records["topic=clicks"]) == 5 and records["topic=clicks"][0]["id"] is None
+
+
+@pytest.fixture(scope="module")
+def live_nsqd():
+    from live_nsqd import LiveNsqd
+    n = LiveNsqd()
+    yield n
+    n.stop()
+
+
+def test_cli_republishes_through_mpub(spark, archive_dir, live_nsqd) -> None:
+    """Republishing sends each kept message once, in batches, bodies byte for byte."""
+    from nsqtw.spark.consumer import BlockingConsumer
+    from nsqtw.spark.replay import run
+
+    figures = run(_args(str(archive_dir), "--nsqd-http-address", live_nsqd.http_address,
+                        "--destination-topic", "replayed", "--batch-size", "4"), spark=spark, out=io.StringIO())
+    assert figures["published"] == 13
+    stats = live_nsqd.stats("replayed")["topics"][0]
+    assert stats["message_count"] == 13
+    consumer = BlockingConsumer("replayed", "check", nsqd_tcp_addresses=[live_nsqd.tcp_address], max_in_flight=50)
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 13 and time.monotonic() < deadline:
+        for conn, m in consumer.poll(0.2):
+            got.append(m.body)
+            consumer.finish(conn, m.id)
+    consumer.close()
+    expected = [f"events-message-{i}".encode() + (b"\n\x00\xff" if i == 4 else b"") for i in range(1, 8)]
+    expected += [b"audit-message-1", b"a", b"b", b"\xff\x00", b"x\ry", b"c"]
+    assert sorted(got) == sorted(expected)
+
+
+def test_publish_rows_batching() -> None:
+    """Batches split by count and bytes, per destination topic, in row order."""
+    from nsqtw.spark.replay import encode_mpub, publish_rows
+
+    class Rec:
+        def __init__(self):
+            self.calls = []
+
+        def publish(self, topic, bodies):
+            self.calls.append((topic, list(bodies)))
+
+    rec = Rec()
+    rows = [{"topic": "a", "body": b"x" * 10}] * 5 + [{"topic": "b", "body": b"y"}] + [{"topic": "a", "body": b""}]
+    assert publish_rows(rows, rec, batch_size=2, max_batch_bytes=1000) == 6
+    assert [(t, len(b)) for t, b in rec.calls] == [("a", 2), ("a", 2), ("a", 1), ("b", 1)]
+    rec2 = Rec()
+    publish_rows(rows[:5], rec2, batch_size=100, max_batch_bytes=4 + 3 * 14)
+    assert [len(b) for _t, b in rec2.calls] == [3, 2]
+    assert encode_mpub([b"ab", b"c"]) == b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x01c"
