@@ -1,0 +1,500 @@
+"""
+nsqadmin's HTTP side as a klein app: the JSON API, the pages, ``/config``, ``/ping`` and static files.
+
+Routes are nsqadmin's (``nsqadmin/http.go``) under ``--base-path``; the API
+answers in NSQ's V1 envelope with nsqadmin's shapes, fans actions out to every
+nsqd and nsqlookupd the way ``clusterinfo`` does, refuses privileged calls from
+non-admins with 403 ``FORBIDDEN`` and reports each action to
+``--notification-http-endpoint``.  nsqtw adds ``/api/history[/:topic[/:channel]]``,
+the series the pages draw their graphs from.
+
+Path parameters arrive percent-decoded (twisted.web unquotes each segment), so
+``/api/topics/tmp%23ephemeral`` names ``tmp#ephemeral``.  The app holds an
+:class:`~nsqtw.service.admin.AdminService` (the running service): the current options,
+the :class:`~nsqtw.admin.cluster.ClusterInfo`, the history and the notifier.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import mimetypes
+import os
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from klein import Klein
+from twisted.web.iweb import IRequest
+from twisted.web.resource import Resource
+from twisted.web.server import GzipEncoderFactory
+from twisted.web.resource import EncodingResourceWrapper
+
+from ..errors import HTTPAPIError
+from ..options import LOG_LEVELS, OptionError, config_value
+from ..protocol.names import is_valid_name
+from ..stats.snapshot import go_json
+from ..http.responses import first, install_error_handlers, plain, query, v1, v1_error
+from . import pages
+from .cluster import UpstreamError, counter_stats, topic_totals, warning_message
+from .html import Markup
+
+if TYPE_CHECKING:
+    from ..service.admin import AdminService
+
+__all__ = ["AdminHTTPAPI", "is_admin_request"]
+
+_ACTIONS = ("pause", "unpause", "empty")
+_MAX_BODY = 1024 * 1024
+HTML_TYPE = b"text/html; charset=utf-8"
+
+
+def is_admin_request(request: IRequest, admin_users: List[str], header: str) -> bool:
+    """``isAuthorizedAdminRequest``: everyone without ``--admin-user``, else a listed user."""
+    if not admin_users:
+        return True
+    user = request.getHeader(header)
+    return user is not None and user in admin_users
+
+
+def _read_json(request: IRequest) -> Any:
+    data = request.content.read(_MAX_BODY + 1) if request.content is not None else b""
+    if len(data) > _MAX_BODY:
+        raise HTTPAPIError(413, "INVALID_BODY")
+    try:
+        return json.loads(data or b"null")
+    except ValueError:
+        raise HTTPAPIError(400, "INVALID_BODY") from None
+
+
+def _body_str(doc: Any, key: str) -> str:
+    if doc is None:
+        raise HTTPAPIError(400, "INVALID_BODY")
+    if not isinstance(doc, dict):
+        raise HTTPAPIError(400, "INVALID_BODY")
+    value = doc.get(key, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise HTTPAPIError(400, "INVALID_BODY")
+    return value
+
+
+class _JSONNotFound(Resource):
+    isLeaf = True
+
+    def render(self, request: IRequest) -> bytes:
+        return v1_error(request, 404, "NOT_FOUND")
+
+
+class _Prefix(Resource):
+    """One segment of ``--base-path``; anything else is nsqadmin's JSON 404."""
+
+    def getChild(self, path: bytes, request: IRequest) -> Resource:
+        return _JSONNotFound()
+
+    def render(self, request: IRequest) -> bytes:
+        return v1_error(request, 404, "NOT_FOUND")
+
+
+def mount(base: str, leaf: Resource) -> Resource:
+    """``leaf`` served under ``base`` (``/`` means at the root)."""
+    segments = [s for s in base.split("/") if s]
+    if not segments:
+        return leaf
+    root: Resource = _Prefix()
+    node = root
+    for i, seg in enumerate(segments):
+        child: Resource = leaf if i == len(segments) - 1 else _Prefix()
+        node.putChild(seg.encode(), child)
+        node = child
+    return root
+
+
+class AdminHTTPAPI:
+    """The klein app serving one nsqadmin."""
+
+    app = Klein()
+    install_error_handlers(app)
+
+    def __init__(self, node: "AdminService") -> None:
+        self.node = node
+
+    def resource(self) -> Resource:
+        """The site's root: the app under the base path, gzip when the client accepts it."""
+        return EncodingResourceWrapper(mount(self.node.options.base, self.app.resource()), [GzipEncoderFactory()])
+
+    # --- helpers --------------------------------------------------------------------
+
+    @property
+    def _opts(self) -> Any:
+        return self.node.options
+
+    @property
+    def _ci(self) -> Any:
+        return self.node.cluster
+
+    def _is_admin(self, request: IRequest) -> bool:
+        o = self._opts
+        return is_admin_request(request, o.admin_users, o.acl_http_header)
+
+    def _require_admin(self, request: IRequest) -> None:
+        if not self._is_admin(request):
+            raise HTTPAPIError(403, "FORBIDDEN")
+
+    def _ctx(self, request: IRequest) -> pages.PageContext:
+        o = self._opts
+        user = request.getHeader(o.acl_http_header) or ""
+        return pages.PageContext(
+            base=o.base, is_admin=self._is_admin(request), user=user,
+            lookupds=tuple(o.lookupd_http_addresses), nsqds=tuple(o.nsqd_http_addresses),
+            refresh_ms=int(o.refresh_interval * 1000), acl_enforced=bool(o.admin_users),
+        )
+
+    def _page(self, request: IRequest, ctx: pages.PageContext, page: pages.Page) -> bytes:
+        request.setHeader(b"Content-Type", HTML_TYPE)
+        request.setHeader(b"Cache-Control", b"no-store")
+        request.setResponseCode(page.status)
+        if first(query(request), "fragment") == "1":
+            return page.content.encode()
+        return pages.render(ctx, page).encode()
+
+    @staticmethod
+    def _upstream(e: UpstreamError) -> HTTPAPIError:
+        return HTTPAPIError(502, f"UPSTREAM_ERROR: {e}")
+
+    # --- data shared by pages and the API -------------------------------------------------
+
+    async def _topics_doc(self, inactive: bool) -> Dict[str, Any]:
+        topics, errors = await self._ci.topics()
+        if inactive:
+            return {"topics": await self._ci.inactive_topics(topics), "message": warning_message(errors)}
+        return {"topics": topics, "message": warning_message(errors)}
+
+    async def _topic_doc(self, topic: str) -> Dict[str, Any]:
+        producers, errors = await self._ci.topic_producers(topic)
+        per_node, _, errs = await self._ci.nsqd_stats(producers, topic, "", False)
+        total = topic_totals(topic, per_node)
+        doc = total.to_json()
+        doc["message"] = warning_message(list(errors) + list(errs))
+        return doc
+
+    async def _channel_doc(self, topic: str, channel: str) -> Dict[str, Any]:
+        producers, errors = await self._ci.topic_producers(topic)
+        _, channels, errs = await self._ci.nsqd_stats(producers, topic, channel, True)
+        found = channels.get(channel)
+        doc = found.to_json() if found is not None else {}
+        doc["message"] = warning_message(list(errors) + list(errs))
+        return doc
+
+    async def _nodes_doc(self) -> Dict[str, Any]:
+        producers, errors = await self._ci.producers()
+        return {"nodes": [p.to_json() for p in producers], "message": warning_message(errors)}
+
+    async def _node_doc(self, node: str) -> Dict[str, Any]:
+        producers, errors = await self._ci.producers()
+        producer = next((p for p in producers if p.http_address == node), None)
+        if producer is None:
+            raise HTTPAPIError(404, "NODE_NOT_FOUND")
+        per_node, _, _ = await self._ci.nsqd_stats([producer], "", "", True)
+        total_clients = sum(len(c.clients or []) for t in per_node for c in (t.channels or []))
+        total_messages = sum(t.message_count for t in per_node)
+        return {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
+                "total_clients": total_clients, "message": warning_message(errors)}
+
+    async def _counter_doc(self) -> Dict[str, Any]:
+        producers, errors = await self._ci.producers()
+        _, channels, errs = await self._ci.nsqd_stats(producers, "", "", False)
+        return {"stats": counter_stats(channels), "message": warning_message(list(errors) + list(errs))}
+
+    # --- pages ------------------------------------------------------------------------------
+
+    async def _render(self, request: IRequest, build: Any, title: str, nav: str) -> bytes:
+        ctx = self._ctx(request)
+        try:
+            page = await build(ctx)
+        except UpstreamError as e:
+            page = pages.error_page(ctx, title, f"UPSTREAM_ERROR: {e}", 502, nav=nav)
+        except HTTPAPIError as e:
+            page = pages.error_page(ctx, title, e.text, e.status, nav=nav)
+        return self._page(request, ctx, page)
+
+    @app.route("/", methods=["GET"])
+    @app.route("/topics", methods=["GET"])
+    async def topics_page(self, request: IRequest) -> bytes:
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            doc = await self._topics_doc(False)
+            return pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"])
+        return await self._render(request, build, "Topics", "topics")
+
+    @app.route("/topics/<topic>", methods=["GET"])
+    async def topic_page(self, request: IRequest, topic: str) -> bytes:
+
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            doc = await self._topic_doc(topic)
+            return pages.topic_page(ctx, topic, doc, self.node.history.topic(topic), doc["message"])
+        return await self._render(request, build, f"Topic {topic}", "topics")
+
+    @app.route("/topics/<topic>/<channel>", methods=["GET"])
+    async def channel_page(self, request: IRequest, topic: str, channel: str) -> bytes:
+
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            doc = await self._channel_doc(topic, channel)
+            return pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
+                                      doc["message"])
+        return await self._render(request, build, f"Channel {topic}/{channel}", "topics")
+
+    @app.route("/nodes", methods=["GET"])
+    async def nodes_page(self, request: IRequest) -> bytes:
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            doc = await self._nodes_doc()
+            return pages.nodes_page(ctx, doc["nodes"], doc["message"])
+        return await self._render(request, build, "Nodes", "nodes")
+
+    @app.route("/nodes/<node>", methods=["GET"])
+    async def node_page(self, request: IRequest, node: str) -> bytes:
+
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            doc = await self._node_doc(node)
+            return pages.node_page(ctx, node, doc, doc["message"])
+        return await self._render(request, build, f"Node {node}", "nodes")
+
+    @app.route("/lookup", methods=["GET"])
+    async def lookup_page(self, request: IRequest) -> bytes:
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            inactive: Dict[str, List[str]] = {}
+            message = ""
+            if ctx.lookupds:
+                doc = await self._topics_doc(True)
+                inactive, message = doc["topics"], doc["message"]
+            return pages.lookup_page(ctx, inactive, message)
+        return await self._render(request, build, "Lookup", "lookup")
+
+    @app.route("/counter", methods=["GET"])
+    async def counter_page(self, request: IRequest) -> bytes:
+        async def build(ctx: pages.PageContext) -> pages.Page:
+            doc = await self._counter_doc()
+            total = sum(s["message_count"] for s in doc["stats"].values())
+            return pages.counter_page(ctx, total, doc["message"])
+        return await self._render(request, build, "Counter", "counter")
+
+    @app.route("/ping", methods=["GET"])
+    def ping(self, request: IRequest) -> bytes:
+        return plain(request, "OK")
+
+    @app.route("/static/<asset>", methods=["GET"])
+    def static(self, request: IRequest, asset: str) -> bytes:
+        if not asset or asset.startswith(".") or "/" in asset or "\\" in asset:
+            raise HTTPAPIError(404, "NOT_FOUND")
+        data = self._asset(asset)
+        if data is None:
+            raise HTTPAPIError(404, "NOT_FOUND")
+        ctype = mimetypes.guess_type(asset)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype in ("application/javascript", "image/svg+xml"):
+            ctype += "; charset=utf-8"
+        request.setHeader(b"Content-Type", ctype.encode())
+        request.setHeader(b"Cache-Control", b"public, max-age=60")
+        return data
+
+    def _asset(self, name: str) -> Optional[bytes]:
+        dev = self._opts.dev_static_dir
+        if dev:
+            path = os.path.join(dev, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            return None
+        ref = resources.files("nsqtw.admin").joinpath("static").joinpath(name)
+        if not ref.is_file():
+            return None
+        return ref.read_bytes()
+
+    # --- JSON API: reads ------------------------------------------------------------------------
+
+    @app.route("/api/topics", methods=["GET"])
+    async def api_topics(self, request: IRequest) -> bytes:
+        inactive = first(query(request), "inactive") == "true"
+        try:
+            return v1(request, await self._topics_doc(inactive))
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/topics/<topic>", methods=["GET"])
+    async def api_topic(self, request: IRequest, topic: str) -> bytes:
+        try:
+            return v1(request, await self._topic_doc(topic))
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/topics/<topic>/<channel>", methods=["GET"])
+    async def api_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+        try:
+            return v1(request, await self._channel_doc(topic, channel))
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/nodes", methods=["GET"])
+    async def api_nodes(self, request: IRequest) -> bytes:
+        try:
+            return v1(request, await self._nodes_doc())
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/nodes/<node>", methods=["GET"])
+    async def api_node(self, request: IRequest, node: str) -> bytes:
+        try:
+            return v1(request, await self._node_doc(node))
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/counter", methods=["GET"])
+    async def api_counter(self, request: IRequest) -> bytes:
+        try:
+            return v1(request, await self._counter_doc())
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/history", methods=["GET"])
+    def api_history(self, request: IRequest) -> bytes:
+        return v1(request, self.node.history.overview())
+
+    @app.route("/api/history/<topic>", methods=["GET"])
+    def api_history_topic(self, request: IRequest, topic: str) -> bytes:
+        return v1(request, self.node.history.topic(topic))
+
+    @app.route("/api/history/<topic>/<channel>", methods=["GET"])
+    def api_history_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+        return v1(request, self.node.history.channel(topic, channel))
+
+    @app.route("/api/graphite", methods=["GET"])
+    def api_graphite(self, request: IRequest) -> bytes:
+        raise HTTPAPIError(404, "NOT_FOUND: nsqtw does not use graphite; see /api/history")
+
+    # --- JSON API: actions -------------------------------------------------------------------------
+
+    def _done(self, request: IRequest, errors: List[str]) -> bytes:
+        return v1(request, {"message": warning_message(errors)})
+
+    @app.route("/api/topics", methods=["POST"])
+    async def api_create(self, request: IRequest) -> bytes:
+        self._require_admin(request)
+        doc = _read_json(request)
+        topic = _body_str(doc, "topic")
+        channel = _body_str(doc, "channel")
+        if not is_valid_name(topic):
+            raise HTTPAPIError(400, "INVALID_TOPIC")
+        if channel and not is_valid_name(channel):
+            raise HTTPAPIError(400, "INVALID_CHANNEL")
+        try:
+            errors = await self._ci.create_topic_channel(topic, channel)
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+        self.node.notify("create_topic", topic, "", "", request)
+        if channel:
+            self.node.notify("create_channel", topic, channel, "", request)
+        return self._done(request, errors)
+
+    @app.route("/api/topics/<topic>", methods=["POST"])
+    async def api_topic_action(self, request: IRequest, topic: str) -> bytes:
+        return await self._action(request, topic, "")
+
+    @app.route("/api/topics/<topic>/<channel>", methods=["POST"])
+    async def api_channel_action(self, request: IRequest, topic: str, channel: str) -> bytes:
+        return await self._action(request, topic, channel)
+
+    async def _action(self, request: IRequest, topic: str, channel: str) -> bytes:
+        self._require_admin(request)
+        action = _body_str(_read_json(request), "action")
+        if action not in _ACTIONS:
+            raise HTTPAPIError(400, "INVALID_ACTION")
+        kind = "channel" if channel else "topic"
+        # nsqadmin notifies before it knows whether the fan-out worked
+        self.node.notify(f"{action}_{kind}", topic, channel, "", request)
+        try:
+            if channel:
+                errors = await self._ci.channel_action(topic, channel, action)
+            else:
+                errors = await self._ci.topic_action(topic, action)
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+        return self._done(request, errors)
+
+    @app.route("/api/topics/<topic>", methods=["DELETE"])
+    async def api_delete_topic(self, request: IRequest, topic: str) -> bytes:
+        self._require_admin(request)
+        try:
+            errors = await self._ci.delete_topic(topic)
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+        self.node.notify("delete_topic", topic, "", "", request)
+        return self._done(request, errors)
+
+    @app.route("/api/topics/<topic>/<channel>", methods=["DELETE"])
+    async def api_delete_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+        self._require_admin(request)
+        try:
+            errors = await self._ci.delete_channel(topic, channel)
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+        self.node.notify("delete_channel", topic, channel, "", request)
+        return self._done(request, errors)
+
+    @app.route("/api/nodes/<node>", methods=["DELETE"])
+    async def api_tombstone(self, request: IRequest, node: str) -> bytes:
+        self._require_admin(request)
+        topic = _body_str(_read_json(request), "topic")
+        if not is_valid_name(topic):
+            raise HTTPAPIError(400, "INVALID_TOPIC")
+        try:
+            errors = await self._ci.tombstone_node_for_topic(topic, node)
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+        self.node.notify("tombstone_topic_producer", topic, "", node, request)
+        return self._done(request, errors)
+
+    # --- /config -----------------------------------------------------------------------------------
+
+    def _check_cidr(self, request: IRequest) -> None:
+        cidr = self._opts.allow_config_from_cidr
+        if not cidr:
+            return
+        host = getattr(request.getClientAddress(), "host", None)
+        try:
+            ip = ipaddress.ip_address(host or "")
+        except ValueError:
+            raise HTTPAPIError(400, "INVALID_REMOTE_ADDR") from None
+        network = ipaddress.ip_network(cidr, strict=False)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if ip.version != network.version or ip not in network:
+            raise HTTPAPIError(403, "FORBIDDEN")
+
+    @app.route("/config/<opt>", methods=["GET", "PUT"])
+    def config(self, request: IRequest, opt: str) -> bytes:
+        self._check_cidr(request)
+        if request.method == b"PUT":
+            data = request.content.read(_MAX_BODY + 1) if request.content is not None else b""
+            if len(data) > _MAX_BODY or not data:
+                raise HTTPAPIError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_http_addresses":
+                try:
+                    addresses = json.loads(data)
+                except ValueError:
+                    raise HTTPAPIError(400, "INVALID_VALUE") from None
+                if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+                    raise HTTPAPIError(400, "INVALID_VALUE")
+                try:
+                    self.node.set_options(lookupd_http_addresses=addresses)
+                except OptionError:
+                    raise HTTPAPIError(400, "INVALID_VALUE") from None
+            elif opt == "log_level":
+                level = data.decode("utf-8", "replace").strip().lower()
+                if level not in LOG_LEVELS:
+                    raise HTTPAPIError(400, "INVALID_VALUE")
+                self.node.set_options(log_level=LOG_LEVELS[level])
+            else:
+                raise HTTPAPIError(400, "INVALID_OPTION")
+        try:
+            value = config_value(self._opts, opt)
+        except KeyError:
+            raise HTTPAPIError(400, "INVALID_OPTION") from None
+        return v1(request, value)

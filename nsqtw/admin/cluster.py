@@ -1,0 +1,952 @@
+"""
+What nsqadmin knows about the cluster: who produces what, and the merged stats (``clusterinfo``).
+
+Two halves, kept apart so the merging can be tested on plain dicts:
+
+* pure functions and value types (:class:`Producer`, :class:`TopicStats`,
+  :class:`ChannelStats`, :class:`ClientStats`, :class:`E2eAggregate`,
+  :func:`merge_lookupd_nodes`, :func:`aggregate_stats`, ...) that turn the
+  JSON documents of nsqlookupd's ``/nodes`` and ``/lookup`` and nsqd's
+  ``/info`` and ``/stats`` into nsqadmin's ``/api/*`` shapes;
+* :class:`Upstream` (one GET or POST through an injected treq client, with the
+  request timeout on the injected clock) and :class:`ClusterInfo`, which asks
+  every nsqlookupd or nsqd at once and sorts the answers from the failures.
+
+Failures follow ``clusterinfo``: when some upstreams answer, the caller gets
+the merged answer plus a list of error texts (shown as ``"WARNING: ..."``);
+when none does, :class:`UpstreamError` is raised (a 502 ``UPSTREAM_ERROR``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from urllib.parse import quote
+
+import attr
+from twisted.internet import defer
+from twisted.logger import Logger
+
+__all__ = [
+    "UpstreamError",
+    "FetchError",
+    "Producer",
+    "ProducerTopic",
+    "TopicStats",
+    "ChannelStats",
+    "ClientStats",
+    "E2eAggregate",
+    "Upstream",
+    "ClusterInfo",
+    "join_host_port",
+    "merge_lookupd_nodes",
+    "merge_topic_producers",
+    "producer_from_nsqd",
+    "aggregate_stats",
+    "counter_stats",
+    "topic_totals",
+    "union_sorted",
+    "warning_message",
+]
+
+log = Logger(namespace="nsqtw.admin")
+
+T = TypeVar("T")
+
+NSQ_ACCEPT = b"application/vnd.nsq; version=1.0"
+
+
+class UpstreamError(Exception):
+    """No upstream answered; the text follows ``UPSTREAM_ERROR: ``."""
+
+
+class FetchError(Exception):
+    """One upstream call failed; the text says which and why."""
+
+
+def warning_message(messages: Sequence[str]) -> str:
+    """nsqadmin's ``maybeWarnMsg``."""
+    return "WARNING: " + "; ".join(messages) if messages else ""
+
+
+def join_host_port(host: str, port: int) -> str:
+    """Go's ``net.JoinHostPort``."""
+    if ":" in host:
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def union_sorted(items: Iterable[str]) -> List[str]:
+    return sorted(set(items))
+
+
+_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+def semver_key(version: str) -> Tuple[Any, ...]:
+    """A sort key for a semantic version; anything unparsable is ``0.0.0`` (as nsqadmin does)."""
+    m = _SEMVER.match(version or "")
+    if m is None:
+        return (0, 0, 0, 1, ())
+    pre = m.group(4)
+    if not pre:
+        return (int(m.group(1)), int(m.group(2)), int(m.group(3)), 1, ())
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split("."))
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), 0, parts)
+
+
+# --- producers -------------------------------------------------------------------
+
+
+@attr.s(slots=True, frozen=True)
+class ProducerTopic:
+    topic: str = attr.ib()
+    tombstoned: bool = attr.ib(default=False)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"topic": self.topic, "tombstoned": self.tombstoned}
+
+
+@attr.s(slots=True, eq=False)
+class Producer:
+    """One nsqd as nsqlookupd (or the nsqd itself) describes it."""
+
+    remote_addresses: Optional[List[str]] = attr.ib(default=None)
+    remote_address: str = attr.ib(default="")
+    hostname: str = attr.ib(default="")
+    broadcast_address: str = attr.ib(default="")
+    tcp_port: int = attr.ib(default=0)
+    http_port: int = attr.ib(default=0)
+    version: str = attr.ib(default="")
+    topics: Optional[List[ProducerTopic]] = attr.ib(default=None)
+    out_of_date: bool = attr.ib(default=False)
+    #: where nsqadmin reaches it (``scheme://host:port``); the configured address in
+    #: --nsqd-http-address mode, the broadcast address otherwise
+    fetch_base: str = attr.ib(default="")
+
+    @classmethod
+    def from_lookupd(cls, doc: Dict[str, Any]) -> "Producer":
+        """A producer from ``/nodes`` (with topics and tombstones) or ``/lookup``."""
+        topics_raw = doc.get("topics")
+        topics: Optional[List[ProducerTopic]] = None
+        if topics_raw is not None:
+            tombstones = doc.get("tombstones") or []
+            topics = [ProducerTopic(str(t), bool(tombstones[i]) if i < len(tombstones) else False)
+                      for i, t in enumerate(topics_raw)]
+        return cls(
+            remote_address=str(doc.get("remote_address") or ""),
+            hostname=str(doc.get("hostname") or ""),
+            broadcast_address=str(doc.get("broadcast_address") or ""),
+            tcp_port=int(doc.get("tcp_port") or 0),
+            http_port=int(doc.get("http_port") or 0),
+            version=str(doc.get("version") or ""),
+            topics=topics,
+        )
+
+    @property
+    def http_address(self) -> str:
+        return join_host_port(self.broadcast_address, self.http_port)
+
+    @property
+    def tcp_address(self) -> str:
+        return join_host_port(self.broadcast_address, self.tcp_port)
+
+    @property
+    def base_url(self) -> str:
+        return self.fetch_base or f"http://{self.http_address}"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "remote_addresses": self.remote_addresses,
+            "remote_address": self.remote_address,
+            "hostname": self.hostname,
+            "broadcast_address": self.broadcast_address,
+            "tcp_port": self.tcp_port,
+            "http_port": self.http_port,
+            "version": self.version,
+            "topics": None if self.topics is None else [t.to_json() for t in self.topics],
+            "out_of_date": self.out_of_date,
+        }
+
+
+def merge_lookupd_nodes(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Producer]:
+    """``GetLookupdProducers``: union every lookupd's ``/nodes`` by TCP address.
+
+    ``remote_addresses`` lists ``<lookupd>/<remote address>`` for each lookupd
+    that knows the node; nodes older than the newest version are ``out_of_date``.
+    """
+    by_addr: Dict[str, Producer] = {}
+    order: List[Producer] = []
+    for lookupd, doc in answers:
+        for raw in doc.get("producers") or []:
+            producer = Producer.from_lookupd(raw)
+            known = by_addr.get(producer.tcp_address)
+            if known is None:
+                if producer.topics is not None:
+                    producer.topics.sort(key=lambda t: t.topic)
+                producer.remote_addresses = []
+                by_addr[producer.tcp_address] = producer
+                order.append(producer)
+                known = producer
+            assert known.remote_addresses is not None
+            known.remote_addresses.append(f"{lookupd}/{producer.remote_address or 'N/A'}")
+    if order:
+        newest = max(semver_key(p.version) for p in order)
+        for p in order:
+            p.out_of_date = semver_key(p.version) < newest
+    order.sort(key=lambda p: (p.hostname, p.http_address))
+    return order
+
+
+def merge_topic_producers(answers: Sequence[Dict[str, Any]]) -> List[Producer]:
+    """``GetLookupdTopicProducers``: the union of every lookupd's ``/lookup`` by HTTP address."""
+    out: List[Producer] = []
+    seen = set()
+    for doc in answers:
+        for raw in doc.get("producers") or []:
+            producer = Producer.from_lookupd(raw)
+            if producer.http_address in seen:
+                continue
+            seen.add(producer.http_address)
+            out.append(producer)
+    return out
+
+
+def producer_from_nsqd(address: str, info: Dict[str, Any], stats: Dict[str, Any],
+                       scheme: str = "http") -> Producer:
+    """A producer from one nsqd's ``/info`` and ``/stats`` (``--nsqd-http-address`` mode)."""
+    broadcast = str(info.get("broadcast_address") or "")
+    http_port = int(info.get("http_port") or 0)
+    hostname = str(info.get("hostname") or "")
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not broadcast:
+        # very old nsqd: fall back to the address nsqadmin was given
+        broadcast = host
+        http_port = int(port) if port.isdigit() else 0
+    if not hostname:
+        hostname = host
+    topics = [ProducerTopic(str(t.get("topic_name", ""))) for t in stats.get("topics") or []]
+    return Producer(
+        hostname=hostname,
+        broadcast_address=broadcast,
+        tcp_port=int(info.get("tcp_port") or 0),
+        http_port=http_port,
+        version=str(info.get("version") or ""),
+        topics=topics or None,
+        fetch_base=f"{scheme}://{address}",
+    )
+
+
+def mark_out_of_date(producers: Sequence[Producer]) -> None:
+    if producers:
+        newest = max(semver_key(p.version) for p in producers)
+        for p in producers:
+            p.out_of_date = semver_key(p.version) < newest
+
+
+# --- stats -------------------------------------------------------------------------
+
+
+def _percentile_key(p: Dict[str, float]) -> float:
+    return p.get("quantile", 0.0)
+
+
+@attr.s(slots=True, eq=False)
+class E2eAggregate:
+    """``E2eProcessingLatencyAggregate``: percentiles merged across nodes by weighted average."""
+
+    count: int = attr.ib(default=0)
+    percentiles: Optional[List[Dict[str, float]]] = attr.ib(default=None)
+    topic: str = attr.ib(default="")
+    channel: str = attr.ib(default="")
+    host: str = attr.ib(default="")
+
+    @classmethod
+    def from_nsqd(cls, doc: Optional[Dict[str, Any]]) -> Optional["E2eAggregate"]:
+        if doc is None:
+            return None
+        count = int(doc.get("count") or 0)
+        raw = doc.get("percentiles")
+        percentiles = None
+        if raw is not None:
+            percentiles = []
+            for p in raw:
+                value = float(p.get("value", 0))
+                percentiles.append({
+                    "quantile": float(p.get("quantile", 0)),
+                    "value": value, "min": value, "max": value, "average": value, "count": float(count),
+                })
+        return cls(count=count, percentiles=percentiles, topic=str(doc.get("topic") or ""),
+                   channel=str(doc.get("channel") or ""), host=str(doc.get("host") or ""))
+
+    def add(self, other: Optional["E2eAggregate"]) -> None:
+        """Merge a node's percentiles in (a missing quantile is appended)."""
+        self.host = "*"
+        if other is None:
+            return
+        self.count += other.count
+        for value in other.percentiles or []:
+            mine = None
+            for p in self.percentiles or []:
+                if p.get("quantile") == value.get("quantile"):
+                    mine = p
+                    break
+            if mine is None:
+                mine = {"quantile": value["quantile"], "max": value.get("max", 0.0),
+                        "min": value.get("min", 0.0), "count": 0.0, "average": 0.0}
+                if self.percentiles is None:
+                    self.percentiles = []
+                self.percentiles.append(mine)
+            else:
+                mine["max"] = max(value.get("max", 0.0), mine.get("max", 0.0))
+                mine["min"] = min(value.get("min", 0.0), mine.get("min", 0.0))
+            mine["count"] = mine.get("count", 0.0) + value.get("count", 0.0)
+            if mine["count"] == 0:
+                mine["average"] = 0.0
+                continue
+            delta = value.get("average", 0.0) - mine.get("average", 0.0)
+            mine["average"] = mine.get("average", 0.0) + delta * value.get("count", 0.0) / mine["count"]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "count": self.count,
+            "percentiles": (None if self.percentiles is None
+                            else [dict(sorted(p.items())) for p in self.percentiles]),
+            "topic": self.topic,
+            "channel": self.channel,
+            "host": self.host,
+        }
+
+
+@attr.s(slots=True, eq=False)
+class ClientStats:
+    """One consumer connection as nsqadmin shows it (``connected`` is derived from ``connect_ts``)."""
+
+    node: str = attr.ib(default="")
+    remote_address: str = attr.ib(default="")
+    version: str = attr.ib(default="")
+    client_id: str = attr.ib(default="")
+    hostname: str = attr.ib(default="")
+    user_agent: str = attr.ib(default="")
+    connect_ts: int = attr.ib(default=0)
+    connected: int = attr.ib(default=0)
+    in_flight_count: int = attr.ib(default=0)
+    ready_count: int = attr.ib(default=0)
+    finish_count: int = attr.ib(default=0)
+    requeue_count: int = attr.ib(default=0)
+    message_count: int = attr.ib(default=0)
+    sample_rate: int = attr.ib(default=0)
+    deflate: bool = attr.ib(default=False)
+    snappy: bool = attr.ib(default=False)
+    authed: bool = attr.ib(default=False)
+    auth_identity: str = attr.ib(default="")
+    auth_identity_url: str = attr.ib(default="")
+    tls: bool = attr.ib(default=False)
+    tls_cipher_suite: str = attr.ib(default="")
+    tls_version: str = attr.ib(default="")
+    tls_negotiated_protocol: str = attr.ib(default="")
+    tls_negotiated_protocol_is_mutual: bool = attr.ib(default=False)
+    #: nsqtw addition: the connection state (nsqd's ``state``; 3 is subscribed)
+    state: Optional[int] = attr.ib(default=None)
+
+    @classmethod
+    def from_nsqd(cls, doc: Dict[str, Any], node: str, now: float) -> "ClientStats":
+        connect_ts = int(doc.get("connect_ts") or 0)
+        return cls(
+            node=node,
+            remote_address=str(doc.get("remote_address") or ""),
+            version=str(doc.get("version") or ""),
+            client_id=str(doc.get("client_id") or ""),
+            hostname=str(doc.get("hostname") or ""),
+            user_agent=str(doc.get("user_agent") or ""),
+            connect_ts=connect_ts,
+            connected=max(0, int(now) - connect_ts) * 1_000_000_000,
+            in_flight_count=int(doc.get("in_flight_count") or 0),
+            ready_count=int(doc.get("ready_count") or 0),
+            finish_count=int(doc.get("finish_count") or 0),
+            requeue_count=int(doc.get("requeue_count") or 0),
+            message_count=int(doc.get("message_count") or 0),
+            sample_rate=int(doc.get("sample_rate") or 0),
+            deflate=bool(doc.get("deflate")),
+            snappy=bool(doc.get("snappy")),
+            authed=bool(doc.get("authed")),
+            auth_identity=str(doc.get("auth_identity") or ""),
+            auth_identity_url=str(doc.get("auth_identity_url") or ""),
+            tls=bool(doc.get("tls")),
+            tls_cipher_suite=str(doc.get("tls_cipher_suite") or ""),
+            tls_version=str(doc.get("tls_version") or ""),
+            tls_negotiated_protocol=str(doc.get("tls_negotiated_protocol") or ""),
+            tls_negotiated_protocol_is_mutual=bool(doc.get("tls_negotiated_protocol_is_mutual")),
+            state=doc.get("state") if isinstance(doc.get("state"), int) else None,
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in attr.fields(ClientStats) if f.name != "state"}
+        if self.state is not None:
+            out["state"] = self.state
+        return out
+
+
+def _int(doc: Dict[str, Any], key: str) -> int:
+    value = doc.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+@attr.s(slots=True, eq=False)
+class ChannelStats:
+    """One channel on one node, or (``node == "*"``) summed over nodes with ``nodes`` set."""
+
+    node: str = attr.ib(default="")
+    hostname: str = attr.ib(default="")
+    topic_name: str = attr.ib(default="")
+    channel_name: str = attr.ib(default="")
+    depth: int = attr.ib(default=0)
+    memory_depth: int = attr.ib(default=0)
+    backend_depth: int = attr.ib(default=0)
+    in_flight_count: int = attr.ib(default=0)
+    deferred_count: int = attr.ib(default=0)
+    requeue_count: int = attr.ib(default=0)
+    timeout_count: int = attr.ib(default=0)
+    message_count: int = attr.ib(default=0)
+    client_count: int = attr.ib(default=0)
+    nodes: Optional[List["ChannelStats"]] = attr.ib(default=None)
+    clients: Optional[List[ClientStats]] = attr.ib(default=None)
+    paused: bool = attr.ib(default=False)
+    e2e_processing_latency: Optional[E2eAggregate] = attr.ib(default=None)
+
+    @classmethod
+    def from_nsqd(cls, doc: Dict[str, Any], topic: str, node: str, hostname: str, now: float) -> "ChannelStats":
+        depth = _int(doc, "depth")
+        backend = _int(doc, "backend_depth")
+        clients_raw = doc.get("clients")
+        clients = None
+        if clients_raw is not None:
+            clients = [ClientStats.from_nsqd(c, node, now) for c in clients_raw]
+        return cls(
+            node=node, hostname=hostname, topic_name=topic,
+            channel_name=str(doc.get("channel_name") or ""),
+            depth=depth, memory_depth=depth - backend, backend_depth=backend,
+            in_flight_count=_int(doc, "in_flight_count"),
+            deferred_count=_int(doc, "deferred_count"),
+            requeue_count=_int(doc, "requeue_count"),
+            timeout_count=_int(doc, "timeout_count"),
+            message_count=_int(doc, "message_count"),
+            client_count=_int(doc, "client_count"),
+            clients=clients,
+            paused=bool(doc.get("paused")),
+            e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
+        )
+
+    def add(self, a: "ChannelStats") -> None:
+        """``ChannelStats.Add``: sum a node's channel in; keep it under ``nodes``."""
+        self.node = "*"
+        self.depth += a.depth
+        self.memory_depth += a.memory_depth
+        self.backend_depth += a.backend_depth
+        self.in_flight_count += a.in_flight_count
+        self.deferred_count += a.deferred_count
+        self.requeue_count += a.requeue_count
+        self.timeout_count += a.timeout_count
+        self.message_count += a.message_count
+        self.client_count += a.client_count
+        if a.paused:
+            self.paused = True
+        if self.nodes is None:
+            self.nodes = []
+        self.nodes.append(a)
+        self.nodes.sort(key=lambda s: (s.hostname, s.node))
+        if self.e2e_processing_latency is None:
+            self.e2e_processing_latency = E2eAggregate(host=self.node, topic=self.topic_name,
+                                                       channel=self.channel_name)
+        self.e2e_processing_latency.add(a.e2e_processing_latency)
+        if a.clients:
+            if self.clients is None:
+                self.clients = []
+            self.clients.extend(a.clients)
+            self.clients.sort(key=lambda c: c.hostname)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "node": self.node,
+            "hostname": self.hostname,
+            "topic_name": self.topic_name,
+            "channel_name": self.channel_name,
+            "depth": self.depth,
+            "memory_depth": self.memory_depth,
+            "backend_depth": self.backend_depth,
+            "in_flight_count": self.in_flight_count,
+            "deferred_count": self.deferred_count,
+            "requeue_count": self.requeue_count,
+            "timeout_count": self.timeout_count,
+            "message_count": self.message_count,
+            "client_count": self.client_count,
+            "nodes": None if self.nodes is None else [n.to_json() for n in self.nodes],
+            "clients": None if self.clients is None else [c.to_json() for c in self.clients],
+            "paused": self.paused,
+            "e2e_processing_latency": (None if self.e2e_processing_latency is None
+                                       else self.e2e_processing_latency.to_json()),
+        }
+
+
+@attr.s(slots=True, eq=False)
+class TopicStats:
+    """One topic on one node, or (``node == "*"``) summed over nodes with ``nodes`` set."""
+
+    node: str = attr.ib(default="")
+    hostname: str = attr.ib(default="")
+    topic_name: str = attr.ib(default="")
+    depth: int = attr.ib(default=0)
+    memory_depth: int = attr.ib(default=0)
+    backend_depth: int = attr.ib(default=0)
+    message_count: int = attr.ib(default=0)
+    nodes: Optional[List["TopicStats"]] = attr.ib(default=None)
+    channels: Optional[List[ChannelStats]] = attr.ib(default=None)
+    paused: bool = attr.ib(default=False)
+    e2e_processing_latency: Optional[E2eAggregate] = attr.ib(default=None)
+
+    @classmethod
+    def from_nsqd(cls, doc: Dict[str, Any], node: str, hostname: str, now: float) -> "TopicStats":
+        name = str(doc.get("topic_name") or "")
+        depth = _int(doc, "depth")
+        backend = _int(doc, "backend_depth")
+        channels_raw = doc.get("channels")
+        channels = None
+        if channels_raw is not None:
+            channels = [ChannelStats.from_nsqd(c, name, node, hostname, now) for c in channels_raw]
+        return cls(
+            node=node, hostname=hostname, topic_name=name,
+            depth=depth, memory_depth=depth - backend, backend_depth=backend,
+            message_count=_int(doc, "message_count"),
+            channels=channels,
+            paused=bool(doc.get("paused")),
+            e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
+        )
+
+    def add(self, a: "TopicStats") -> None:
+        """``TopicStats.Add``: sum a node's topic in, merging its channels by name."""
+        self.node = "*"
+        self.depth += a.depth
+        self.memory_depth += a.memory_depth
+        self.backend_depth += a.backend_depth
+        self.message_count += a.message_count
+        if a.paused:
+            self.paused = True
+        for ch in a.channels or []:
+            mine = None
+            for c in self.channels or []:
+                if c.channel_name == ch.channel_name:
+                    mine = c
+                    break
+            if mine is None:
+                mine = ChannelStats(node=ch.node, hostname=ch.hostname, topic_name=ch.topic_name,
+                                    channel_name=ch.channel_name)
+                if self.channels is None:
+                    self.channels = []
+                self.channels.append(mine)
+            mine.add(ch)
+        if self.nodes is None:
+            self.nodes = []
+        self.nodes.append(a)
+        self.nodes.sort(key=lambda s: (s.hostname, s.node))
+        if self.e2e_processing_latency is None:
+            self.e2e_processing_latency = E2eAggregate(host=self.node, topic=self.topic_name)
+        self.e2e_processing_latency.add(a.e2e_processing_latency)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "node": self.node,
+            "hostname": self.hostname,
+            "topic_name": self.topic_name,
+            "depth": self.depth,
+            "memory_depth": self.memory_depth,
+            "backend_depth": self.backend_depth,
+            "message_count": self.message_count,
+            "nodes": None if self.nodes is None else [n.to_json() for n in self.nodes],
+            "channels": None if self.channels is None else [c.to_json() for c in self.channels],
+            "paused": self.paused,
+            "e2e_processing_latency": (None if self.e2e_processing_latency is None
+                                       else self.e2e_processing_latency.to_json()),
+        }
+
+
+def aggregate_stats(answers: Sequence[Tuple[Producer, Dict[str, Any]]], topic: str = "",
+                    channel: str = "", now: float = 0.0
+                    ) -> Tuple[List[TopicStats], Dict[str, ChannelStats]]:
+    """``GetNSQDStats``'s merge: per-node topic rows, and channels summed across nodes.
+
+    The channel map is keyed by channel name when ``topic`` is given, else by
+    ``topic:channel``.  ``channel`` narrows the channels when an nsqd did not.
+    """
+    topics: List[TopicStats] = []
+    channels: Dict[str, ChannelStats] = {}
+    for producer, doc in answers:
+        node = producer.http_address
+        for raw in doc.get("topics") or []:
+            ts = TopicStats.from_nsqd(raw, node, producer.hostname, now)
+            if topic and ts.topic_name != topic:
+                continue
+            if channel and ts.channels is not None:
+                ts.channels = [c for c in ts.channels if c.channel_name == channel]
+            topics.append(ts)
+            for cs in ts.channels or []:
+                key = cs.channel_name if topic else f"{ts.topic_name}:{cs.channel_name}"
+                agg = channels.get(key)
+                if agg is None:
+                    agg = ChannelStats(node=node, topic_name=ts.topic_name, channel_name=cs.channel_name)
+                    channels[key] = agg
+                agg.add(cs)
+    topics.sort(key=lambda s: (s.hostname, s.node))
+    return topics, channels
+
+
+def topic_totals(topic: str, per_node: Sequence[TopicStats]) -> TopicStats:
+    """All nodes' rows of one topic summed (what ``/api/topics/:topic`` answers)."""
+    total = TopicStats(topic_name=topic)
+    for ts in per_node:
+        total.add(ts)
+    return total
+
+
+def counter_stats(channels: Dict[str, ChannelStats]) -> Dict[str, Dict[str, Any]]:
+    """``/api/counter``'s ``stats``: message counts per ``topic:channel:node``."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for cs in channels.values():
+        for node_cs in cs.nodes or []:
+            key = f"{cs.topic_name}:{cs.channel_name}:{node_cs.node}"
+            entry = out.get(key)
+            if entry is None:
+                entry = out[key] = {"node": node_cs.node, "topic_name": cs.topic_name,
+                                    "channel_name": cs.channel_name, "message_count": 0}
+            entry["message_count"] += node_cs.message_count
+    return out
+
+
+# --- fetching ------------------------------------------------------------------------
+
+
+def _url(base: str, path: str, **params: str) -> str:
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+    return f"{base}/{path}" + (f"?{query}" if query else "")
+
+
+def upstream_base(address: str) -> str:
+    """A configured upstream (``host:port`` or a URL) as ``scheme://host:port``."""
+    low = address.lower()
+    if low.startswith(("http://", "https://")):
+        return address.rstrip("/")
+    return f"http://{address}"
+
+
+class Upstream:
+    """One HTTP call to nsqd or nsqlookupd the way nsqadmin's ``http_api.Client`` makes it.
+
+    ``client`` is a treq ``HTTPClient`` (its agent carries the connect timeout
+    and TLS policy); the whole call, body included, must finish within
+    ``request_timeout`` seconds on ``clock``.  A 403 from a plain-HTTP nsqd
+    that requires TLS is retried on the ``https_port`` it names.
+    """
+
+    def __init__(self, client: Any, clock: Any, request_timeout: float, user_agent: str) -> None:
+        self.client = client
+        self.clock = clock
+        self.request_timeout = request_timeout
+        self.user_agent = user_agent
+
+    def _headers(self, extra: Optional[Dict[bytes, bytes]] = None) -> Dict[bytes, List[bytes]]:
+        headers = {b"Accept": [NSQ_ACCEPT], b"User-Agent": [self.user_agent.encode()]}
+        for k, v in (extra or {}).items():
+            headers[k] = [v]
+        return headers
+
+    async def _call(self, method: str, url: str, body: Optional[bytes],
+                    headers: Optional[Dict[bytes, bytes]]) -> Tuple[int, str, bytes]:
+        async def go() -> Tuple[int, str, bytes]:
+            response = await self.client.request(method, url, headers=self._headers(headers), data=body)
+            content = await response.content()
+            return response.code, (response.phrase or b"").decode("latin-1"), content
+
+        d = defer.ensureDeferred(go())
+        d.addTimeout(self.request_timeout, self.clock)
+        try:
+            return await d
+        except defer.TimeoutError:
+            raise FetchError(f'{method} "{url}": no answer within {self.request_timeout:g}s') from None
+        except Exception as e:  # connection refused, DNS, TLS, ...
+            raise FetchError(f'{method} "{url}": {_describe(e)}') from None
+
+    async def request(self, method: str, url: str, body: Optional[bytes] = None,
+                      headers: Optional[Dict[bytes, bytes]] = None) -> bytes:
+        """The body of a 200 answer; anything else raises :class:`FetchError`."""
+        code, phrase, content = await self._call(method, url, body, headers)
+        if code == 403 and url.startswith("http://"):
+            https = _https_retry_url(url, content)
+            if https is not None:
+                code, phrase, content = await self._call(method, https, body, headers)
+                url = https
+        if code != 200:
+            raise FetchError(f'{method} "{url}": got response {code} {phrase} '
+                             f'{json.dumps(content.decode("utf-8", "replace"))}')
+        return content
+
+    async def get_json(self, url: str) -> Any:
+        content = await self.request("GET", url)
+        try:
+            return json.loads(content)
+        except ValueError as e:
+            raise FetchError(f'GET "{url}": invalid JSON - {e}') from None
+
+    async def post(self, url: str) -> None:
+        await self.request("POST", url)
+
+
+def _https_retry_url(url: str, body: bytes) -> Optional[str]:
+    try:
+        port = json.loads(body).get("https_port")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(port, int) or port <= 0:
+        return None
+    rest = url[len("http://"):]
+    hostport, slash, tail = rest.partition("/")
+    host = hostport.rsplit(":", 1)[0] if not hostport.endswith("]") else hostport
+    return f"https://{host}:{port}{slash}{tail}"
+
+
+def _describe(e: BaseException) -> str:
+    from twisted.web._newclient import ResponseNeverReceived, RequestTransmissionFailed
+    if isinstance(e, (ResponseNeverReceived, RequestTransmissionFailed)):
+        reasons = getattr(e, "reasons", None) or []
+        return "; ".join(r.getErrorMessage() for r in reasons) or e.__class__.__name__
+    text = str(e)
+    return f"{e.__class__.__name__}: {text}" if text else e.__class__.__name__
+
+
+async def _each(items: Sequence[T], call: Callable[[T], Awaitable[Any]]) -> Tuple[List[Tuple[T, Any]], List[str]]:
+    """Run ``call`` for every item at once; (item, result) pairs in item order, and the error texts."""
+    ds = [defer.ensureDeferred(call(item)) for item in items]
+    outcomes = await defer.DeferredList(ds, consumeErrors=True)
+    results: List[Tuple[T, Any]] = []
+    errors: List[str] = []
+    for item, (ok, value) in zip(items, outcomes):
+        if ok:
+            results.append((item, value))
+        else:
+            exc = value.value
+            errors.append(str(exc) if isinstance(exc, FetchError) else f"{item}: {_describe(exc)}")
+    return results, errors
+
+
+def _total_failure(kind: str, count: int, errors: List[str]) -> None:
+    if count and len(errors) == count:
+        raise UpstreamError(f"failed to query any {kind}: " + "\n".join(errors))
+
+
+class ClusterInfo:
+    """nsqadmin's view of the cluster, asked fresh on every call (``clusterinfo.ClusterInfo``).
+
+    ``addresses()`` returns the current ``(lookupd, nsqd)`` address lists, so a
+    ``PUT /config/nsqlookupd_http_addresses`` takes effect on the next call.
+    Methods return ``(value, errors)``; a total failure raises :class:`UpstreamError`.
+    """
+
+    def __init__(self, upstream: Upstream, addresses: Callable[[], Tuple[List[str], List[str]]],
+                 clock: Any) -> None:
+        self.upstream = upstream
+        self.addresses = addresses
+        self.clock = clock
+
+    # --- nsqlookupd ------------------------------------------------------------
+
+    async def lookupd_topics(self, lookupds: List[str]) -> Tuple[List[str], List[str]]:
+        results, errors = await _each(lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "topics")))
+        _total_failure("nsqlookupd", len(lookupds), errors)
+        return union_sorted(t for _, doc in results for t in (doc.get("topics") or [])), errors
+
+    async def lookupd_topic_channels(self, topic: str, lookupds: List[str]) -> Tuple[List[str], List[str]]:
+        results, errors = await _each(
+            lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "channels", topic=topic)))
+        _total_failure("nsqlookupd", len(lookupds), errors)
+        return union_sorted(c for _, doc in results for c in (doc.get("channels") or [])), errors
+
+    async def lookupd_producers(self, lookupds: List[str]) -> Tuple[List[Producer], List[str]]:
+        results, errors = await _each(lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "nodes")))
+        _total_failure("nsqlookupd", len(lookupds), errors)
+        return merge_lookupd_nodes([(a, doc) for a, doc in results]), errors
+
+    async def lookupd_topic_producers(self, topic: str, lookupds: List[str]) -> Tuple[List[Producer], List[str]]:
+        results, errors = await _each(
+            lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "lookup", topic=topic)))
+        _total_failure("nsqlookupd", len(lookupds), errors)
+        return merge_topic_producers([doc for _, doc in results]), errors
+
+    # --- nsqd ----------------------------------------------------------------------
+
+    async def nsqd_topics(self, nsqds: List[str]) -> Tuple[List[str], List[str]]:
+        results, errors = await _each(
+            nsqds, lambda a: self.upstream.get_json(_url(upstream_base(a), "stats", format="json",
+                                                         include_clients="false")))
+        _total_failure("nsqd", len(nsqds), errors)
+        names = [str(t.get("topic_name", "")) for _, doc in results for t in (doc.get("topics") or [])]
+        return union_sorted(names), errors
+
+    async def _nsqd_producer(self, address: str) -> Producer:
+        base = upstream_base(address)
+        info = await self.upstream.get_json(_url(base, "info"))
+        stats = await self.upstream.get_json(_url(base, "stats", format="json", include_clients="false"))
+        scheme, _, hostport = base.partition("://")
+        return producer_from_nsqd(hostport, info, stats, scheme)
+
+    async def nsqd_producers(self, nsqds: List[str]) -> Tuple[List[Producer], List[str]]:
+        results, errors = await _each(nsqds, self._nsqd_producer)
+        _total_failure("nsqd", len(nsqds), errors)
+        producers = [p for _, p in results]
+        mark_out_of_date(producers)
+        return producers, errors
+
+    async def nsqd_topic_producers(self, topic: str, nsqds: List[str]) -> Tuple[List[Producer], List[str]]:
+        async def one(address: str) -> Optional[Producer]:
+            base = upstream_base(address)
+            stats = await self.upstream.get_json(
+                _url(base, "stats", format="json", topic=topic, include_clients="false"))
+            if not any(t.get("topic_name") == topic for t in stats.get("topics") or []):
+                return None
+            info = await self.upstream.get_json(_url(base, "info"))
+            scheme, _, hostport = base.partition("://")
+            return producer_from_nsqd(hostport, info, stats, scheme)
+
+        results, errors = await _each(nsqds, one)
+        _total_failure("nsqd", len(nsqds), errors)
+        return [p for _, p in results if p is not None], errors
+
+    async def nsqd_stats(self, producers: Sequence[Producer], topic: str = "", channel: str = "",
+                         include_clients: bool = False
+                         ) -> Tuple[List[TopicStats], Dict[str, ChannelStats], List[str]]:
+        """Every producer's ``/stats`` merged (``GetNSQDStats``)."""
+        params: Dict[str, str] = {"format": "json"}
+        if topic:
+            params["topic"] = topic
+            if channel:
+                params["channel"] = channel
+        if not include_clients:
+            params["include_clients"] = "false"
+
+        results, errors = await _each(
+            list(producers), lambda p: self.upstream.get_json(_url(p.base_url, "stats", **params)))
+        _total_failure("nsqd", len(producers), errors)
+        topics, channels = aggregate_stats(results, topic, channel, self.clock.seconds())
+        return topics, channels, errors
+
+    # --- either mode ----------------------------------------------------------------
+
+    async def topics(self) -> Tuple[List[str], List[str]]:
+        lookupds, nsqds = self.addresses()
+        if lookupds:
+            return await self.lookupd_topics(lookupds)
+        return await self.nsqd_topics(nsqds)
+
+    async def producers(self) -> Tuple[List[Producer], List[str]]:
+        lookupds, nsqds = self.addresses()
+        if lookupds:
+            return await self.lookupd_producers(lookupds)
+        return await self.nsqd_producers(nsqds)
+
+    async def topic_producers(self, topic: str) -> Tuple[List[Producer], List[str]]:
+        lookupds, nsqds = self.addresses()
+        if lookupds:
+            return await self.lookupd_topic_producers(topic, lookupds)
+        return await self.nsqd_topic_producers(topic, nsqds)
+
+    async def inactive_topics(self, topics: List[str]) -> Dict[str, List[str]]:
+        """Topics lookupd knows with no producer, with their channels (``?inactive=true``)."""
+        lookupds, _ = self.addresses()
+        out: Dict[str, List[str]] = {}
+        if not lookupds:
+            return out
+
+        async def one(topic: str) -> Optional[List[str]]:
+            try:
+                producers, _ = await self.lookupd_topic_producers(topic, lookupds)
+            except UpstreamError:
+                producers = []
+            if producers:
+                return None
+            try:
+                channels, _ = await self.lookupd_topic_channels(topic, lookupds)
+            except UpstreamError:
+                channels = []
+            return channels
+
+        results, _ = await _each(topics, one)
+        for topic, channels in results:
+            if channels is not None:
+                out[topic] = channels
+        return out
+
+    # --- actions (fan-out) -----------------------------------------------------------
+
+    async def _post_all(self, urls: List[str]) -> List[str]:
+        _, errors = await _each(urls, self.upstream.post)
+        return errors
+
+    async def _lookupd_post(self, path: str, **params: str) -> List[str]:
+        lookupds, _ = self.addresses()
+        return await self._post_all([_url(upstream_base(a), path, **params) for a in lookupds])
+
+    async def _producers_post(self, producers: Sequence[Producer], path: str, **params: str) -> List[str]:
+        return await self._post_all([_url(p.base_url, path, **params) for p in producers])
+
+    async def create_topic_channel(self, topic: str, channel: str) -> List[str]:
+        """lookupd ``/topic/create`` (and ``/channel/create``) everywhere, then the channel on
+        the topic's producers.  With ``--nsqd-http-address`` (no lookupd, where nsqadmin does
+        nothing) nsqtw creates the topic and channel on every configured nsqd instead."""
+        lookupds, nsqds = self.addresses()
+        errors: List[str] = []
+        if not lookupds:
+            bases = [upstream_base(a) for a in nsqds]
+            errors += await self._post_all([_url(b, "topic/create", topic=topic) for b in bases])
+            if channel:
+                errors += await self._post_all(
+                    [_url(b, "channel/create", topic=topic, channel=channel) for b in bases])
+            return errors
+        errors += await self._lookupd_post("topic/create", topic=topic)
+        if channel:
+            errors += await self._lookupd_post("channel/create", topic=topic, channel=channel)
+            producers, errs = await self.lookupd_topic_producers(topic, lookupds)
+            errors += errs
+            errors += await self._producers_post(producers, "channel/create", topic=topic, channel=channel)
+        return errors
+
+    async def delete_topic(self, topic: str) -> List[str]:
+        """Producers first, then lookupd ``/topic/delete`` everywhere, then nsqd ``/topic/delete``."""
+        producers, errors = await self.topic_producers(topic)
+        errors = list(errors)
+        errors += await self._lookupd_post("topic/delete", topic=topic)
+        errors += await self._producers_post(producers, "topic/delete", topic=topic)
+        return errors
+
+    async def delete_channel(self, topic: str, channel: str) -> List[str]:
+        producers, errors = await self.topic_producers(topic)
+        errors = list(errors)
+        errors += await self._lookupd_post("channel/delete", topic=topic, channel=channel)
+        errors += await self._producers_post(producers, "channel/delete", topic=topic, channel=channel)
+        return errors
+
+    async def topic_action(self, topic: str, action: str) -> List[str]:
+        """``pause``, ``unpause`` or ``empty`` on every producer of the topic."""
+        producers, errors = await self.topic_producers(topic)
+        return list(errors) + await self._producers_post(producers, f"topic/{action}", topic=topic)
+
+    async def channel_action(self, topic: str, channel: str, action: str) -> List[str]:
+        producers, errors = await self.topic_producers(topic)
+        return list(errors) + await self._producers_post(
+            producers, f"channel/{action}", topic=topic, channel=channel)
+
+    async def tombstone_node_for_topic(self, topic: str, node: str) -> List[str]:
+        """lookupd ``/topic/tombstone`` everywhere, then ``/topic/delete`` on that node."""
+        errors = await self._lookupd_post("topic/tombstone", topic=topic, node=node)
+        producers, errs = await self.nsqd_producers([node])
+        errors += errs
+        errors += await self._producers_post(producers, "topic/delete", topic=topic)
+        return errors

@@ -1,0 +1,232 @@
+"""
+nsqadmin's own short memory of the cluster, so graphs need no graphite.
+
+:class:`History` keeps the last ``size`` samples of every topic and channel
+(depth, in-flight, message count; per node and summed) taken from the merged
+``/stats`` of all nsqd.  Rates are message-count deltas per second computed
+node by node, so a node that misses a poll or restarts (its counters fall)
+never shows up as a spike.  Nothing here does I/O; the admin service's poller
+feeds it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import attr
+
+from .cluster import TopicStats
+
+__all__ = ["History", "Sample", "last_value"]
+
+# per node: (depth, in_flight_count, message_count)
+_Counts = Tuple[int, int, int]
+
+
+@attr.s(slots=True)
+class ChannelSample:
+    depth: int = attr.ib(default=0)
+    in_flight_count: int = attr.ib(default=0)
+    message_count: int = attr.ib(default=0)
+    client_count: int = attr.ib(default=0)
+    paused: bool = attr.ib(default=False)
+    nodes: Dict[str, _Counts] = attr.ib(factory=dict)
+
+
+@attr.s(slots=True)
+class TopicSample:
+    depth: int = attr.ib(default=0)
+    message_count: int = attr.ib(default=0)
+    paused: bool = attr.ib(default=False)
+    nodes: Dict[str, _Counts] = attr.ib(factory=dict)
+    channels: Dict[str, ChannelSample] = attr.ib(factory=dict)
+
+
+@attr.s(slots=True)
+class Sample:
+    t: float = attr.ib()
+    topics: Dict[str, TopicSample] = attr.ib(factory=dict)
+
+
+def last_value(series: Optional[Sequence[Any]]) -> Any:
+    """The newest non-null point of a series (what a table cell shows)."""
+    for v in reversed(series or ()):
+        if v is not None:
+            return v
+    return None
+
+
+def _rate(prev: Optional[Dict[str, _Counts]], cur: Optional[Dict[str, _Counts]], dt: float) -> Optional[float]:
+    """Messages per second summed over the nodes present in both samples."""
+    if prev is None or cur is None or dt <= 0:
+        return None
+    total = 0.0
+    seen = False
+    for node, counts in cur.items():
+        before = prev.get(node)
+        if before is None:
+            continue
+        seen = True
+        delta = counts[2] - before[2]
+        if delta > 0:
+            total += delta / dt
+    return round(total, 3) if seen else None
+
+
+class History:
+    """A ring of cluster samples; series come out aligned with ``timestamps``."""
+
+    def __init__(self, size: int, interval: float) -> None:
+        self.size = size
+        self.interval = interval
+        self.samples: Deque[Sample] = deque(maxlen=size)
+        self.message = ""
+
+    def record(self, t: float, topics: Iterable[TopicStats], message: str = "") -> Sample:
+        """Add one poll's per-node topic rows (as :func:`~nsqtw.admin.cluster.aggregate_stats` gives)."""
+        sample = Sample(t)
+        for ts in topics:
+            topic = sample.topics.get(ts.topic_name)
+            if topic is None:
+                topic = sample.topics[ts.topic_name] = TopicSample()
+            topic.depth += ts.depth
+            topic.message_count += ts.message_count
+            topic.paused = topic.paused or ts.paused
+            topic.nodes[ts.node] = (ts.depth, 0, ts.message_count)
+            for cs in ts.channels or []:
+                ch = topic.channels.get(cs.channel_name)
+                if ch is None:
+                    ch = topic.channels[cs.channel_name] = ChannelSample()
+                ch.depth += cs.depth
+                ch.in_flight_count += cs.in_flight_count
+                ch.message_count += cs.message_count
+                ch.client_count += cs.client_count
+                ch.paused = ch.paused or cs.paused
+                ch.nodes[ts.node] = (cs.depth, cs.in_flight_count, cs.message_count)
+        self.samples.append(sample)
+        self.message = message
+        return sample
+
+    # --- series ------------------------------------------------------------------
+
+    def timestamps(self) -> List[int]:
+        return [int(s.t) for s in self.samples]
+
+    def _series(self, pick: Any) -> Dict[str, List[Any]]:
+        """depth / message_count / in_flight_count / rate series of whatever ``pick`` selects."""
+        depth: List[Any] = []
+        count: List[Any] = []
+        inflight: List[Any] = []
+        rate: List[Any] = []
+        prev_nodes: Optional[Dict[str, _Counts]] = None
+        prev_t = 0.0
+        for s in self.samples:
+            found = pick(s)
+            if found is None:
+                depth.append(None)
+                count.append(None)
+                inflight.append(None)
+                rate.append(None)
+                prev_nodes = None
+                continue
+            d, m, f, nodes = found
+            depth.append(d)
+            count.append(m)
+            inflight.append(f)
+            rate.append(_rate(prev_nodes, nodes, s.t - prev_t))
+            prev_nodes, prev_t = nodes, s.t
+        return {"depth": depth, "in_flight_count": inflight, "message_count": count, "rate": rate}
+
+    @staticmethod
+    def _node_pick(nodes_of: Any, node: str) -> Any:
+        def pick(s: Sample) -> Any:
+            nodes = nodes_of(s)
+            if nodes is None or node not in nodes:
+                return None
+            d, f, m = nodes[node]
+            return d, m, f, {node: nodes[node]}
+        return pick
+
+    def _envelope(self) -> Dict[str, Any]:
+        return {"interval": self.interval, "timestamps": self.timestamps()}
+
+    def overview(self) -> Dict[str, Any]:
+        """Every topic's totals, and the whole cluster's message count (``/api/history``)."""
+        out = self._envelope()
+        names = sorted({name for s in self.samples for name in s.topics})
+        topics: Dict[str, Any] = {}
+        newest = self.samples[-1] if self.samples else None
+        for name in names:
+            def pick(s: Sample, name: str = name) -> Any:
+                t = s.topics.get(name)
+                if t is None:
+                    return None
+                return t.depth, t.message_count, 0, t.nodes
+            series = self._series(pick)
+            del series["in_flight_count"]
+            current = newest.topics.get(name) if newest else None
+            series["channel_count"] = len(current.channels) if current else None
+            series["paused"] = bool(current.paused) if current else False
+            topics[name] = series
+        out["topics"] = topics
+
+        def total(s: Sample) -> Any:
+            nodes = {f"{tn}:{cn}:{node}": counts
+                     for tn, t in s.topics.items() for cn, c in t.channels.items()
+                     for node, counts in c.nodes.items()}
+            return 0, sum(c[2] for c in nodes.values()), 0, nodes
+        series = self._series(total) if self.samples else {"message_count": [], "rate": []}
+        out["total"] = {"message_count": series["message_count"], "rate": series["rate"]}
+        out["message"] = self.message
+        return out
+
+    def topic(self, name: str) -> Dict[str, Any]:
+        """One topic: its totals, each node's, and each channel's (``/api/history/:topic``)."""
+        out = self._envelope()
+
+        def topic_pick(s: Sample) -> Any:
+            t = s.topics.get(name)
+            return None if t is None else (t.depth, t.message_count, 0, t.nodes)
+        series = self._series(topic_pick)
+        del series["in_flight_count"]
+        out["topic"] = series
+        node_names = sorted({n for s in self.samples if name in s.topics for n in s.topics[name].nodes})
+        nodes = {}
+        for node in node_names:
+            ns = self._series(self._node_pick(
+                lambda s: s.topics[name].nodes if name in s.topics else None, node))
+            del ns["in_flight_count"]
+            nodes[node] = ns
+        out["nodes"] = nodes
+        channel_names = sorted({c for s in self.samples if name in s.topics for c in s.topics[name].channels})
+        channels = {}
+        for cname in channel_names:
+            def ch_pick(s: Sample, cname: str = cname) -> Any:
+                t = s.topics.get(name)
+                c = t.channels.get(cname) if t else None
+                return None if c is None else (c.depth, c.message_count, c.in_flight_count, c.nodes)
+            channels[cname] = self._series(ch_pick)
+        out["channels"] = channels
+        out["message"] = self.message
+        return out
+
+    def channel(self, topic: str, channel: str) -> Dict[str, Any]:
+        """One channel: its totals and each node's (``/api/history/:topic/:channel``)."""
+        out = self._envelope()
+
+        def find(s: Sample) -> Optional[ChannelSample]:
+            t = s.topics.get(topic)
+            return t.channels.get(channel) if t else None
+
+        def pick(s: Sample) -> Any:
+            c = find(s)
+            return None if c is None else (c.depth, c.message_count, c.in_flight_count, c.nodes)
+        out["channel"] = self._series(pick)
+        node_names = sorted({n for s in self.samples for n in ((find(s) or ChannelSample()).nodes)})
+        out["nodes"] = {
+            node: self._series(self._node_pick(lambda s: (find(s).nodes if find(s) else None), node))
+            for node in node_names
+        }
+        out["message"] = self.message
+        return out

@@ -1,0 +1,669 @@
+"""
+nsqadmin's pages, rendered on the server from the same JSON the ``/api/*`` routes answer.
+
+Each ``*_page`` function takes the API document(s) and a :class:`PageContext`
+and returns a :class:`Page`; :func:`render` puts it into
+``templates/layout.html``.  Live refresh is the page script's job: rows carry
+``data-row`` (the key the script finds in the API answer), ``data-hist`` (where
+their series are in ``/api/history``) and ``data-paused``; cells carry
+``data-v`` (the field they show) and sparklines ``data-spark``.  When the set
+of rows or a paused flag changes, the script fetches the page again with
+``?fragment=1`` and swaps ``<main>``.  Action buttons are only rendered for
+admins.
+"""
+
+from __future__ import annotations
+
+import string
+from importlib import resources
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+from urllib.parse import quote
+
+import attr
+
+from .. import NSQ_VERSION, __version__
+from .history import last_value
+from .html import Markup, commafy, el, escape, fmt_rate, join, nanotohuman, percentile_label
+
+__all__ = ["PageContext", "Page", "render", "topics_page", "topic_page", "channel_page", "nodes_page",
+           "node_page", "lookup_page", "counter_page", "error_page"]
+
+CLIENT_STATES = {0: "init", 1: "disconnected", 2: "connected", 3: "subscribed", 4: "closing"}
+
+
+@attr.s(frozen=True, slots=True)
+class PageContext:
+    base: str = attr.ib()
+    is_admin: bool = attr.ib()
+    user: str = attr.ib(default="")
+    lookupds: Sequence[str] = attr.ib(default=())
+    nsqds: Sequence[str] = attr.ib(default=())
+    refresh_ms: int = attr.ib(default=5000)
+    acl_enforced: bool = attr.ib(default=False)
+
+    def url(self, path: str) -> str:
+        return (self.base.rstrip("/") + path) or "/"
+
+
+@attr.s(slots=True)
+class Page:
+    title: str = attr.ib()
+    name: str = attr.ib()
+    content: Markup = attr.ib()
+    api: str = attr.ib(default="")
+    history: str = attr.ib(default="")
+    status: int = attr.ib(default=200)
+    nav: str = attr.ib(default="")
+
+
+def q(name: str) -> str:
+    """A topic, channel or node as one URL path segment."""
+    return quote(name, safe="")
+
+
+def _template() -> string.Template:
+    text = resources.files("nsqtw.admin").joinpath("templates/layout.html").read_text("utf-8")
+    return string.Template(text)
+
+
+_LAYOUT: Optional[string.Template] = None
+
+
+def render(ctx: PageContext, page: Page) -> str:
+    """The whole HTML document for ``page``."""
+    global _LAYOUT
+    if _LAYOUT is None:
+        _LAYOUT = _template()
+    nav_items = [("topics", "Topics", "/topics"), ("nodes", "Nodes", "/nodes"),
+                 ("counter", "Counter", "/counter"), ("lookup", "Lookup", "/lookup")]
+    nav = join(el("a", label, href=ctx.url(path), class_="active" if page.nav == key else None)
+               for key, label, path in nav_items)
+    if ctx.acl_enforced:
+        who = el("span", ctx.user or "anonymous", class_="user") + (
+            el("span", "admin", class_="badge admin") if ctx.is_admin else el("span", "read-only", class_="badge"))
+    else:
+        who = el("span", "no ACL: everyone is admin", class_="badge", title="start nsqadmin with --admin-user to restrict actions")
+    if ctx.lookupds:
+        cluster = join(["nsqlookupd ", ", ".join(ctx.lookupds)])
+    else:
+        cluster = join(["nsqd ", ", ".join(ctx.nsqds)])
+    return _LAYOUT.substitute(
+        title=escape(page.title),
+        static=escape(ctx.url("/static")),
+        base=escape(ctx.base),
+        home=escape(ctx.url("/")),
+        page=escape(page.name),
+        api=escape(page.api),
+        history=escape(page.history),
+        refresh=escape(str(ctx.refresh_ms)),
+        admin="true" if ctx.is_admin else "false",
+        nav=nav,
+        who=who,
+        cluster=cluster,
+        version=escape(f"nsqtw {__version__} \u00b7 NSQ {NSQ_VERSION}"),
+        content=page.content,
+    )
+
+
+# --- shared pieces ---------------------------------------------------------------
+
+
+def _warning(message: str) -> Markup:
+    if not message:
+        return Markup("")
+    return el("div", message, class_="alert warning", role="alert")
+
+
+def _notice(title: str, *text: Any) -> Markup:
+    return el("div", el("strong", title), " ", *text, class_="alert notice")
+
+
+def _crumbs(ctx: PageContext, *items: Any) -> Markup:
+    parts: List[Any] = []
+    for i, (label, href) in enumerate(items):
+        if i:
+            parts.append(el("span", "/", class_="sep"))
+        parts.append(el("a", label, href=href) if href else el("span", label, class_="here"))
+    return el("nav", *parts, class_="crumbs")
+
+
+def _paused_badge(paused: bool) -> Markup:
+    return el("span", "paused", class_="badge paused") if paused else Markup("")
+
+
+def _num(value: Any, field: str) -> Markup:
+    return el("td", commafy(value), class_="num", data_v=field)
+
+
+def _mem_disk(doc: Dict[str, Any]) -> Markup:
+    return el("td", f"{commafy(doc.get('memory_depth'))} + {commafy(doc.get('backend_depth'))}",
+              class_="num muted", data_v="mem_disk")
+
+
+def _spark(path: str, wide: bool = False) -> Markup:
+    return el("svg", class_="spark wide" if wide else "spark", data_spark=path, role="img",
+              aria_label="graph", viewBox="0 0 120 24" if not wide else "0 0 600 120",
+              preserveAspectRatio="none")
+
+
+def _grid(*children: Any, cls: str = "grid") -> Markup:
+    """A table in a horizontally scrolling box (wide tables never push the page sideways)."""
+    return el("div", el("table", *children, class_=cls), class_="scroll")
+
+
+def _percentiles(doc: Dict[str, Any]) -> List[float]:
+    e2e = doc.get("e2e_processing_latency") or {}
+    return [p.get("quantile", 0.0) for p in (e2e.get("percentiles") or [])]
+
+
+def _e2e_cells(doc: Dict[str, Any], quantiles: Sequence[float]) -> List[Markup]:
+    e2e = doc.get("e2e_processing_latency") or {}
+    by_q = {p.get("quantile"): p for p in (e2e.get("percentiles") or [])}
+    cells = []
+    for quant in quantiles:
+        p = by_q.get(quant)
+        if p is None:
+            cells.append(el("td", "", class_="num", data_v=f"e2e:{quant:g}"))
+            continue
+        avg = p.get("average", p.get("value"))
+        cells.append(el("td", nanotohuman(avg), class_="num", data_v=f"e2e:{quant:g}",
+                        title=f"min {nanotohuman(p.get('min'))}, max {nanotohuman(p.get('max'))}"))
+    return cells
+
+
+def _e2e_heads(quantiles: Sequence[float]) -> List[Markup]:
+    return [el("th", percentile_label(quant), class_="num e2e") for quant in quantiles]
+
+
+def _host_port(doc: Dict[str, Any]) -> str:
+    """``hostname:http_port`` for a node row (what nsqadmin shows), from ``node`` and ``hostname``."""
+    node = doc.get("node", "")
+    hostname = doc.get("hostname", "")
+    port = node.rsplit(":", 1)[-1] if ":" in node else ""
+    return f"{hostname}:{port}" if hostname and port else node
+
+
+def _node_link(ctx: PageContext, doc: Dict[str, Any]) -> Markup:
+    node = doc.get("node", "")
+    label = _host_port(doc)
+    if label != node and doc.get("hostname") and not node.startswith(doc.get("hostname", "") + ":"):
+        return join([el("a", label, href=ctx.url(f"/nodes/{q(node)}")), " ", el("small", f"({node})", class_="muted")])
+    return el("a", label, href=ctx.url(f"/nodes/{q(node)}"))
+
+
+def _button(label: str, action: str, kind: str, confirm: str, **data: Any) -> Markup:
+    return el("button", label, type="button", class_=f"btn {kind}", data_action=action, data_confirm=confirm,
+              **{f"data_{k}": v for k, v in data.items()})
+
+
+def _rate_cell(hist: Optional[Dict[str, Any]]) -> Markup:
+    return el("td", fmt_rate(last_value((hist or {}).get("rate"))), class_="num rate", data_v="rate")
+
+
+# --- topics --------------------------------------------------------------------------
+
+
+def topics_page(ctx: PageContext, topics: List[str], history: Dict[str, Any], message: str) -> Page:
+    """Every topic, with depth, messages, rate and sparklines from the admin's history."""
+    hist_topics = history.get("topics") or {}
+    rows = []
+    for name in topics:
+        h = hist_topics.get(name) or {}
+        rows.append(el(
+            "tr",
+            el("td", el("a", name, href=ctx.url(f"/topics/{q(name)}")), " ", _paused_badge(bool(h.get("paused"))),
+               class_="name"),
+            el("td", "" if h.get("channel_count") is None else commafy(h.get("channel_count")),
+               class_="num", data_v="channel_count"),
+            el("td", _fmt_opt(last_value(h.get("depth"))), class_="num", data_v="depth"),
+            el("td", _fmt_opt(last_value(h.get("message_count"))), class_="num", data_v="message_count"),
+            _rate_cell(h),
+            el("td", _spark(f"topics/{name}/depth"), class_="graph"),
+            el("td", _spark(f"topics/{name}/rate"), class_="graph"),
+            data_row=f"topic:{name}", data_hist=f"topics/{name}", data_paused="1" if h.get("paused") else None,
+        ))
+    if rows:
+        table = _grid(el("thead", el("tr", el("th", "Topic"), el("th", "Channels", class_="num"),
+                                                el("th", "Depth", class_="num"), el("th", "Messages", class_="num"),
+                                                el("th", "Rate", class_="num"), el("th", "Depth", class_="graph"),
+                                                el("th", "Rate", class_="graph"))),
+                   el("tbody", *rows))
+    else:
+        table = _notice("No topics found.", "Publish to any nsqd, or create one on the ",
+                        el("a", "Lookup", href=ctx.url("/lookup")), " page.")
+    content = join([
+        el("header", el("h1", "Topics", " ", el("span", str(len(topics)), class_="count")), class_="page-head"),
+        _warning(message),
+        el("p", f"Numbers and graphs come from nsqadmin's own /stats history (one sample every "
+                f"{history.get('interval', 0):g}s).", class_="hint"),
+        table,
+    ])
+    return Page("Topics", "topics", content, api=ctx.url("/api/topics"), history=ctx.url("/api/history"), nav="topics")
+
+
+def _fmt_opt(value: Any) -> str:
+    return "\u2013" if value is None else commafy(value)
+
+
+# --- topic ---------------------------------------------------------------------------
+
+
+def topic_page(ctx: PageContext, topic: str, stats: Dict[str, Any], history: Dict[str, Any], message: str) -> Page:
+    nodes = stats.get("nodes") or []
+    channels = stats.get("channels") or []
+    paused = bool(stats.get("paused"))
+    parts: List[Any] = [
+        _crumbs(ctx, ("Topics", ctx.url("/topics")), (topic, None)),
+        el("header", el("h1", el("span", "Topic", class_="kind"), " ", topic, " ", _paused_badge(paused)),
+           class_="page-head", data_row="total", data_paused="1" if paused else None),
+        _warning(message),
+    ]
+    if not nodes:
+        parts.append(_notice("No producers exist for this topic.", "See ",
+                             el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
+    else:
+        if ctx.is_admin:
+            parts.append(el(
+                "div",
+                _button("Empty Queue", "empty", "warn", f"Empty every message queued at topic {topic}?",
+                        topic=topic),
+                _button("Delete Topic", "delete", "danger",
+                        f"Delete topic {topic} and all its channels everywhere?", topic=topic),
+                (_button("Unpause Topic", "unpause", "ok", f"Unpause topic {topic}?", topic=topic) if paused else
+                 _button("Pause Topic", "pause", "primary", f"Pause topic {topic}? Messages will queue at the topic.",
+                         topic=topic)),
+                class_="actions"))
+        quantiles = _percentiles(stats)
+        hist_nodes = history.get("nodes") or {}
+        rows = []
+        for n in nodes:
+            node = n.get("node", "")
+            tomb = (_button("\u2718", "tombstone", "link red", f"Tombstone {node} for topic {topic}? It will be "
+                            "deleted from that node and lookupd will stop handing it out.",
+                            topic=topic, node=node) if ctx.is_admin else "")
+            rows.append(el(
+                "tr",
+                el("td", tomb, _node_link(ctx, n), " ", _paused_badge(bool(n.get("paused"))), class_="name"),
+                _num(n.get("depth"), "depth"), _mem_disk(n), _num(n.get("message_count"), "message_count"),
+                _rate_cell(hist_nodes.get(node)),
+                el("td", commafy(len(n.get("channels") or [])), class_="num", data_v="channel_count"),
+                *_e2e_cells(n, quantiles),
+                el("td", _spark(f"nodes/{node}/depth"), class_="graph"),
+                el("td", _spark(f"nodes/{node}/rate"), class_="graph"),
+                data_row=f"node:{node}", data_hist=f"nodes/{node}", data_paused="1" if n.get("paused") else None,
+            ))
+        rows.append(el(
+            "tr",
+            el("td", "Total", class_="name"),
+            _num(stats.get("depth"), "depth"), _mem_disk(stats), _num(stats.get("message_count"), "message_count"),
+            _rate_cell(history.get("topic")),
+            el("td", commafy(len(channels)), class_="num", data_v="channel_count"),
+            *_e2e_cells(stats, quantiles),
+            el("td", _spark("topic/depth"), class_="graph"),
+            el("td", _spark("topic/rate"), class_="graph"),
+            class_="total", data_row="total", data_hist="topic", data_paused="1" if paused else None,
+        ))
+        e2e_head = (el("tr", el("th", colspan=6), el("th", "E2E processing latency", colspan=len(quantiles),
+                                                        class_="group"), el("th", colspan=2))
+                    if quantiles else "")
+        parts.append(el("section", el("h2", "Topic message queue"), _grid(el("thead", e2e_head, el(
+            "tr", el("th", "nsqd host"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
+            el("th", "Messages", class_="num"), el("th", "Rate", class_="num"), el("th", "Channels", class_="num"),
+            *_e2e_heads(quantiles), el("th", "Depth", class_="graph"), el("th", "Rate", class_="graph"))),
+            el("tbody", *rows))))
+
+    parts.append(_channels_table(ctx, topic, channels, history.get("channels") or {}))
+    title = f"Topic {topic}"
+    return Page(title, "topic", join(parts), api=ctx.url(f"/api/topics/{q(topic)}"),
+                history=ctx.url(f"/api/history/{q(topic)}"), nav="topics")
+
+
+def _channels_table(ctx: PageContext, topic: str, channels: List[Dict[str, Any]],
+                    hist_channels: Dict[str, Any]) -> Markup:
+    if not channels:
+        return el("section", el("h2", "Channel message queues"),
+                  _notice("No channels exist for this topic.", "Messages will queue at the topic until a channel "
+                          "is created."))
+    quantiles: List[float] = []
+    for c in channels:
+        for quant in _percentiles(c):
+            if quant not in quantiles:
+                quantiles.append(quant)
+    rows = []
+    for c in channels:
+        name = c.get("channel_name", "")
+        rows.append(el(
+            "tr",
+            el("td", el("a", name, href=ctx.url(f"/topics/{q(topic)}/{q(name)}")), " ",
+               _paused_badge(bool(c.get("paused"))), class_="name"),
+            _num(c.get("depth"), "depth"), _mem_disk(c),
+            _num(c.get("in_flight_count"), "in_flight_count"), _num(c.get("deferred_count"), "deferred_count"),
+            _num(c.get("requeue_count"), "requeue_count"), _num(c.get("timeout_count"), "timeout_count"),
+            _num(c.get("message_count"), "message_count"), _rate_cell(hist_channels.get(name)),
+            _num(c.get("client_count"), "client_count"),
+            *_e2e_cells(c, quantiles),
+            el("td", _spark(f"channels/{name}/depth"), class_="graph"),
+            el("td", _spark(f"channels/{name}/rate"), class_="graph"),
+            data_row=f"channel:{name}", data_hist=f"channels/{name}", data_paused="1" if c.get("paused") else None,
+        ))
+    e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
+                                                     class_="group"), el("th", colspan=2)) if quantiles else "")
+    head = el("tr", el("th", "Channel"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
+              el("th", "In-Flight", class_="num"), el("th", "Deferred", class_="num"),
+              el("th", "Requeued", class_="num"), el("th", "Timed Out", class_="num"),
+              el("th", "Messages", class_="num"), el("th", "Rate", class_="num"),
+              el("th", "Connections", class_="num"), *_e2e_heads(quantiles),
+              el("th", "Depth", class_="graph"), el("th", "Rate", class_="graph"))
+    return el("section", el("h2", "Channel message queues"),
+              _grid(el("thead", e2e_head, head), el("tbody", *rows)))
+
+
+# --- channel ---------------------------------------------------------------------------
+
+
+def channel_page(ctx: PageContext, topic: str, channel: str, stats: Dict[str, Any], history: Dict[str, Any],
+                 message: str) -> Page:
+    nodes = stats.get("nodes") or []
+    paused = bool(stats.get("paused"))
+    parts: List[Any] = [
+        _crumbs(ctx, ("Topics", ctx.url("/topics")), (topic, ctx.url(f"/topics/{q(topic)}")), (channel, None)),
+        el("header", el("h1", el("span", "Channel", class_="kind"), " ", topic, el("span", " / ", class_="sep"),
+                        channel, " ", _paused_badge(paused)),
+           class_="page-head", data_row="total", data_paused="1" if paused else None),
+        _warning(message),
+    ]
+    if not nodes:
+        parts.append(_notice("No producers exist for this topic/channel.", "See ",
+                             el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
+    else:
+        if ctx.is_admin:
+            label = f"{topic}/{channel}"
+            parts.append(el(
+                "div",
+                _button("Empty Queue", "empty", "warn", f"Empty every message queued at channel {label}?",
+                        topic=topic, channel=channel),
+                _button("Delete Channel", "delete", "danger", f"Delete channel {label} everywhere?",
+                        topic=topic, channel=channel),
+                (_button("Unpause Channel", "unpause", "ok", f"Unpause channel {label}?", topic=topic,
+                         channel=channel) if paused else
+                 _button("Pause Channel", "pause", "primary",
+                         f"Pause channel {label}? Consumers get no messages until it is unpaused.",
+                         topic=topic, channel=channel)),
+                class_="actions"))
+        quantiles = _percentiles(stats)
+        hist_nodes = history.get("nodes") or {}
+
+        def row(doc: Dict[str, Any], first: Markup, key: str, hist: Any, spark: str, cls: Optional[str] = None
+                ) -> Markup:
+            return el(
+                "tr", el("td", first, " ", _paused_badge(bool(doc.get("paused"))) if key != "total" else "",
+                         class_="name"),
+                _num(doc.get("depth"), "depth"), _mem_disk(doc),
+                _num(doc.get("in_flight_count"), "in_flight_count"), _num(doc.get("deferred_count"), "deferred_count"),
+                _num(doc.get("requeue_count"), "requeue_count"), _num(doc.get("timeout_count"), "timeout_count"),
+                _num(doc.get("message_count"), "message_count"), _rate_cell(hist),
+                _num(doc.get("client_count"), "client_count"),
+                *_e2e_cells(doc, quantiles),
+                el("td", _spark(f"{spark}/depth"), class_="graph"),
+                el("td", _spark(f"{spark}/rate"), class_="graph"),
+                class_=cls, data_row=key, data_hist=spark, data_paused="1" if doc.get("paused") else None)
+
+        rows = [row(n, _node_link(ctx, n), f"node:{n.get('node', '')}", hist_nodes.get(n.get("node", "")),
+                    f"nodes/{n.get('node', '')}") for n in nodes]
+        rows.append(row(stats, Markup("Total"), "total", history.get("channel"), "channel", cls="total"))
+        e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
+                                                         class_="group"), el("th", colspan=2)) if quantiles else "")
+        head = el("tr", el("th", "nsqd host"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
+                  el("th", "In-Flight", class_="num"), el("th", "Deferred", class_="num"),
+                  el("th", "Requeued", class_="num"), el("th", "Timed Out", class_="num"),
+                  el("th", "Messages", class_="num"), el("th", "Rate", class_="num"),
+                  el("th", "Connections", class_="num"), *_e2e_heads(quantiles),
+                  el("th", "Depth", class_="graph"), el("th", "Rate", class_="graph"))
+        parts.append(el("section", el("h2", "Channel"),
+                        _grid(el("thead", e2e_head, head), el("tbody", *rows))))
+    parts.append(_clients_table(ctx, stats.get("clients") or []))
+    return Page(f"Channel {topic}/{channel}", "channel", join(parts),
+                api=ctx.url(f"/api/topics/{q(topic)}/{q(channel)}"),
+                history=ctx.url(f"/api/history/{q(topic)}/{q(channel)}"), nav="topics")
+
+
+def client_key(c: Dict[str, Any]) -> str:
+    return f"client:{c.get('node', '')}/{c.get('remote_address', '')}"
+
+
+def _client_attrs(c: Dict[str, Any]) -> Markup:
+    labels = []
+    if c.get("sample_rate"):
+        labels.append(el("span", f"Sampled {c['sample_rate']}%", class_="badge info"))
+    if c.get("tls"):
+        detail = " ".join(x for x in (c.get("tls_version"), c.get("tls_cipher_suite"),
+                                      c.get("tls_negotiated_protocol")) if x)
+        labels.append(el("span", "TLS", class_="badge warn", title=detail or None))
+    if c.get("deflate"):
+        labels.append(el("span", "Deflate", class_="badge"))
+    if c.get("snappy"):
+        labels.append(el("span", "Snappy", class_="badge primary"))
+    if c.get("authed"):
+        ident = c.get("auth_identity") or ""
+        badge = el("span", "Authed" + (f": {ident}" if ident else ""), class_="badge ok")
+        url = c.get("auth_identity_url") or ""
+        if url.startswith(("http://", "https://")):
+            badge = el("a", badge, href=url, rel="noopener")
+        labels.append(badge)
+    if not labels:
+        labels.append(el("span", "plain", class_="muted"))
+    return join(labels)
+
+
+def _clients_table(ctx: PageContext, clients: List[Dict[str, Any]]) -> Markup:
+    if not clients:
+        return el("section", el("h2", "Client connections"), _notice("No clients connected to this channel."))
+    rows = []
+    for c in clients:
+        state = c.get("state")
+        rows.append(el(
+            "tr",
+            el("td", el("span", c.get("remote_address", ""), class_="mono"),
+               el("small", c.get("hostname", ""), class_="muted block") if c.get("hostname") else "", class_="name"),
+            el("td", c.get("client_id", ""), class_="mono"),
+            el("td", el("small", c.get("user_agent", "")) if c.get("user_agent") else el("span", "\u2013", class_="muted")),
+            el("td", _client_attrs(c), data_v="attrs"),
+            el("td", CLIENT_STATES.get(state, "") if state is not None else "\u2013", data_v="state"),
+            el("td", el("a", c.get("node", ""), href=ctx.url(f"/nodes/{q(c.get('node', ''))}"))),
+            _num(c.get("in_flight_count"), "in_flight_count"),
+            _num(c.get("ready_count"), "ready_count"),
+            _num(c.get("finish_count"), "finish_count"),
+            _num(c.get("requeue_count"), "requeue_count"),
+            _num(c.get("message_count"), "message_count"),
+            el("td", nanotohuman(c.get("connected")), class_="num", data_v="connected"),
+            data_row=client_key(c),
+        ))
+    head = el("tr", el("th", "Client host"), el("th", "Client ID"), el("th", "User-Agent"), el("th", "Attributes"),
+              el("th", "State"), el("th", "nsqd host"), el("th", "In-Flight", class_="num"),
+              el("th", "RDY", class_="num", title="ready count"), el("th", "Finished", class_="num"),
+              el("th", "Requeued", class_="num"), el("th", "Messages", class_="num"),
+              el("th", "Connected", class_="num"))
+    return el("section", el("h2", "Client connections ", el("span", str(len(clients)), class_="count")),
+              _grid(el("thead", head), el("tbody", *rows), cls="grid clients"))
+
+
+# --- nodes -------------------------------------------------------------------------------
+
+
+def node_key(p: Dict[str, Any]) -> str:
+    host = p.get("broadcast_address", "")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{p.get('http_port', 0)}"
+
+
+def nodes_page(ctx: PageContext, nodes: List[Dict[str, Any]], message: str) -> Page:
+    lookupd_mode = bool(ctx.lookupds)
+    rows = []
+    for p in nodes:
+        addr = node_key(p)
+        topics = p.get("topics") or []
+        conns = p.get("remote_addresses") or []
+        conn_cell = ""
+        if lookupd_mode:
+            conn_cell = el("td", el("span", str(len(conns)),
+                                    class_="badge" + (" warn" if len(conns) != len(ctx.lookupds) else ""),
+                                    title="\n".join(conns)), class_="num")
+        badges = [el("a", t.get("topic", ""), href=ctx.url(f"/topics/{q(t.get('topic', ''))}"),
+                     class_="badge " + ("warn" if t.get("tombstoned") else "primary"),
+                     title="this topic is currently tombstoned on this node" if t.get("tombstoned") else None)
+                  for t in topics]
+        rows.append(el(
+            "tr",
+            el("td", p.get("hostname", ""), class_="name"),
+            el("td", el("a", addr, href=ctx.url(f"/nodes/{q(addr)}"))),
+            el("td", p.get("tcp_port", ""), class_="num"),
+            el("td", p.get("http_port", ""), class_="num"),
+            el("td", p.get("version", ""), " ",
+               el("span", "out of date", class_="badge warn") if p.get("out_of_date") else ""),
+            conn_cell,
+            el("td", el("span", str(len(topics)), class_="count"), " ", *badges, class_="topics"),
+            data_row=f"node:{addr}", class_="warning" if p.get("out_of_date") else None,
+        ))
+    head = el("tr", el("th", "Hostname"), el("th", "Broadcast address"), el("th", "TCP port", class_="num"),
+              el("th", "HTTP port", class_="num"), el("th", "Version"),
+              el("th", "Lookupd conns.", class_="num") if lookupd_mode else "", el("th", "Topics"))
+    body = (_grid(el("thead", head), el("tbody", *rows)) if rows
+            else _notice("No nsqd nodes found."))
+    content = join([el("header", el("h1", "nsqd nodes ", el("span", str(len(nodes)), class_="count")),
+                       class_="page-head"), _warning(message), body])
+    return Page("Nodes", "nodes", content, api=ctx.url("/api/nodes"), nav="nodes")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def node_page(ctx: PageContext, node: str, doc: Dict[str, Any], message: str) -> Page:
+    topics = doc.get("topics") or []
+    n_channels = sum(len(t.get("channels") or []) for t in topics)
+    cards = el("div",
+               el("div", el("span", commafy(len(topics)), class_="big", data_v="topic_count"),
+                  el("span", "topics"), class_="card"),
+               el("div", el("span", commafy(n_channels), class_="big", data_v="channel_count"),
+                  el("span", "channels"), class_="card"),
+               el("div", el("span", commafy(doc.get("total_clients")), class_="big", data_v="total_clients"),
+                  el("span", "clients"), class_="card"),
+               el("div", el("span", commafy(doc.get("total_messages")), class_="big", data_v="total_messages"),
+                  el("span", "messages"), class_="card"),
+               class_="cards", data_row="total")
+    rows = []
+    for t in topics:
+        name = t.get("topic_name", "")
+        tomb = (_button("\u2718", "tombstone", "link red",
+                        f"Tombstone topic {name} on {node}? It will be deleted from this node and lookupd will "
+                        "stop handing this node out for it.", topic=name, node=node) if ctx.is_admin else "")
+        rows.append(el(
+            "tr",
+            el("td", tomb, el("a", name, href=ctx.url(f"/topics/{q(name)}")), " ",
+               _paused_badge(bool(t.get("paused"))), " ",
+               el("small", _plural(len(t.get("channels") or []), "channel"), class_="muted"), class_="name"),
+            _num(t.get("depth"), "depth"), _mem_disk(t),
+            el("td", "", colspan=4), _num(t.get("message_count"), "message_count"), el("td", ""),
+            class_="topic-row", data_row=f"topic:{name}", data_paused="1" if t.get("paused") else None,
+        ))
+        for c in t.get("channels") or []:
+            cname = c.get("channel_name", "")
+            rows.append(el(
+                "tr",
+                el("td", el("a", cname, href=ctx.url(f"/topics/{q(name)}/{q(cname)}")), " ",
+                   _paused_badge(bool(c.get("paused"))), class_="name indent"),
+                _num(c.get("depth"), "depth"), _mem_disk(c),
+                _num(c.get("in_flight_count"), "in_flight_count"), _num(c.get("deferred_count"), "deferred_count"),
+                _num(c.get("requeue_count"), "requeue_count"), _num(c.get("timeout_count"), "timeout_count"),
+                _num(c.get("message_count"), "message_count"), _num(c.get("client_count"), "client_count"),
+                data_row=f"channel:{name}/{cname}", data_paused="1" if c.get("paused") else None,
+            ))
+    head = el("tr", el("th", "Topic / channel"), el("th", "Depth", class_="num"),
+              el("th", "Memory + Disk", class_="num"), el("th", "In-Flight", class_="num"),
+              el("th", "Deferred", class_="num"), el("th", "Requeued", class_="num"),
+              el("th", "Timed Out", class_="num"), el("th", "Messages", class_="num"),
+              el("th", "Connections", class_="num"))
+    table = (_grid(el("thead", head), el("tbody", *rows)) if rows
+             else _notice("This node has no topics."))
+    content = join([
+        _crumbs(ctx, ("Nodes", ctx.url("/nodes")), (node, None)),
+        el("header", el("h1", el("span", "nsqd", class_="kind"), " ", node), class_="page-head"),
+        _warning(message), cards, table,
+    ])
+    return Page(f"Node {node}", "node", content, api=ctx.url(f"/api/nodes/{q(node)}"), nav="nodes")
+
+
+# --- lookup ---------------------------------------------------------------------------------
+
+
+def lookup_page(ctx: PageContext, inactive: Dict[str, List[str]], message: str) -> Page:
+    parts: List[Any] = [el("header", el("h1", "Lookup"), class_="page-head"), _warning(message)]
+    if ctx.lookupds:
+        parts.append(el("section", el("h2", "nsqlookupd hosts"),
+                        el("ul", *[el("li", a, class_="mono") for a in ctx.lookupds], class_="plain")))
+        if inactive:
+            items = []
+            for topic in sorted(inactive):
+                chans = [el("li",
+                            _button("\u2718", "delete", "link red", f"Delete channel {topic}/{c}?",
+                                    topic=topic, channel=c) if ctx.is_admin else "",
+                            el("a", c, href=ctx.url(f"/topics/{q(topic)}/{q(c)}")),
+                            data_row=f"channel:{topic}/{c}")
+                         for c in inactive[topic]]
+                items.append(el("li",
+                                _button("\u2718", "delete", "link red", f"Delete topic {topic}?", topic=topic)
+                                if ctx.is_admin else "",
+                                el("a", topic, href=ctx.url(f"/topics/{q(topic)}")),
+                                el("ul", *chans) if chans else "",
+                                data_row=f"topic:{topic}"))
+            parts.append(el("section", el("h2", "Inactive topics"),
+                            el("p", "Topics and channels known to nsqlookupd that no nsqd in the cluster "
+                                    "produces.", class_="hint"),
+                            el("ul", *items, class_="tree")))
+        else:
+            parts.append(el("section", el("h2", "Inactive topics"), _notice("No inactive topics.")))
+    else:
+        parts.append(_notice("No nsqlookupd.", "nsqadmin was started with --nsqd-http-address, so there is no "
+                             "lookup data to show; topics and channels created here are created on every "
+                             "configured nsqd."))
+    if ctx.is_admin:
+        parts.append(el(
+            "section",
+            el("h2", "Create topic / channel"),
+            el("form",
+               el("p", "Set up a stream hierarchy before services are deployed. If the channel name is empty, "
+                       "just the topic is created.", class_="hint"),
+               el("label", "Topic", el("input", type="text", name="topic", placeholder="Topic name", required=True,
+                                       pattern=r"[.a-zA-Z0-9_\-]+(#ephemeral)?", maxlength="64")),
+               el("label", "Channel", el("input", type="text", name="channel", placeholder="Channel name (optional)",
+                                         pattern=r"[.a-zA-Z0-9_\-]+(#ephemeral)?", maxlength="64")),
+               el("button", "Create", type="submit", class_="btn primary"),
+               id="create-form", class_="create"),
+        ))
+    return Page("Lookup", "lookup", join(parts),
+                api=ctx.url("/api/topics?inactive=true") if ctx.lookupds else "", nav="lookup")
+
+
+# --- counter --------------------------------------------------------------------------------
+
+
+def counter_page(ctx: PageContext, total: int, message: str) -> Page:
+    content = join([
+        el("header", el("h1", "Messages processed"), class_="page-head"),
+        _warning(message),
+        el("div", el("div", commafy(total), id="counter", class_="counter", data_total=str(total)),
+           el("div", "messages delivered across every topic and channel of the cluster ",
+              el("span", "\u2013", id="counter-rate", class_="rate"), class_="hint"),
+           class_="counter-box"),
+        el("section", el("h2", "Cluster message rate"), _spark("total/rate", wide=True),
+           el("p", "", class_="spark-caption hint")),
+    ])
+    return Page("Counter", "counter", content, api=ctx.url("/api/counter"), history=ctx.url("/api/history"),
+                nav="counter")
+
+
+def error_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "") -> Page:
+    content = join([el("header", el("h1", title), class_="page-head"),
+                    el("div", text, class_="alert error", role="alert")])
+    return Page(title, "error", content, status=status, nav=nav)

@@ -1,0 +1,505 @@
+/*
+ * nsqadmin (nsqtw): live refresh, sparklines and actions for the server-rendered pages.
+ *
+ * The server renders every page.  This script polls the page's JSON API
+ * (body[data-api]) and nsqadmin's history (body[data-history]) every
+ * body[data-refresh] ms and
+ *   - writes fresh numbers into cells marked data-v inside rows marked data-row;
+ *   - draws inline SVG sparklines into svg[data-spark] from the history;
+ *   - when rows appear or disappear or a paused flag flips, fetches the page
+ *     again with ?fragment=1 and swaps <main>;
+ *   - runs the action buttons (data-action) after a confirmation dialog.
+ * No libraries, no build step, nothing loaded from the internet.
+ */
+(function () {
+  'use strict';
+
+  var body = document.body;
+  var cfg = body.dataset;
+  var base = cfg.base === '/' ? '' : (cfg.base || '');
+  var refreshMs = parseInt(cfg.refresh, 10) || 5000;
+  var page = cfg.page || '';
+  var main = document.getElementById('main');
+  var lastHist = null;
+  var timer = null;
+  var refreshing = false;
+  // counters the browser tests read (and a curious operator can, in the console)
+  var stats = window.nsqadmin = {polls: 0, fragments: 0, errors: 0};
+
+  // ---- formatting (the same rules as nsqtw/admin/html.py) ----------------------
+
+  function commafy(n) {
+    n = Math.trunc(Number(n) || 0);
+    return n.toString().replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+  }
+
+  function trim2(x) {
+    return String(Math.round(x * 100) / 100);
+  }
+
+  function nanotohuman(n) {
+    if (n === null || n === undefined) { return ''; }
+    n = Number(n);
+    var s = '';
+    if (n >= 3600e9) { s = Math.floor(n / 3600e9) + 'h'; n = n % 3600e9; }
+    if (n >= 60e9) { s += Math.floor(n / 60e9) + 'm'; n = n % 60e9; }
+    if (n >= 1e9) { return s + trim2(n / 1e9) + 's'; }
+    if (n >= 1e6) { return s + trim2(n / 1e6) + 'ms'; }
+    if (n >= 1e3) { return s + trim2(n / 1e3) + 'us'; }
+    return s ? s : trim2(n) + 'ns';
+  }
+
+  function fmtRate(r) {
+    return (r === null || r === undefined) ? '\u2013' : Number(r).toFixed(1) + '/s';
+  }
+
+  function last(series) {
+    if (!series || !series.length) { return null; }
+    for (var i = series.length - 1; i >= 0; i--) {
+      if (series[i] !== null && series[i] !== undefined) { return series[i]; }
+    }
+    return null;
+  }
+
+  function joinHostPort(host, port) {
+    return (host.indexOf(':') >= 0 ? '[' + host + ']' : host) + ':' + port;
+  }
+
+  function enc(s) { return encodeURIComponent(s); }
+
+  var STATES = {0: 'init', 1: 'disconnected', 2: 'connected', 3: 'subscribed', 4: 'closing'};
+
+  // ---- HTTP ---------------------------------------------------------------------
+
+  function getJSON(url) {
+    return fetch(url, {headers: {'Accept': 'application/json'}, credentials: 'same-origin', cache: 'no-store'})
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (doc) {
+          if (!r.ok) {
+            var err = new Error((doc && doc.message) || (r.status + ' ' + r.statusText));
+            err.status = r.status;
+            throw err;
+          }
+          return doc;
+        });
+      });
+  }
+
+  function send(method, url, payload) {
+    return fetch(url, {
+      method: method,
+      headers: {'Content-Type': 'application/json', 'Accept': 'application/json'},
+      credentials: 'same-origin',
+      body: payload === undefined ? undefined : JSON.stringify(payload)
+    }).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (doc) {
+        return {ok: r.ok, status: r.status, message: (doc && doc.message) || ''};
+      });
+    });
+  }
+
+  // ---- flash and live indicator ----------------------------------------------------
+
+  var flashTimer = null;
+
+  function flash(kind, text) {
+    var el = document.getElementById('flash');
+    if (!el) { return; }
+    el.className = 'flash ' + kind;
+    el.textContent = text;
+    el.hidden = false;
+    clearTimeout(flashTimer);
+    if (kind === 'ok') {
+      flashTimer = setTimeout(function () { el.hidden = true; }, 6000);
+    }
+  }
+
+  function setLive(ok, why) {
+    var el = document.getElementById('live');
+    if (!el) { return; }
+    if (ok) {
+      el.className = 'live';
+      el.textContent = 'live \u00b7 ' + new Date().toLocaleTimeString();
+      el.title = 'refreshes every ' + (refreshMs / 1000) + 's';
+    } else {
+      el.className = 'live down';
+      el.textContent = 'stale';
+      el.title = why || 'refresh failed';
+    }
+  }
+
+  // ---- which rows the API answer has ---------------------------------------------------
+
+  function rowsFor(data, hist) {
+    var rows = {};
+    var i, j;
+    if (!data) { return null; }
+    if (page === 'topics') {
+      var ht = (hist && hist.topics) || {};
+      (data.topics || []).forEach(function (name) {
+        var h = ht[name] || {};
+        rows['topic:' + name] = {obj: {}, paused: !!h.paused};
+      });
+    } else if (page === 'topic') {
+      rows.total = {obj: data, paused: !!data.paused};
+      (data.nodes || []).forEach(function (n) { rows['node:' + n.node] = {obj: n, paused: !!n.paused}; });
+      (data.channels || []).forEach(function (c) {
+        rows['channel:' + c.channel_name] = {obj: c, paused: !!c.paused};
+      });
+    } else if (page === 'channel') {
+      rows.total = {obj: data, paused: !!data.paused};
+      (data.nodes || []).forEach(function (n) { rows['node:' + n.node] = {obj: n, paused: !!n.paused}; });
+      (data.clients || []).forEach(function (c) {
+        rows['client:' + c.node + '/' + c.remote_address] = {obj: c, paused: false};
+      });
+    } else if (page === 'nodes') {
+      (data.nodes || []).forEach(function (p) {
+        rows['node:' + joinHostPort(p.broadcast_address, p.http_port)] = {obj: p, paused: false};
+      });
+    } else if (page === 'node') {
+      var topics = data.topics || [];
+      var nch = 0;
+      for (i = 0; i < topics.length; i++) {
+        var t = topics[i];
+        rows['topic:' + t.topic_name] = {obj: t, paused: !!t.paused};
+        var chans = t.channels || [];
+        nch += chans.length;
+        for (j = 0; j < chans.length; j++) {
+          rows['channel:' + t.topic_name + '/' + chans[j].channel_name] = {obj: chans[j], paused: !!chans[j].paused};
+        }
+      }
+      rows.total = {obj: {topic_count: topics.length, channel_count: nch, total_clients: data.total_clients,
+                          total_messages: data.total_messages}, paused: false};
+    } else if (page === 'lookup') {
+      var map = data.topics || {};
+      Object.keys(map).forEach(function (name) {
+        rows['topic:' + name] = {obj: {}, paused: false};
+        (map[name] || []).forEach(function (c) { rows['channel:' + name + '/' + c] = {obj: {}, paused: false}; });
+      });
+    } else {
+      return null;
+    }
+    return rows;
+  }
+
+  function signature(keys) {
+    var seen = {};
+    var out = [];
+    keys.forEach(function (k) { if (!seen[k]) { seen[k] = true; out.push(k); } });
+    return out.sort().join('\n');
+  }
+
+  function domSignature() {
+    var keys = [];
+    main.querySelectorAll('[data-row]').forEach(function (el) {
+      keys.push(el.dataset.row + (el.dataset.paused ? '!' : ''));
+    });
+    return signature(keys);
+  }
+
+  function dataSignature(rows) {
+    return signature(Object.keys(rows).map(function (k) { return k + (rows[k].paused ? '!' : ''); }));
+  }
+
+  // ---- cells ----------------------------------------------------------------------------
+
+  function resolve(doc, path) {
+    if (!doc || !path) { return null; }
+    var parts = path.split('/');
+    var cur = doc;
+    for (var i = 0; i < parts.length; i++) {
+      if (cur === null || cur === undefined) { return null; }
+      cur = cur[parts[i]];
+    }
+    return cur === undefined ? null : cur;
+  }
+
+  function cellText(field, obj, h) {
+    if (field === 'rate') { return fmtRate(last(h && h.rate)); }
+    if (field === 'mem_disk') {
+      return commafy(obj.memory_depth) + ' + ' + commafy(obj.backend_depth);
+    }
+    if (field.indexOf('e2e:') === 0) {
+      var quant = parseFloat(field.slice(4));
+      var e2e = obj.e2e_processing_latency || {};
+      var ps = e2e.percentiles || [];
+      for (var i = 0; i < ps.length; i++) {
+        if (Math.abs(ps[i].quantile - quant) < 1e-9) {
+          return nanotohuman(ps[i].average !== undefined ? ps[i].average : ps[i].value);
+        }
+      }
+      return '';
+    }
+    if (field === 'connected') { return nanotohuman(obj.connected); }
+    if (field === 'state') { return obj.state === undefined ? '\u2013' : (STATES[obj.state] || String(obj.state)); }
+    if (field === 'channel_count' && obj.channel_count === undefined) {
+      if (obj.channels) { return commafy(obj.channels.length); }
+      if (h && h.channel_count !== null && h.channel_count !== undefined) { return commafy(h.channel_count); }
+      return (h && h.channel_count === null) ? '' : undefined;
+    }
+    var v = obj[field];
+    if (v === undefined && h) {
+      var lv = last(h[field]);
+      return lv === null ? '\u2013' : commafy(lv);
+    }
+    if (typeof v === 'number') { return commafy(v); }
+    if (v === undefined || v === null) { return undefined; }
+    return String(v);
+  }
+
+  function fillCells(rows, hist) {
+    main.querySelectorAll('[data-row]').forEach(function (rowEl) {
+      var row = rows[rowEl.dataset.row];
+      if (!row) { return; }
+      var h = resolve(hist, rowEl.dataset.hist);
+      rowEl.querySelectorAll('[data-v]').forEach(function (cell) {
+        if (cell.closest('[data-row]') !== rowEl) { return; }
+        var text = cellText(cell.dataset.v, row.obj, h);
+        if (text !== undefined && cell.textContent !== text) {
+          cell.textContent = text;
+          cell.classList.remove('changed');
+          void cell.offsetWidth;
+          cell.classList.add('changed');
+        }
+      });
+    });
+  }
+
+  // ---- sparklines -------------------------------------------------------------------
+
+  var SVGNS = 'http://www.w3.org/2000/svg';
+
+  function drawSpark(svg, series, timestamps) {
+    var vb = (svg.getAttribute('viewBox') || '0 0 120 24').split(' ');
+    var w = parseFloat(vb[2]);
+    var h = parseFloat(vb[3]);
+    while (svg.firstChild) { svg.removeChild(svg.firstChild); }
+    var values = series || [];
+    var n = values.length;
+    var max = 0;
+    var seen = 0;
+    for (var i = 0; i < n; i++) {
+      if (values[i] !== null && values[i] !== undefined) { seen++; if (values[i] > max) { max = values[i]; } }
+    }
+    var title = document.createElementNS(SVGNS, 'title');
+    var lv = last(values);
+    title.textContent = seen ? ('now ' + (Math.round(lv * 100) / 100) + ', max ' + (Math.round(max * 100) / 100) +
+                                ' over ' + n + ' samples') : 'no samples yet';
+    svg.appendChild(title);
+    if (seen < 1 || n < 2) { svg.classList.add('empty'); return; }
+    svg.classList.remove('empty');
+    var pad = 2;
+    var scale = max > 0 ? (h - 2 * pad) / max : 0;
+    var line = '';
+    var area = '';
+    var startX = null;
+    var prevX = null;
+    var pen = false;
+    for (var k = 0; k < n; k++) {
+      var v = values[k];
+      var x = (k / (n - 1)) * w;
+      if (v === null || v === undefined) {
+        if (pen) { area += 'L' + prevX.toFixed(1) + ',' + h + 'Z'; }
+        pen = false;
+        continue;
+      }
+      var y = h - pad - v * scale;
+      if (!pen) {
+        line += 'M' + x.toFixed(1) + ',' + y.toFixed(1);
+        area += 'M' + x.toFixed(1) + ',' + h + 'L' + x.toFixed(1) + ',' + y.toFixed(1);
+        startX = x;
+        pen = true;
+      } else {
+        line += 'L' + x.toFixed(1) + ',' + y.toFixed(1);
+        area += 'L' + x.toFixed(1) + ',' + y.toFixed(1);
+      }
+      prevX = x;
+    }
+    if (pen) { area += 'L' + prevX.toFixed(1) + ',' + h + 'Z'; }
+    var a = document.createElementNS(SVGNS, 'path');
+    a.setAttribute('d', area);
+    a.setAttribute('class', 'area');
+    svg.appendChild(a);
+    var l = document.createElementNS(SVGNS, 'path');
+    l.setAttribute('d', line);
+    l.setAttribute('class', 'line');
+    l.setAttribute('vector-effect', 'non-scaling-stroke');
+    svg.appendChild(l);
+    var caption = svg.nextElementSibling;
+    if (caption && caption.classList.contains('spark-caption')) {
+      var span = (timestamps && timestamps.length > 1) ? (timestamps[timestamps.length - 1] - timestamps[0]) : 0;
+      caption.textContent = 'peak ' + fmtRate(max) + ', now ' + fmtRate(lv) +
+        (span ? ' \u00b7 last ' + (span >= 120 ? Math.round(span / 60) + ' min' : span + ' s') : '');
+    }
+  }
+
+  function drawSparks(hist) {
+    if (!hist) { return; }
+    main.querySelectorAll('svg[data-spark]').forEach(function (svg) {
+      drawSpark(svg, resolve(hist, svg.dataset.spark), hist.timestamps);
+    });
+  }
+
+  // ---- refresh ------------------------------------------------------------------------
+
+  function refreshFragment() {
+    if (refreshing) { return Promise.resolve(); }
+    refreshing = true;
+    var url = new URL(window.location.href);
+    url.searchParams.set('fragment', '1');
+    return fetch(url.toString(), {credentials: 'same-origin', cache: 'no-store'})
+      .then(function (r) { return r.text(); })
+      .then(function (html) {
+        stats.fragments++;
+        main.innerHTML = html;
+        drawSparks(lastHist);
+      })
+      .finally(function () { refreshing = false; });
+  }
+
+  function update(data, hist) {
+    if (hist) { lastHist = hist; }
+    if (page === 'counter') { return updateCounter(data, hist); }
+    var rows = rowsFor(data, hist);
+    if (rows && dataSignature(rows) !== domSignature()) {
+      return refreshFragment();
+    }
+    if (rows) { fillCells(rows, hist); }
+    drawSparks(hist);
+    return null;
+  }
+
+  function poll() {
+    clearTimeout(timer);
+    var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
+                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null)];
+    return Promise.all(wants)
+      .then(function (res) { stats.polls++; setLive(true); return update(res[0], res[1]); })
+      .catch(function (err) { stats.errors++; setLive(false, err.message); })
+      .finally(function () { timer = setTimeout(poll, refreshMs); });
+  }
+
+  // ---- counter ---------------------------------------------------------------------------
+
+  var shown = null;
+  var anim = null;
+
+  function updateCounter(data, hist) {
+    var el = document.getElementById('counter');
+    if (!el || !data) { return; }
+    var total = 0;
+    var stats = data.stats || {};
+    Object.keys(stats).forEach(function (k) { total += stats[k].message_count || 0; });
+    if (shown === null) { shown = parseInt(el.dataset.total, 10) || 0; }
+    var from = shown;
+    var start = null;
+    var span = Math.min(refreshMs, 4000);
+    if (anim) { cancelAnimationFrame(anim); }
+    function frame(ts) {
+      if (start === null) { start = ts; }
+      var p = Math.min(1, (ts - start) / span);
+      shown = Math.round(from + (total - from) * p);
+      el.textContent = commafy(shown);
+      if (p < 1) { anim = requestAnimationFrame(frame); } else { anim = null; }
+    }
+    if (total !== from) { anim = requestAnimationFrame(frame); }
+    el.dataset.total = String(total);
+    var rateEl = document.getElementById('counter-rate');
+    if (rateEl && hist && hist.total) { rateEl.textContent = fmtRate(last(hist.total.rate)); }
+    drawSparks(hist);
+  }
+
+  // ---- actions ------------------------------------------------------------------------------
+
+  function confirmAction(text) {
+    var dlg = document.getElementById('confirm');
+    if (!dlg || typeof dlg.showModal !== 'function') { return Promise.resolve(window.confirm(text)); }
+    document.getElementById('confirm-text').textContent = text;
+    dlg.returnValue = '';
+    return new Promise(function (resolve) {
+      dlg.addEventListener('close', function () { resolve(dlg.returnValue === 'ok'); }, {once: true});
+      dlg.showModal();
+      document.getElementById('confirm-no').focus();
+    });
+  }
+
+  var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
+              tombstone: 'tombstoned'};
+
+  function runAction(btn) {
+    var d = btn.dataset;
+    var action = d.action;
+    var topic = d.topic || '';
+    var channel = d.channel || '';
+    var what = channel ? ('channel ' + topic + '/' + channel) : ('topic ' + topic);
+    var req;
+    if (action === 'tombstone') {
+      what = 'topic ' + topic + ' on ' + d.node;
+      req = send('DELETE', base + '/api/nodes/' + enc(d.node), {topic: topic});
+    } else {
+      var url = base + '/api/topics/' + enc(topic) + (channel ? '/' + enc(channel) : '');
+      req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});
+    }
+    btn.disabled = true;
+    return req.then(function (res) {
+      btn.disabled = false;
+      if (!res.ok) {
+        flash('error', 'Could not ' + action + ' ' + what + ': ' + (res.message || res.status));
+        return null;
+      }
+      if (res.message) {
+        flash('warning', what + ' ' + DONE[action] + ' \u2013 ' + res.message);
+      } else {
+        flash('ok', what.charAt(0).toUpperCase() + what.slice(1) + ' ' + DONE[action] + '.');
+      }
+      if (action === 'delete' && page === 'topic' && !channel) {
+        window.location.href = base + '/topics';
+        return null;
+      }
+      if (action === 'delete' && page === 'channel' && channel) {
+        window.location.href = base + '/topics/' + enc(topic);
+        return null;
+      }
+      return refreshFragment();
+    }, function (err) {
+      btn.disabled = false;
+      flash('error', 'Could not ' + action + ' ' + what + ': ' + err.message);
+    });
+  }
+
+  document.addEventListener('click', function (ev) {
+    var btn = ev.target.closest('button[data-action]');
+    if (!btn || !main.contains(btn)) { return; }
+    ev.preventDefault();
+    confirmAction(btn.dataset.confirm || ('Really ' + btn.dataset.action + '?')).then(function (yes) {
+      if (yes) { runAction(btn); }
+    });
+  });
+
+  document.addEventListener('submit', function (ev) {
+    var form = ev.target;
+    if (form.id !== 'create-form') { return; }
+    ev.preventDefault();
+    var topic = form.elements.topic.value.trim();
+    var channel = form.elements.channel.value.trim();
+    var what = channel ? ('channel ' + topic + '/' + channel) : ('topic ' + topic);
+    confirmAction('Create ' + what + '?').then(function (yes) {
+      if (!yes) { return null; }
+      return send('POST', base + '/api/topics', {topic: topic, channel: channel}).then(function (res) {
+        if (!res.ok) { flash('error', 'Could not create ' + what + ': ' + (res.message || res.status)); return null; }
+        flash(res.message ? 'warning' : 'ok', 'Created ' + what + (res.message ? ' \u2013 ' + res.message : '.'));
+        form.reset();
+        return refreshFragment();
+      });
+    });
+  });
+
+  // ---- start ----------------------------------------------------------------------------
+
+  if (cfg.api || cfg.history) {
+    poll();
+  }
+  document.addEventListener('visibilitychange', function () {
+    if (!document.hidden && (cfg.api || cfg.history)) { poll(); }
+  });
+}());

@@ -1,0 +1,105 @@
+"""
+Running nsqadmin inside an application's or a test's reactor.
+
+::
+
+    from nsqtw.embed import start_nsqd
+    from nsqtw.embed_admin import start_nsqadmin
+
+    nsqd = await start_nsqd()
+    admin = await start_nsqadmin(nsqd_http_addresses=[nsqd.http_address])
+    print(admin.url)                          # http://127.0.0.1:<port>/
+    ...
+    await admin.stop()
+
+Options are nsqadmin's, by attribute name (``lookupd_http_addresses=[...]``,
+``admin_users=["alice"]``, ``base_path="/admin"``) or as an
+:class:`~nsqtw.admin.options.AdminOptions`.  The embedded default listens on
+127.0.0.1 with a port chosen by the OS.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import attr
+from twisted.internet import defer
+
+from .admin.options import AdminOptions
+from .reactor import resolve_reactor
+
+__all__ = ["start_nsqadmin", "AdminHandle"]
+
+
+@attr.s(eq=False)
+class AdminHandle:
+    """A running embedded nsqadmin."""
+
+    service: Any = attr.ib()
+
+    @property
+    def options(self) -> AdminOptions:
+        return self.service.options
+
+    @property
+    def http_port(self) -> int:
+        return self.service.http_port
+
+    @property
+    def host(self) -> str:
+        return self.service.http_listener.port.getHost().host
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def url(self) -> str:
+        """The UI's root URL, base path included, with a trailing slash."""
+        base = self.options.base.rstrip("/")
+        return f"http://{self.http_address}{base}/"
+
+    @property
+    def history(self) -> Any:
+        return self.service.history
+
+    def poll(self) -> defer.Deferred:
+        """Take one /stats sample for the graphs now (tests use this instead of waiting)."""
+        return self.service.poller.poll_once()
+
+    def stop(self) -> defer.Deferred:
+        """Stop listening and polling; fires once the listener is closed."""
+        if not self.service.running:
+            return defer.succeed(None)
+        return defer.maybeDeferred(self.service.stopService)
+
+
+def start_nsqadmin(reactor: Any = None, options: Optional[AdminOptions] = None, *,
+                   http_client: Any = None, **kwargs: Any) -> defer.Deferred:
+    """Start an nsqadmin in the running reactor; fires with an :class:`AdminHandle`.
+
+    ``http_client`` replaces the treq client used for nsqd, nsqlookupd and
+    notifications (e.g. a ``treq.testing.StubTreq``)."""
+    from .service.admin import build_admin
+
+    reactor = resolve_reactor(reactor)
+    if options is None:
+        kwargs.setdefault("http_address", "127.0.0.1:0")
+        options = AdminOptions(**kwargs)
+    elif kwargs:
+        options = attr.evolve(options, **kwargs)
+    try:
+        service = build_admin(options, reactor, http_client=http_client)
+        service.startService()
+    except Exception:
+        return defer.fail()
+    handle = AdminHandle(service)
+    d = service.ready()
+
+    def failed(f: Any) -> Any:
+        d2 = handle.stop()
+        d2.addBoth(lambda _: f)
+        return d2
+
+    d.addCallbacks(lambda _: handle, failed)
+    return d
