@@ -200,9 +200,11 @@ class LookupPeerProtocol(Protocol):
         if not info.broadcast_address:
             log.error("LOOKUPD({peer}): no broadcast address", peer=peer.address)
         self.identified = True
+        commands = peer.owner.registration_commands()
+        log.info("LOOKUPD({peer}): registering {n} topics and channels", peer=peer.address, n=len(commands))
         waits = []
-        for cmd in peer.owner.registration_commands():
-            log.info("LOOKUPD({peer}): {cmd}", peer=peer.address, cmd=cmd.decode().strip())
+        for cmd in commands:
+            log.debug("LOOKUPD({peer}): {cmd}", peer=peer.address, cmd=cmd.decode().strip())
             waits.append(self.command(cmd).addCallback(self._check_ok, cmd))
         done = defer.gatherResults(waits, consumeErrors=True)
         done.addCallbacks(lambda _: peer._registered(self), lambda f: None)

@@ -230,3 +230,34 @@ def test_nodes_lists_topics_with_tombstones_and_ignores_the_tombstone_lifetime()
     assert db.nodes(300.0, 45.0, now=100.0)[0][2] == [False, False]
     p2.last_update = 100.0
     assert [info.id for info, _, _ in db.nodes(50.0, 45.0, now=100.0)] == [p2.id]
+
+
+def test_indexes_agree_with_a_full_scan() -> None:
+    """After a random mix of operations every lookup equals a brute-force scan of the map."""
+    import random
+
+    rng = random.Random(5)
+    db = RegistrationDB()
+    peers = [peer(n) for n in range(1, 5)]
+    topics, channels = ["a", "b", "c#ephemeral"], ["x", "y#ephemeral", ""]
+    for _ in range(500):
+        p, t, c = rng.choice(peers), rng.choice(topics), rng.choice(channels)
+        op = rng.randrange(7)
+        if op < 3:
+            db.register(p, t, c)
+        elif op == 3:
+            db.unregister(p, t, c)
+        elif op == 4:
+            db.remove_peer(p.id)
+        elif op == 5:
+            db.delete_topic(t) if rng.random() < 0.3 else db.delete_channel(t, c or "x")
+        else:
+            db.identify(p)
+        everything = list(db._map)
+        for cat in (CLIENT, TOPIC, CHANNEL):
+            for key in ["*", ""] + topics:
+                for sub in ["*", ""] + channels[:2]:
+                    expect = [k for k in everything if k.is_match(cat, key, sub)]
+                    assert db.find_registrations(cat, key, sub) == expect
+        for q in peers:
+            assert set(db.lookup_registrations(q.id)) == {k for k, ps in db._map.items() if q.id in ps}
