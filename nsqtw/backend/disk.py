@@ -29,9 +29,12 @@ Threads and durability -- the contract the broker relies on:
 * ``put(run)`` validates the whole run, then ``pwrite()``s it (one call per
   file touched) before returning: when it returns the messages are in the
   OS page cache and survive the broker's own crash (``kill -9``), though not
-  a power loss.  Nothing is buffered in Python.  A failure raises
-  :class:`~nsqtw.errors.BackendError` (the caller answers ``E_PUB_FAILED``;
-  a run that spanned a roll may have been stored in part).
+  a power loss.  Nothing is buffered in Python: the batching unit is the
+  run (an MPUB, or a channel's whole shutdown flush, is one write), not the
+  reactor turn, because a write error must reach the publisher before its
+  OK.  A failure raises :class:`~nsqtw.errors.BackendError` (the caller
+  answers ``E_PUB_FAILED``; a run that spanned a roll may have been stored
+  in part).
 * fsync and metadata writes never run on the reactor thread.  They go to the
   :class:`SyncWorker`, a single thread per broker that runs every job in
   submission order (fsync, metadata rewrite, deletion of read files, closing
