@@ -626,3 +626,27 @@ def test_shape_diff_detects_changes():
                 '{"a":1,"b":[{"c":"x"}],"e":0.5}', '{"a":1,"b":[{"c":"x","d":3}],"e":0.5}',
                 '{"a":1,"b":[{"c":"x","d":null}],"e":1}'):
         assert shape_diff(json.loads(bad, object_pairs_hook=_Ordered), go) != [], bad
+
+
+@pytest_twisted.ensureDeferred
+async def test_stats_text_consumer_line(api, nsqd):
+    """A consumer that never published is printed with Go's consumer format
+    '[V2 %-21s] state: %d inflt: %-4d rdy: %-4d fin: %-8d re-q: %-8d msgs: %-8d connected: %s'."""
+    from nsqtw.testing import body_command, identify_command
+    cons = await connect_raw(nsqd.tcp_port)
+    cons.send(identify_command(hostname="h", user_agent="ua") + command("SUB", "t", "c") + command("RDY", 5))
+    assert await cons.response() == b"OK" and await cons.response() == b"OK"
+    prod = await connect_raw(nsqd.tcp_port)
+    prod.send(body_command("PUB", "t", body=b"x"))
+    assert await prod.response() == b"OK"
+    await cons.message()
+    (client,) = nsqd.broker.find_channel("t", "c").clients.values()
+    port = client.remote_address.rsplit(":", 1)[1]
+    ident = f"h:{port} ua"
+    _, _, content = await api.call("GET", "/stats?include_mem=false")
+    lines = content.decode().split("\n")
+    expected = (f"        [V2 {ident:<21}] state: 3 inflt: 1    rdy: 5    fin: 0        re-q: 0        "
+                f"msgs: 1        connected: ")
+    assert any(ln.startswith(expected) and ln[len(expected):].rstrip("s").isdigit() for ln in lines), lines
+    await cons.close()
+    await prod.close()
