@@ -52,8 +52,9 @@ Threads and durability -- the contract the broker relies on:
   early sync.  What an OK means, per setting:
 
   - ``--sync-every=1``: nsqd fsyncs after every write.  The broker answers
-    OK only when ``flush_and_sync()`` of every disk queue the publish wrote
-    to has fired; concurrent publishes share one fsync per turn.  A message
+    OK only when ``SyncWorker.flush_and_sync_all()`` (every queue with
+    unsynced writes) or ``flush_and_sync()`` of each disk queue the publish
+    wrote to has fired; concurrent publishes share one fsync per turn.  A message
     that went to a memory queue is, as in Go, not on disk at all.
   - ``--sync-every=N > 1``: OK once ``put()`` returned (page cache).  An
     fsync follows within N operations or ``--sync-timeout``; a power loss
@@ -141,6 +142,7 @@ class SyncWorker(Service):
         self._pool: Any = None
         self._dirty: Dict[int, "DiskQueue"] = {}
         self._turn_call: Any = None
+        self._unsynced: Dict[int, "DiskQueue"] = {}
         self.jobs = 0
 
     # lifecycle
@@ -178,6 +180,23 @@ class SyncWorker(Service):
                 return fail(Failure())
         from twisted.internet.threads import deferToThreadPool
         return deferToThreadPool(self.reactor, pool, fn)
+
+    def flush_and_sync_all(self) -> Deferred:
+        """Fires once every message put so far, in any queue of this worker, is fsynced.
+
+        The broker's ``--sync-every=1`` OK: publish, then answer when this fires
+        (``E_PUB_FAILED`` if it fails with :class:`~nsqtw.errors.BackendError`).
+        """
+        queues = list(self._unsynced.values())
+        if not queues:
+            return succeed(None)
+        from twisted.internet.defer import FirstError, gatherResults
+
+        def unwrap(f: Failure) -> Failure:
+            return f.value.subFailure if f.check(FirstError) else f
+
+        d = gatherResults([q.flush_and_sync() for q in queues], consumeErrors=True)
+        return d.addCallbacks(lambda _: None, unwrap)
 
     # end of turn
     def wake(self, queue: "DiskQueue") -> None:
@@ -568,6 +587,7 @@ class DiskQueue:
         self._depth += k
         self._count += k
         self._put_seq += k
+        self.worker._unsynced[id(self)] = self
 
     def _roll(self) -> None:
         """Close the full write file (fsync off-thread) and continue in the next one."""
@@ -798,6 +818,7 @@ class DiskQueue:
         self._need_sync = False
         self._cancel_timer()
         self._synced_seq = self._put_seq
+        self.worker._unsynced.pop(id(self), None)
         self._fire_waiters(self._put_seq, None)
         return d
 
@@ -908,6 +929,8 @@ class DiskQueue:
             self._syncing = False
         if seq > self._synced_seq:
             self._synced_seq = seq
+        if self._synced_seq >= self._put_seq:
+            self.worker._unsynced.pop(id(self), None)
         self.error = None
         self._fire_waiters(seq, None)
         if self._closed or not regular:

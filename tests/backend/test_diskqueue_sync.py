@@ -247,3 +247,35 @@ def test_stop_service_runs_queued_jobs(tmp_path):
     q.close()
     w.stopService()
     assert (tmp_path / "t.diskqueue.meta.dat").read_bytes() == b"1\n0,0\n0,35\n"
+
+
+def test_flush_and_sync_all_covers_every_queue(tmp_path):
+    """The worker-wide barrier waits for every queue with unsynced writes, and only those."""
+    clock = task.Clock()
+    w = RecordingWorker(clock=clock)
+    a = open_queue(tmp_path, "a", worker=w, sync_every=1000)
+    b = open_queue(tmp_path, "b", worker=w, sync_every=1000)
+    open_queue(tmp_path, "idle", worker=w)
+    assert w.flush_and_sync_all().called  # nothing written yet
+    a.put(run_of([frame(1)]))
+    b.put(run_of([frame(2)]))
+    d = w.flush_and_sync_all()
+    assert not d.called
+    clock.advance(0)
+    assert d.called and w.syncs() == 2
+    assert w.flush_and_sync_all().called
+
+
+def test_flush_and_sync_all_fails_with_backend_error(tmp_path, monkeypatch):
+    """A failing fsync fails the worker-wide barrier with BackendError (not a FirstError wrapper)."""
+    w = RecordingWorker()
+    q = open_queue(tmp_path, "a", worker=w, sync_every=1000)
+    q.put(run_of([frame(1)]))
+
+    def broken(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    failures: List[Any] = []
+    w.flush_and_sync_all().addErrback(failures.append)
+    assert failures and failures[0].check(BackendError)
