@@ -96,6 +96,22 @@ class _Prefix(Resource):
         return v1_error(request, 404, "NOT_FOUND")
 
 
+class _Slashless(Resource):
+    """The klein app with empty path segments dropped, so ``/base``, ``/base/`` and
+    ``/topics/`` route like ``/base/`` and ``/topics`` instead of hitting werkzeug's
+    strict-slash redirects."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Resource) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def render(self, request: IRequest) -> Any:
+        request.postpath = [seg for seg in request.postpath if seg] or [b""]
+        return self.inner.render(request)
+
+
 def mount(base: str, leaf: Resource) -> Resource:
     """``leaf`` served under ``base`` (``/`` means at the root)."""
     segments = [s for s in base.split("/") if s]
@@ -121,7 +137,8 @@ class AdminHTTPAPI:
 
     def resource(self) -> Resource:
         """The site's root: the app under the base path, gzip when the client accepts it."""
-        return EncodingResourceWrapper(mount(self.node.options.base, self.app.resource()), [GzipEncoderFactory()])
+        leaf = EncodingResourceWrapper(_Slashless(self.app.resource()), [GzipEncoderFactory()])
+        return mount(self.node.options.base, leaf)
 
     # --- helpers --------------------------------------------------------------------
 
