@@ -48,10 +48,11 @@ def run_of_frames(frames: List[bytes]) -> Run:
     if len(frames) == 1:
         return run_of_frame(frames[0])
     blob = b"".join(frames)
-    size = len(frames[0])
-    if len(blob) == size * len(frames):
+    sizes = list(map(len, frames))
+    size = sizes[0]
+    if sizes.count(size) == len(sizes):
         return (blob, range(0, len(blob), size), len(blob))
-    offs = list(accumulate(map(len, frames), initial=0))
+    offs = list(accumulate(sizes, initial=0))
     offs.pop()
     return (blob, offs, len(blob))
 
