@@ -760,3 +760,111 @@ def test_client_counters_in_stats():
     c = stats_of(h)["topics"][0]["channels"][0]["clients"][0]
     assert (c["state"], c["ready_count"], c["in_flight_count"], c["message_count"], c["finish_count"],
             c["requeue_count"]) == (3, 4, 2, 4, 1, 1)
+
+
+@pytest.mark.xfail(reason="Topic.check_room only checks the channels' room while the topic is flowing, but "
+                          "Topic.put sends the run to the topic's own memory queue while a backlog is still being "
+                          "pumped; that queue overflows, QueueFull is raised after part of the MPUB was stored "
+                          "and counted, so a refused MPUB is partly delivered (nsqd's MPUB is all or nothing: "
+                          "protocol_v2.go MPUB/readMPUB, topic.PutMessages)",
+                   strict=True)
+def test_refused_mpub_stores_nothing_while_topic_backlog_is_pumped():
+    """An MPUB refused for lack of room stores none of its messages, even while a topic backlog drains."""
+    h = Harness(mem_queue_size=20000)
+    p = h.producer()
+    p.send(mpub("t", [b"old"] * 15000))
+    p.ok()
+    h.broker.get_topic("t").get_channel("c", h.now)
+    h.broker.settle(h.now)  # one pump step: 10000 moved, 5000 still at the topic
+    ch = h.channel("t", "c")
+    ch.empty()
+    before = (h.topic("t").message_count, h.topic("t").depth() + ch.depth())
+    p.send(mpub("t", [b"new"] * 16000))
+    frames = p.frames()
+    if frames == [(0, b"OK")]:
+        return  # accepted whole: also all-or-nothing
+    assert frames[0][1].startswith(b"E_MPUB_FAILED")
+    h.settle()
+    assert (h.topic("t").message_count, h.topic("t").depth() + ch.depth()) == before
+
+
+# --- requeues into a full channel (memory-only backend) -----------------------------------------------
+
+FULL_REASON = ("with memory_only_backends a message coming back to a full channel (REQ 0, an in-flight timeout, "
+               "a deferred message maturing, a consumer leaving) hits the refusing overflow queue: Channel._store "
+               "raises QueueFull after the message left the in-flight/deferred tables, so an acknowledged message "
+               "is lost (and the exception escapes the session/scan). nsqd's Channel.put never refuses a message "
+               "it already holds (it spills to the backend: channel.go put/RequeueMessage/processInFlightQueue)")
+
+
+def _full_channel(h: Harness):
+    """A consumer with RDY 1 holding one message while the channel's memory queue (3) is full."""
+    w = sub(h, rdy=1)
+    h.publish("t", b"a", b"b", b"c", b"d")
+    held = w.messages()
+    assert [m.body for m in held] == [b"a"] and h.channel("t", "c").depth() == 3
+    return w, held[0]
+
+
+def _drain(h: Harness, w, limit: int = 10):
+    """FIN everything the consumer gets, scanning as time passes; return the bodies seen."""
+    seen = []
+    for _ in range(limit):
+        msgs = w.messages()
+        if not msgs:
+            h.advance(1.0)
+            h.scan()
+            msgs = w.messages()
+            if not msgs:
+                break
+        seen += [m.body for m in msgs]
+        fin_all(w, msgs)
+    return seen
+
+
+@pytest.mark.xfail(reason=FULL_REASON, strict=True)
+def test_req_into_a_full_channel_loses_nothing():
+    """REQ 0 of a held message while the channel is full: no error, and the message comes back later."""
+    h = Harness(mem_queue_size=3)
+    w, held = _full_channel(h)
+    assert w.send(cmd("REQ", held.id.decode(), 0)) is True
+    assert w.frames() == []
+    assert sorted(_drain(h, w)) == [b"a", b"b", b"c", b"d"]
+
+
+@pytest.mark.xfail(reason=FULL_REASON, strict=True)
+def test_timeout_into_a_full_channel_loses_nothing():
+    """An in-flight timeout while the channel is full: the message is requeued, not dropped."""
+    h = Harness(mem_queue_size=3, msg_timeout=5.0)
+    w, held = _full_channel(h)
+    h.advance(5.5)
+    h.scan()
+    ch = h.channel("t", "c")
+    assert ch.timeout_count == 1 and ch.depth() + len(ch.inflight) == 4
+    assert sorted(_drain(h, w)) == [b"a", b"b", b"c", b"d"]
+
+
+@pytest.mark.xfail(reason=FULL_REASON, strict=True)
+def test_deferred_req_maturing_into_a_full_channel_loses_nothing():
+    """A deferred REQ that matures while the channel is full is kept."""
+    h = Harness(mem_queue_size=3)
+    w, held = _full_channel(h)
+    w.send(cmd("REQ", held.id.decode(), 1000))
+    h.publish("t", b"e")  # the slot the REQ freed is taken again
+    h.advance(1.5)
+    h.scan()
+    ch = h.channel("t", "c")
+    assert ch.depth() + len(ch.inflight) + len(ch.deferred) == 5
+    assert sorted(_drain(h, w)) == [b"a", b"b", b"c", b"d", b"e"]
+
+
+@pytest.mark.xfail(reason=FULL_REASON, strict=True)
+def test_consumer_leaving_a_full_channel_loses_nothing():
+    """A consumer that disconnects holding a message while the channel is full: the message survives."""
+    h = Harness(mem_queue_size=3, msg_timeout=5.0)
+    w, held = _full_channel(h)
+    w.disconnect()
+    h.advance(5.5)
+    h.scan()
+    other = sub(h, rdy=10)
+    assert sorted(_drain(h, other)) == [b"a", b"b", b"c", b"d"]
