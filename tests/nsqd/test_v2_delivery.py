@@ -9,13 +9,13 @@ import struct
 
 import pytest
 
-from nsqtw.nsqd.broker import memory_only_backends, Broker
+from nsqtw.nsqd.broker import memory_only_backends
 from nsqtw.nsqd.guid import TWEPOCH
 from nsqtw.nsqd.scan import scan_channels
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_MESSAGE
 
-from nsqd_harness import NODE_ID, T0, Harness, cmd, dpub, identify, mpub, pub, stats_of
+from nsqd_harness import NODE_ID, T0, Harness, cmd, dpub, mpub, pub, stats_of
 
 
 def sub(h: Harness, channel: str = "c", rdy: int = 0, topic: str = "t", **ident):
@@ -73,6 +73,15 @@ def test_node_id_bits(node_id):
     w = sub(h, rdy=1)
     h.publish("t", b"x")
     assert decode_id(w.messages()[0].id)[1] == node_id
+
+
+def test_default_node_id_is_crc32_of_md5_of_hostname():
+    """Without --node-id, nsqd uses crc32(md5(hostname)) % 1024 (apps/nsqd/options.go)."""
+    import hashlib
+    import socket
+    import zlib
+    expected = zlib.crc32(hashlib.md5(socket.gethostname().encode()).digest()) % 1024
+    assert NsqdOptions().node_id == expected
 
 
 def test_ids_unique_and_increasing_across_a_big_mpub():
