@@ -636,6 +636,20 @@ def test_mem_queue_overflow_in_a_channel_refused():
     assert h.channel("t", "c").depth() == 3
 
 
+def test_mem_queue_size_zero_without_disk():
+    """--mem-queue-size=0 with no disk backend: a non-ephemeral topic can hold nothing, so PUB is refused
+    (nsqd would write everything to disk); an #ephemeral topic accepts and drops."""
+    h = Harness(mem_queue_size=0)
+    p = h.producer()
+    assert p.send(pub("t", b"x")) is False
+    assert p.error().startswith(b"E_PUB_FAILED PUB failed ")
+    assert h.topic("t").depth() == 0
+    p = h.producer()
+    p.send(pub("e#ephemeral", b"x"))
+    p.ok()
+    assert h.topic("e#ephemeral").depth() == 0
+
+
 def test_memory_only_backend_factory_is_explicit():
     """These tests run on nsqtw.nsqd.broker.memory_only_backends, whatever the default becomes."""
     h = Harness()
