@@ -225,12 +225,13 @@ class AdminHTTPAPI:
 
     # --- pages ------------------------------------------------------------------------------
 
-    async def _render(self, request: IRequest, build: Any, title: str, nav: str) -> bytes:
+    async def _render(self, request: IRequest, build: Any, title: str, nav: str, api: str) -> bytes:
+        """A page, or an error page that keeps polling ``api`` and reloads once it answers again."""
         ctx = self._ctx(request)
         try:
             page = await build(ctx)
         except UpstreamError as e:
-            page = pages.error_page(ctx, title, f"UPSTREAM_ERROR: {e}", 502, nav=nav)
+            page = pages.error_page(ctx, title, f"UPSTREAM_ERROR: {e}", 502, nav=nav, api=ctx.url(api))
         except HTTPAPIError as e:
             page = pages.error_page(ctx, title, e.text, e.status, nav=nav)
         return self._page(request, ctx, page)
@@ -241,7 +242,7 @@ class AdminHTTPAPI:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topics_doc(False)
             return pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"])
-        return await self._render(request, build, "Topics", "topics")
+        return await self._render(request, build, "Topics", "topics", "/api/topics")
 
     @app.route("/topics/<topic>", methods=["GET"])
     async def topic_page(self, request: IRequest, topic: str) -> bytes:
@@ -249,7 +250,7 @@ class AdminHTTPAPI:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topic_doc(topic)
             return pages.topic_page(ctx, topic, doc, self.node.history.topic(topic), doc["message"])
-        return await self._render(request, build, f"Topic {topic}", "topics")
+        return await self._render(request, build, f"Topic {topic}", "topics", f"/api/topics/{pages.q(topic)}")
 
     @app.route("/topics/<topic>/<channel>", methods=["GET"])
     async def channel_page(self, request: IRequest, topic: str, channel: str) -> bytes:
@@ -258,14 +259,15 @@ class AdminHTTPAPI:
             doc = await self._channel_doc(topic, channel)
             return pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
                                       doc["message"])
-        return await self._render(request, build, f"Channel {topic}/{channel}", "topics")
+        return await self._render(request, build, f"Channel {topic}/{channel}", "topics",
+                                  f"/api/topics/{pages.q(topic)}/{pages.q(channel)}")
 
     @app.route("/nodes", methods=["GET"])
     async def nodes_page(self, request: IRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._nodes_doc()
             return pages.nodes_page(ctx, doc["nodes"], doc["message"])
-        return await self._render(request, build, "Nodes", "nodes")
+        return await self._render(request, build, "Nodes", "nodes", "/api/nodes")
 
     @app.route("/nodes/<node>", methods=["GET"])
     async def node_page(self, request: IRequest, node: str) -> bytes:
@@ -273,7 +275,7 @@ class AdminHTTPAPI:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._node_doc(node)
             return pages.node_page(ctx, node, doc, doc["message"])
-        return await self._render(request, build, f"Node {node}", "nodes")
+        return await self._render(request, build, f"Node {node}", "nodes", f"/api/nodes/{pages.q(node)}")
 
     @app.route("/lookup", methods=["GET"])
     async def lookup_page(self, request: IRequest) -> bytes:
@@ -284,7 +286,7 @@ class AdminHTTPAPI:
                 doc = await self._topics_doc(True)
                 inactive, message = doc["topics"], doc["message"]
             return pages.lookup_page(ctx, inactive, message)
-        return await self._render(request, build, "Lookup", "lookup")
+        return await self._render(request, build, "Lookup", "lookup", "/api/topics?inactive=true")
 
     @app.route("/counter", methods=["GET"])
     async def counter_page(self, request: IRequest) -> bytes:
@@ -292,7 +294,7 @@ class AdminHTTPAPI:
             doc = await self._counter_doc()
             total = sum(s["message_count"] for s in doc["stats"].values())
             return pages.counter_page(ctx, total, doc["message"])
-        return await self._render(request, build, "Counter", "counter")
+        return await self._render(request, build, "Counter", "counter", "/api/counter")
 
     @app.route("/ping", methods=["GET"])
     def ping(self, request: IRequest) -> bytes:

@@ -663,7 +663,10 @@ def counter_page(ctx: PageContext, total: int, message: str) -> Page:
                 nav="counter")
 
 
-def error_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "") -> Page:
+def error_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "", api: str = "") -> Page:
+    """What went wrong; with ``api`` the script keeps polling it and reloads the page once it answers."""
     content = join([el("header", el("h1", title), class_="page-head"),
-                    el("div", text, class_="alert error", role="alert")])
-    return Page(title, "error", content, status=status, nav=nav)
+                    el("div", text, class_="alert error", role="alert"),
+                    el("p", "This page reloads by itself once the cluster answers again.", class_="hint")
+                    if api else ""])
+    return Page(title, "error", content, api=api, status=status, nav=nav)

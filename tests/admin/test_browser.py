@@ -270,3 +270,19 @@ async def test_every_page_in_lookupd_mode(cluster, browser) -> None:
         await browser.screenshot("lookupd-lookup-created")
     finally:
         await consumer.close()
+
+
+@pytest.mark.admin_options(lookupd_http_addresses=["127.0.0.1:1"], refresh_interval=0.3)
+@pytest_twisted.ensureDeferred
+async def test_error_page_recovers_by_itself(cluster, browser) -> None:
+    """With no reachable lookupd the page shows UPSTREAM_ERROR; once /config points at a live one,
+    the page reloads itself and lists the topics."""
+    admin, lookupd, nodes, peers = cluster
+    await publish(nodes[0], "back", [b"1"])
+    await registered(peers[0])
+    await browser.get(admin.url + "topics")
+    assert "UPSTREAM_ERROR: failed to query any nsqlookupd" in await browser.text(".alert.error")
+    await browser.screenshot("upstream-error")
+    code, _, _ = await call("PUT", admin.url + "config/nsqlookupd_http_addresses", [lookupd.http_address])
+    assert code == 200
+    await browser.until("return document.querySelector('tr[data-row=\"topic:back\"]')", "the topic after recovery")

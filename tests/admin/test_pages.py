@@ -110,3 +110,14 @@ async def test_upstream_failure_page(start_admin) -> None:
     admin = await start_admin(nsqd_http_addresses=["127.0.0.1:1"])
     code, html, _ = await call("GET", admin.url + "topics")
     assert code == 502 and "UPSTREAM_ERROR: failed to query any nsqd" in html and 'href="/nodes"' in html
+
+
+@pytest_twisted.ensureDeferred
+async def test_dev_static_dir_replaces_the_packaged_assets(start_admin, nsqds, tmp_path) -> None:
+    """--dev-static-dir serves /static/ from a directory (for editing the CSS/JS without reinstalling)."""
+    (tmp_path / "admin.css").write_text("body { color: hotpink; }")
+    admin = await start_admin(nsqd_http_addresses=[nsqds[0].http_address], dev_static_dir=str(tmp_path))
+    code, css, headers = await call("GET", admin.url + "static/admin.css")
+    assert (code, css) == (200, "body { color: hotpink; }")
+    assert headers.getRawHeaders(b"content-type") == [b"text/css; charset=utf-8"]
+    assert (await call("GET", admin.url + "static/admin.js"))[0] == 404

@@ -358,6 +358,7 @@
   }
 
   function update(data, hist) {
+    if (page === 'error') { window.location.reload(); return null; }
     if (hist) { lastHist = hist; }
     if (page === 'counter') { return updateCounter(data, hist); }
     var rows = rowsFor(data, hist);
