@@ -111,9 +111,13 @@ def tls_policy(options: AdminOptions) -> Any:
 def make_http_client(reactor: Any, options: AdminOptions) -> Any:
     """treq over an ``Agent`` with nsqadmin's connect timeout and TLS policy (no keep-alive)."""
     from treq.client import HTTPClient
-    from twisted.web.client import Agent, HTTPConnectionPool
+    from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+
+    class _QuietFactory(_HTTP11ClientFactory):
+        noisy = False  # no "Starting factory" log line for every poll of every nsqd
 
     pool = HTTPConnectionPool(reactor, persistent=False)
+    pool._factory = _QuietFactory
     agent = Agent(reactor, contextFactory=tls_policy(options), connectTimeout=options.http_client_connect_timeout,
                   pool=pool)
     return HTTPClient(agent)
@@ -175,10 +179,20 @@ class HistoryPoller(Service):
             producers, errors = await ci.producers()
             topics, _, errs = await ci.nsqd_stats(producers, "", "", False)
         except UpstreamError as e:
-            self.node.history.message = f"UPSTREAM_ERROR: {e}"
-            log.warn("history: {err}", err=str(e))
+            self._report(f"UPSTREAM_ERROR: {e}")
             return
-        self.node.history.record(self.node.clock.seconds(), topics, warning_message(list(errors) + list(errs)))
+        message = warning_message(list(errors) + list(errs))
+        self._report(message)
+        self.node.history.record(self.node.clock.seconds(), topics, message)
+
+    def _report(self, message: str) -> None:
+        """Log a poll problem when it starts or changes, not every interval."""
+        history = self.node.history
+        if message and message != history.message:
+            log.warn("history poll: {message}", message=message)
+        elif not message and history.message:
+            log.info("history poll: every upstream answers again")
+        history.message = message
 
     def stopService(self) -> Any:
         super().stopService()
