@@ -142,11 +142,33 @@ class NsqStreamReader(DataSourceStreamReader):
         self.heartbeat_interval = float(opts.get("heartbeatinterval", "30"))
         self.lookupd_poll_interval = float(opts.get("lookupdpollinterval", "60"))
         self.auth_secret = opts.get("authsecret") or None
-        self.spool = Spool(spool_dir, self.topic, self.channel)
+        self.spool_dir = spool_dir
+        self._spool: Optional[Spool] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self.consumer: Optional[BlockingConsumer] = None
+
+    _RUNTIME = ("_spool", "_stop", "_thread", "_error", "consumer")
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """Spark pickles the reader to ship ``read`` to executors: only the options travel."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._spool = None
+        self._stop = threading.Event()
+        self._thread = None
+        self._error = None
+        self.consumer = None
+
+    @property
+    def spool(self) -> Spool:
+        """Opened (and locked) on first use: Spark builds readers it never calls."""
+        if self._spool is None:
+            self._spool = Spool(self.spool_dir, self.topic, self.channel)
+        return self._spool
 
     # --- the consumer thread ------------------------------------------------------
 
@@ -154,18 +176,19 @@ class NsqStreamReader(DataSourceStreamReader):
         if self._error is not None:
             raise RuntimeError(f"nsq source: spooling failed: {self._error!r}") from self._error
         if self._thread is None:
+            spool = self.spool  # opened here, before the thread exists: one Spool per process
             self.consumer = BlockingConsumer(
                 self.topic, self.channel, nsqd_tcp_addresses=self.nsqd, lookupd_http_addresses=self.lookupd,
                 max_in_flight=self.max_in_flight, heartbeat_interval=self.heartbeat_interval,
                 msg_timeout=self.msg_timeout, lookupd_poll_interval=self.lookupd_poll_interval,
                 auth_secret=self.auth_secret)
-            self._thread = threading.Thread(target=self._run, name=f"nsq-spool-{self.topic}", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(spool,), name=f"nsq-spool-{self.topic}",
+                                            daemon=True)
             self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, spool: Spool) -> None:
         consumer = self.consumer
         assert consumer is not None
-        spool = self.spool
         try:
             while not self._stop.is_set():
                 backlog = spool.end - spool.committed
@@ -268,4 +291,5 @@ class NsqStreamReader(DataSourceStreamReader):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.spool.close()
+        if self._spool is not None:
+            self._spool.close()

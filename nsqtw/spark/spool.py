@@ -6,7 +6,7 @@ Layout of a spool directory (one per streaming query, beside its checkpoint)::
     meta.json                      {"topic", "channel", "spool": <uuid>} written once
     committed                      the first sequence number Spark has not committed
     segment-<first seq>.log        records [u32 length][u32 crc32][nsqd message record]
-    lock                           flock'ed by the one process using the spool
+    lock                           flock'ed by the one process using the spool (its pid inside)
 
 Messages are numbered 0, 1, 2... in arrival order; an offset is such a number.
 :meth:`Spool.append` writes a batch, fsyncs it (and the directory when it
@@ -149,6 +149,9 @@ class Spool:
         while True:
             try:
                 fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._lockfile.truncate(0)
+                self._lockfile.write(b"%d\n" % os.getpid())
+                self._lockfile.flush()
                 break
             except OSError:
                 if time.monotonic() > deadline:
