@@ -138,6 +138,14 @@ class NSQConnection(Protocol):
         self.last_msg_time = now
         self._timeout = self.config.read_timeout
         self._arm_deadline(self._timeout)
+        nodelay = getattr(self.transport, "setTcpNoDelay", None)
+        if nodelay is not None:
+            # Go's TCP connections default to TCP_NODELAY; without it a small command (RDY 1
+            # after a backoff) can wait ~40 ms for the peer's delayed ACK (Nagle)
+            try:
+                nodelay(True)
+            except Exception:  # pragma: no cover - a transport without the socket option
+                pass
         register = getattr(self.transport, "registerProducer", None)
         if register is not None:
             try:

@@ -64,8 +64,9 @@ class RdyController:
         self.backoff_duration = 0.0
         self.need_redistribute = False
         self.stopping = False
-        #: how many backoff sleeps started (for tests and stats)
+        #: how many backoff sleeps started, and how many times backoff was left (tests, stats)
         self.backoffs = 0
+        self.recoveries = 0
         self._retry: Dict[str, Any] = {}
         self._resume_call: Any = None
 
@@ -245,6 +246,7 @@ class RdyController:
                 updated = True
         self.backoff_counter = counter
         if counter == 0 and updated:
+            self.recoveries += 1
             count = self.per_conn_max_in_flight()
             log.warn("exiting backoff, returning all to RDY {n}", n=count)
             for conn in list(self.conns.values()):
