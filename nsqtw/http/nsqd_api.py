@@ -149,7 +149,18 @@ class NsqdHTTPAPI:
         except BrokerError:
             raise HTTPAPIError(503, "EXITING") from None
         self._settle()
-        return v1(request, "OK")
+        return self._ok_when_durable(request)
+
+    def _ok_when_durable(self, request: IRequest) -> Any:
+        """``OK`` now, or with --sync-every=1 once the fsync covering the publish is done."""
+        if self.node.options.sync_every != 1:
+            return v1(request, "OK")
+
+        def failed(f: Any) -> Any:
+            raise HTTPAPIError(503, "EXITING")
+
+        d = self.node.sync_barrier()
+        return d.addCallbacks(lambda _: v1(request, "OK"), failed)
 
     @app.route("/mpub", methods=["POST"])
     def mpub(self, request: IRequest) -> bytes:
@@ -184,7 +195,7 @@ class NsqdHTTPAPI:
             except BrokerError:
                 raise HTTPAPIError(503, "EXITING") from None
             self._settle()
-        return v1(request, "OK")
+        return self._ok_when_durable(request)
 
     def _read_binary_mpub(self, request: IRequest) -> List[bytes]:
         """nsqd's readMPUB over the body: errors become 413 with the ``E_`` cut off."""

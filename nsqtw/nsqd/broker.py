@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..backend.dummy import DummyQueue
 from ..backend.runs import Run, run_of_frame
-from ..errors import ChannelNotFound, Exiting, QueueFull, TopicNotFound
+from ..errors import BackendError, ChannelNotFound, Exiting, QueueFull, TopicNotFound
 from ..options import NsqdOptions
 from .channel import Channel
 from .client import ClientState
@@ -155,7 +155,10 @@ class Broker:
             return topic
         if self.exiting:
             raise Exiting()
-        topic = Topic(name, self, self.backend_factory(name, name.endswith("#ephemeral")))
+        backend = self.backend_factory(name, name.endswith("#ephemeral"))
+        topic = Topic(name, self, backend)
+        if hasattr(backend, "deferred_sink"):
+            backend.deferred_sink = topic.restore_deferred
         self.topics[name] = topic
         self._notify(Event.TOPIC_CREATED, name, None)
         return topic
@@ -166,6 +169,8 @@ class Broker:
         backend = self.backend_factory(f"{topic.name}:{name}",
                                        topic.ephemeral or name.endswith("#ephemeral"))
         ch = Channel(topic, name, self, backend, now)
+        if hasattr(backend, "deferred_sink"):
+            backend.deferred_sink = ch.restore_deferred
         topic.channels[name] = ch
         self._notify(Event.CHANNEL_CREATED, topic.name, name)
         if topic.mem.depth() or topic.backend.depth() or topic.deferred:
@@ -265,7 +270,13 @@ class Broker:
         topic = self.get_topic(topic_name, now)
         topic.check_room(len(bodies))
         run, nbytes = self.make_run(bodies, now)
-        topic.put(run, nbytes)
+        try:
+            topic.put(run, nbytes)
+        except BackendError as e:
+            self.health = f"NOK - {e}"
+            raise
+        if self.health != "OK":
+            self.health = "OK"
         return topic
 
     def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:
@@ -273,7 +284,11 @@ class Broker:
         if topic.exiting:
             raise Exiting()
         run, nbytes = self.make_run([body], now)
-        topic.put_deferred(run[0], nbytes, now + delay)
+        try:
+            topic.put_deferred(run[0], nbytes, now + delay)
+        except BackendError as e:
+            self.health = f"NOK - {e}"
+            raise
         return topic
 
     # --- shutdown -----------------------------------------------------------------

@@ -93,6 +93,10 @@ class Channel:
         self.message_count += 1
         heapq.heappush(self.deferred, (deliver_at, next(_seq), frame))
 
+    def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
+        """A deferred message read back from disk, still due later (already counted once)."""
+        heapq.heappush(self.deferred, (deliver_at, next(_seq), frame))
+
     def _store(self, run: Run) -> None:
         rest = self.mem.put(run)
         if rest is not None:

@@ -105,6 +105,14 @@ class Topic:
         else:
             self.deferred.append((deliver_at, frame))
 
+    def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
+        """A deferred message read back from disk, still due later: wait for it again."""
+        if self.flowing():
+            for ch in self.channels.values():
+                ch.restore_deferred(deliver_at, frame)
+        else:
+            self.deferred.append((deliver_at, frame))
+
     def pump(self, limit: int = PUMP_BATCH) -> bool:
         """Move up to ``limit`` waiting messages to the channels; True if more remain."""
         if not self.flowing() or self.exiting:

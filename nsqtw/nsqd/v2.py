@@ -90,12 +90,18 @@ class V2Session:
 
     def __init__(self, broker: Broker, client: ClientState, *, features: Features = Features(),
                  on_identify: Optional[Callable[[ClientState], None]] = None,
-                 authorizer: Any = None) -> None:
+                 authorizer: Any = None, sync_publish: bool = False) -> None:
         self.broker = broker
         self.client = client
         self.features = features
         self.on_identify = on_identify
         self.authorizer = authorizer
+        #: --sync-every=1: a publish is answered only once the fsync covering it is done
+        self.sync_publish = sync_publish
+        self._held: Optional[List[Tuple[int, bytes]]] = None
+        self._want_sync = False
+        self._next_gen = 1
+        self._last_gen = 0
         self.closed = False
         self.upgrade: Optional[Upgrade] = None
         self._buf = b""
@@ -173,7 +179,7 @@ class V2Session:
                         ids = _FIN_IDS.findall(buf, pos, stop)
                         pos = stop
                         for err in client.channel.finish_many(client, ids, now):
-                            client.send(encode_frame(FRAME_ERROR, err.wire()))
+                            self._respond(encode_frame(FRAME_ERROR, err.wire()))
                         continue
                 if nl - pos > MAX_LINE:
                     self.closed = True
@@ -207,7 +213,7 @@ class V2Session:
                     self._buf = buf[pos:]
                     return True
             except NSQError as e:
-                client.send(encode_frame(FRAME_ERROR, e.wire()))
+                self._respond(encode_frame(FRAME_ERROR, e.wire()))
                 if e.fatal:
                     self.closed = True
                     return False
@@ -218,6 +224,53 @@ class V2Session:
         rest, self._buf = self._buf, b""
         self.upgrade = None
         return rest
+
+    # --- answers held for an fsync (--sync-every=1) ---------------------------------------
+
+    def _respond(self, frame: bytes) -> None:
+        """Queue a response, behind any answer still waiting for its fsync (order is kept)."""
+        held = self._held
+        if held is None:
+            self.client.send(frame)
+        else:
+            held.append((self._next_gen if self._want_sync else self._last_gen, frame))
+
+    def _published(self) -> None:
+        if self.sync_publish:
+            self._want_sync = True
+            if self._held is None:
+                self._held = []
+
+    def take_sync_request(self) -> Optional[int]:
+        """The generation of answers to release once everything published so far is fsynced."""
+        if not self._want_sync:
+            return None
+        gen = self._next_gen
+        self._next_gen += 1
+        self._last_gen = gen
+        self._want_sync = False
+        return gen
+
+    def synced(self, gen: int) -> None:
+        """The fsync for ``gen`` is done: send the answers it held."""
+        held = self._held
+        if held is None:
+            return
+        ready = [frame for g, frame in held if g <= gen]
+        rest = [(g, frame) for g, frame in held if g > gen]
+        self._held = rest or None
+        if ready:
+            self.client.send(b"".join(ready))
+
+    def sync_failed(self, gen: int, reason: str) -> None:
+        """The fsync failed: the publishes it covered are refused and the connection closes."""
+        self._held = None
+        self.client.send(encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {reason}").wire()))
+        self.closed = True
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
 
     # --- helpers ----------------------------------------------------------------
 
@@ -305,7 +358,7 @@ class V2Session:
             raise Invalid("cannot CLS in current state")
         client.rdy = 0
         client.state = STATE_CLOSING
-        client.send(CLOSE_WAIT_FRAME)
+        self._respond(CLOSE_WAIT_FRAME)
 
     def _sub(self, params: List[bytes], now: float) -> None:
         client = self.client
@@ -328,7 +381,7 @@ class V2Session:
             raise SubFailed("SUB failed to deleted topic/channel") from None
         client.state = STATE_SUBSCRIBED
         client.channel = channel
-        client.send(OK_FRAME)
+        self._respond(OK_FRAME)
 
     # --- commands with a body --------------------------------------------------------
     # each takes (params, buf, start, end, now) where start is the offset just past the
@@ -351,7 +404,8 @@ class V2Session:
         except BrokerError as e:
             raise PubFailed(f"PUB failed {e}") from None
         self.client.published(topic_name, 1)
-        self.client.send(OK_FRAME)
+        self._published()
+        self._respond(OK_FRAME)
         return stop
 
     def _dpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
@@ -381,7 +435,8 @@ class V2Session:
         except BrokerError as e:
             raise DPubFailed(f"DPUB failed {e}") from None
         self.client.published(topic_name, 1)
-        self.client.send(OK_FRAME)
+        self._published()
+        self._respond(OK_FRAME)
         return stop
 
     def _mpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
@@ -428,7 +483,8 @@ class V2Session:
         except BrokerError as e:
             raise MPubFailed(f"MPUB failed {e}") from None
         self.client.published(topic_name, num)
-        self.client.send(OK_FRAME)
+        self._published()
+        self._respond(OK_FRAME)
         return p
 
     def _identify(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
@@ -450,7 +506,7 @@ class V2Session:
         if self.on_identify is not None:
             self.on_identify(client)
         if not req.feature_negotiation:
-            client.send(OK_FRAME)
+            self._respond(OK_FRAME)
             return stop
         opts = self.broker.options
         features = self.features
@@ -478,7 +534,7 @@ class V2Session:
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": int(round(client.output_buffer_timeout * 1000)),
         }
-        client.send(encode_frame(FRAME_RESPONSE, json.dumps(answer, separators=(",", ":")).encode()))
+        self._respond(encode_frame(FRAME_RESPONSE, json.dumps(answer, separators=(",", ":")).encode()))
         if tls or snappy or deflate:
             self.upgrade = Upgrade(tls, snappy, deflate, level)
         return stop

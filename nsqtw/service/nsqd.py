@@ -10,7 +10,9 @@ and TCP glue ask for the time, the current options and to settle work.
 
 from __future__ import annotations
 
+import os
 import random
+from functools import partial
 from typing import Any, Callable, List, Optional
 
 import attr
@@ -62,18 +64,28 @@ class _LoopService(Service):
 
 
 class NsqdService(MultiService):
-    """One nsqd: broker, listeners and timers."""
+    """One nsqd: broker, storage, listeners and timers."""
 
-    def __init__(self, options: NsqdOptions, reactor: Any, *, rng: Optional[random.Random] = None) -> None:
+    def __init__(self, options: NsqdOptions, reactor: Any, *, rng: Optional[random.Random] = None,
+                 backend_factory: Any = None) -> None:
         super().__init__()
+        from ..backend.disk import SyncWorker, disk_backends
+        from ..backend.dirlock import DirLock
+
         self.options = options
         self.reactor = reactor
         self.rng = rng or random.Random()
-        self.broker = Broker(options, reactor.seconds(), backend_factory=self._backend_factory(),
-                             rng=self.rng)
+        self.data_path = options.data_path or os.getcwd()
+        self.dirlock = DirLock(self.data_path)
+        # first child: MultiService stops children in reverse, so the disk worker stops last
+        self.sync_worker = SyncWorker(reactor)
+        self.sync_worker.setServiceParent(self)
+        factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
+        self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
         self.features = Features(tls=False, snappy=False, deflate=False)
-        self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features,
-                                       settle=self.settle)
+        self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
+                                       sync_barrier=self.sync_barrier if options.sync_every == 1 else None)
+        self.tcp_factory.noisy = False
         self._settle_call: Any = None
         self._sampler = ChannelSampler(self.broker.channels, options.queue_scan_refresh_interval)
         self.broker.listeners.append(self._on_event)
@@ -91,6 +103,7 @@ class NsqdService(MultiService):
             self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
             self.http_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
+        self._stopping: Optional[defer.Deferred] = None
 
     # --- what the glue asks of the node ------------------------------------------
 
@@ -118,9 +131,22 @@ class NsqdService(MultiService):
     def _on_event(self, event: str, topic: str, channel: Optional[str]) -> None:
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
             self._sampler.stale = True
+        if event != Event.PAUSED and not self.broker.loading and not self.broker.exiting:
+            if not topic.endswith("#ephemeral") and not (channel or "").endswith("#ephemeral"):
+                self.persist_metadata()
 
-    def persist_metadata(self) -> None:
-        """Write nsqd.dat now (pause and unpause are persisted at once, as nsqd does)."""
+    def persist_metadata(self) -> defer.Deferred:
+        """Rewrite nsqd.dat (on create, delete, pause, unpause and exit), off the reactor thread."""
+        from ..backend.metadata import metadata_from_broker, write_metadata
+
+        snapshot = metadata_from_broker(self.broker)
+        d = self.sync_worker.submit(partial(write_metadata, self.data_path, snapshot))
+        d.addErrback(lambda f: log.failure("failed to persist metadata", f))
+        return d
+
+    def sync_barrier(self) -> defer.Deferred:
+        """Fires once everything published so far is fsynced (the ``--sync-every=1`` OK)."""
+        return self.sync_worker.flush_and_sync_all()
 
     def set_options(self, **changes: Any) -> None:
         self.options = attr.evolve(self.options, **changes)
@@ -128,10 +154,6 @@ class NsqdService(MultiService):
 
     def set_lookupd_addresses(self, addresses: List[str]) -> None:
         self.set_options(lookupd_tcp_addresses=list(addresses))
-
-    def _backend_factory(self) -> Any:
-        from ..nsqd.broker import memory_only_backends
-        return memory_only_backends
 
     # --- addresses ------------------------------------------------------------
 
@@ -156,15 +178,105 @@ class NsqdService(MultiService):
 
     # --- lifecycle --------------------------------------------------------------
 
+    def startService(self) -> None:
+        """Lock the data path, load nsqd.dat and the queues, then start listening."""
+        from ..backend.metadata import load_metadata
+
+        self.dirlock.lock()
+        broker = self.broker
+        try:
+            metadata = load_metadata(self.data_path, warn=lambda text: log.warn("{text}", text=text))
+            broker.loading = True
+            try:
+                now = self.reactor.seconds()
+                for tmd in (metadata.topics if metadata else ()):
+                    topic = broker.get_topic(tmd.name, now)
+                    if tmd.paused:
+                        topic.pause()
+                    for cmd in tmd.channels:
+                        ch = topic.get_channel(cmd.name, now)
+                        if cmd.paused:
+                            ch.pause()
+            finally:
+                broker.loading = False
+        except Exception:
+            self.dirlock.unlock()
+            raise
+        self.persist_metadata()
+        super().startService()
+        self.settle()
+
     def stopService(self) -> defer.Deferred:
-        """nsqd's Exit: stop listening, close every client, then stop the rest."""
-        self.broker.close()
+        """nsqd's Exit: stop listening, close every client, write everything held to disk."""
+        if self._stopping is not None:
+            return self._stopping
+        broker = self.broker
+        broker.close()
         for proto in list(self.tcp_factory.protocols):
+            proto._stop_timers()
             proto.transport.loseConnection()
         if self._settle_call is not None and self._settle_call.active():
             self._settle_call.cancel()
         self._settle_call = None
-        return defer.maybeDeferred(super().stopService)
+        # the listeners and timers stop first (children but the sync worker, in reverse)
+        self.running = 0
+        waits = []
+        for svc in reversed(list(self)):
+            if svc is not self.sync_worker:
+                waits.append(defer.maybeDeferred(svc.stopService))
+        closing = self.persist_metadata()
+        waits.append(closing)
+        waits.extend(self._flush_queues())
+        d = defer.DeferredList(waits, consumeErrors=True)
+
+        def stop_worker(_: Any) -> Any:
+            return defer.maybeDeferred(self.sync_worker.stopService)
+
+        def unlock(result: Any) -> Any:
+            self.dirlock.unlock()
+            return result
+
+        d.addCallback(stop_worker)
+        d.addBoth(unlock)
+        self._stopping = d
+        return d
+
+    def _flush_queues(self) -> List[defer.Deferred]:
+        """Write every topic's and channel's memory queue, in-flight and deferred messages to
+        their backends and close them (nsqd's Topic/Channel exit without deletion)."""
+        from ..backend.runs import run_of_frames
+
+        closing: List[defer.Deferred] = []
+        for topic in list(self.broker.topics.values()):
+            for ch in list(topic.channels.values()):
+                backend = ch.backend
+                try:
+                    for run in ch.mem.drain():
+                        backend.put(run)
+                    inflight = ch.in_flight_frames()
+                    if inflight:
+                        backend.put(run_of_frames(inflight))
+                    deferred = ch.deferred_items()
+                    if deferred and hasattr(backend, "put_deferred"):
+                        backend.put_deferred(deferred)
+                except Exception:
+                    log.failure("failed to flush channel {t}:{c} to disk", t=topic.name, c=ch.name)
+                ch.exiting = True
+                ch.inflight.clear()
+                ch.deferred.clear()
+                closing.append(defer.maybeDeferred(backend.close))
+            backend = topic.backend
+            try:
+                for run in topic.mem.drain():
+                    backend.put(run)
+                if topic.deferred and hasattr(backend, "put_deferred"):
+                    backend.put_deferred(sorted(topic.deferred, key=lambda item: item[0]))
+            except Exception:
+                log.failure("failed to flush topic {t} to disk", t=topic.name)
+            topic.exiting = True
+            topic.deferred = []
+            closing.append(defer.maybeDeferred(backend.close))
+        return closing
 
 
 def build_nsqd(options: NsqdOptions, reactor: Any) -> NsqdService:

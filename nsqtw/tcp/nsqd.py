@@ -62,7 +62,8 @@ class NsqdProtocol(Protocol):
         client.closer = self.transport.loseConnection
         self.client = client
         self.session = V2Session(factory.broker, client, features=factory.features,
-                                 on_identify=self._identified, authorizer=factory.authorizer)
+                                 on_identify=self._identified, authorizer=factory.authorizer,
+                                 sync_publish=factory.sync_barrier is not None)
         self._last_read = now
         factory.protocols.add(self)
         self._magic_call = self.clock.callLater(factory.broker.options.magic_timeout, self._no_magic)
@@ -94,11 +95,40 @@ class NsqdProtocol(Protocol):
             self._magic_call.cancel()
             self._magic_call = None
             self._start_heartbeats()
+        gen = session.take_sync_request()
+        if gen is not None:
+            self._wait_sync(gen)
         self.factory.settle()
         if not keep:
-            self._close()
+            if session.holding:
+                self.transport.pauseProducing()  # answer the held publishes first, then close
+            else:
+                self._close()
         elif session.upgrade is not None:
             self.factory.upgrade(self, session.upgrade)
+
+    def _wait_sync(self, gen: int) -> None:
+        """--sync-every=1: release the answers of ``gen`` once the fsync covering it is done."""
+        d = self.factory.sync_barrier()
+
+        def synced(_: Any) -> None:
+            session = self.session
+            if session is None:
+                return
+            session.synced(gen)
+            self.factory.settle()
+            if session.closed and not session.holding:
+                self._close()
+
+        def failed(f: Failure) -> None:
+            session = self.session
+            if session is None:
+                return
+            session.sync_failed(gen, f.getErrorMessage())
+            self.factory.settle()
+            self._close()
+
+        d.addCallbacks(synced, failed)
 
     def _close(self) -> None:
         self._stop_timers()
@@ -153,8 +183,10 @@ class NsqdFactory(Factory):
 
     def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
                  authorizer: Any = None, settle: Optional[Callable[[], None]] = None,
-                 upgrader: Optional[Callable[[NsqdProtocol, Any], None]] = None) -> None:
+                 upgrader: Optional[Callable[[NsqdProtocol, Any], None]] = None,
+                 sync_barrier: Optional[Callable[[], Any]] = None) -> None:
         self.broker = broker
+        self.sync_barrier = sync_barrier
         self.clock = clock
         self.features = features
         self.authorizer = authorizer
