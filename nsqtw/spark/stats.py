@@ -78,7 +78,7 @@ def read_snapshots(spark: Any, paths: Sequence[str], pattern: Optional[str] = DE
 
 
 def snapshot_rows(snapshots: Any) -> Any:
-    """One row per snapshot and topic (channel ``""``) or channel, with counters and gauges."""
+    """One row per snapshot and topic (channel ``""``) or channel, with counters and gauges (one scan)."""
     from pyspark.sql import functions as F
 
     base = snapshots.where(F.col("timestamp").isNotNull() & F.col("stats").isNotNull()).select(
@@ -88,29 +88,33 @@ def snapshot_rows(snapshots: Any) -> Any:
         F.col("stats.start_time").cast("double").alias("start_time"),
         F.explode("stats.topics").alias("tp"),
     )
-    common = [F.col("t"), F.col("node"), F.col("hostname"), F.col("start_time"),
-              F.col("tp.topic_name").alias("topic")]
     null_long = F.lit(None).cast("long")
-    topics = base.select(
-        *common, F.lit("").alias("channel"),
-        F.col("tp.message_count").alias("msg"), F.col("tp.message_bytes").alias("bytes"),
-        null_long.alias("req"), null_long.alias("tmo"),
-        F.col("tp.depth").alias("depth"), F.col("tp.depth").alias("backlog"),
-        null_long.alias("clients"), F.col("tp.e2e_processing_latency.percentiles").alias("e2e"),
-    )
-    channels = base.select(*common, F.explode("tp.channels").alias("ch")).select(
-        "t", "node", "hostname", "start_time", "topic", F.col("ch.channel_name").alias("channel"),
-        F.col("ch.message_count").alias("msg"), null_long.alias("bytes"),
-        F.col("ch.requeue_count").alias("req"), F.col("ch.timeout_count").alias("tmo"),
-        F.col("ch.depth").alias("depth"),
-        (F.col("ch.depth") + F.col("ch.in_flight_count") + F.col("ch.deferred_count")).alias("backlog"),
-        F.col("ch.client_count").alias("clients"), F.col("ch.e2e_processing_latency.percentiles").alias("e2e"),
-    )
-    return topics.unionByName(channels)
+
+    def entry(channel: Any, msg: Any, nbytes: Any, req: Any, tmo: Any, depth: Any, backlog: Any,
+              clients: Any, e2e: Any) -> Any:
+        return F.struct(channel.alias("channel"), msg.alias("msg"), nbytes.alias("bytes"), req.alias("req"),
+                        tmo.alias("tmo"), depth.alias("depth"), backlog.alias("backlog"),
+                        clients.alias("clients"), e2e.alias("e2e"))
+
+    tp = F.col("tp")
+    topic_entry = entry(F.lit(""), tp["message_count"], tp["message_bytes"], null_long, null_long,
+                        tp["depth"], tp["depth"], null_long, tp["e2e_processing_latency"]["percentiles"])
+    channel_entries = F.transform(F.coalesce(tp["channels"], F.array()), lambda c: entry(
+        c["channel_name"], c["message_count"], null_long, c["requeue_count"], c["timeout_count"], c["depth"],
+        c["depth"] + c["in_flight_count"] + c["deferred_count"], c["client_count"],
+        c["e2e_processing_latency"]["percentiles"]))
+    rows = base.select("t", "node", "hostname", "start_time", tp["topic_name"].alias("topic"),
+                       F.explode(F.concat(F.array(topic_entry), channel_entries)).alias("e"))
+    return rows.select("t", "node", "hostname", "start_time", "topic", "e.*")
 
 
 def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0) -> Any:
-    """The per-window table (see the module docstring) from :func:`read_snapshots`' DataFrame."""
+    """The per-window table (see the module docstring) from :func:`read_snapshots`' DataFrame.
+
+    One scan of the input, one shuffle for the ``lag`` window and one for the aggregation: every
+    snapshot row is exploded into the pieces of its interval (since the previous snapshot), one per
+    window the interval overlaps, plus the piece of its own window that carries its gauges.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -129,33 +133,49 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     decreased = ((col("msg") < col("p_msg")) | F.coalesce(col("bytes") < col("p_bytes"), F.lit(False))
                  | F.coalesce(col("req") < col("p_req"), F.lit(False))
                  | F.coalesce(col("tmo") < col("p_tmo"), F.lit(False)))
-    reset = restart | decreased
+    reset = F.coalesce(restart | decreased, F.lit(False))
+
+    usable = col("p_t").isNotNull()
+    if max_gap and max_gap > 0:
+        usable = usable & ((col("t") - col("p_t")) <= F.lit(float(max_gap)))
 
     def delta(c: str) -> Any:
-        return F.when(reset, col(c)).otherwise(col(c) - col("p_" + c))
+        return F.when(usable, F.when(reset, col(c)).otherwise(col(c) - col("p_" + c)).cast("double"))
 
     # after a restart only the time since start_time produced the new counts
     begin = F.when(restart & (col("start_time") > col("p_t")) & (col("start_time") < col("t")),
                    col("start_time")).otherwise(col("p_t"))
-    usable = col("p_t").isNotNull()
-    if max_gap and max_gap > 0:
-        usable = usable & ((col("t") - col("p_t")) <= F.lit(float(max_gap)))
-    d_backlog = col("backlog") - col("p_backlog")
-    finished = F.when(col("channel") != "", F.greatest(delta("msg") - d_backlog, F.lit(0)))
-    iv = x.where(usable).select(
-        *KEYS, begin.alias("a"), col("t").alias("b"),
-        delta("msg").cast("double").alias("d_msg"), delta("bytes").cast("double").alias("d_bytes"),
-        delta("req").cast("double").alias("d_req"), delta("tmo").cast("double").alias("d_tmo"),
-        finished.cast("double").alias("d_fin"), d_backlog.cast("double").alias("d_backlog"),
-        reset.cast("int").alias("reset"),
+    d_backlog = F.when(usable, (col("backlog") - col("p_backlog")).cast("double"))
+    finished = F.when(col("channel") != "", F.greatest(delta("msg") - d_backlog, F.lit(0.0)))
+    own = F.floor(col("t") / W)
+    y = x.select(
+        *KEYS, "t", "hostname", "depth", "backlog", "clients", "e2e",
+        F.when(usable, begin).alias("a"), own.alias("own"),
+        delta("msg").alias("d_msg"), delta("bytes").alias("d_bytes"), delta("req").alias("d_req"),
+        delta("tmo").alias("d_tmo"), finished.alias("d_fin"), d_backlog.alias("d_backlog"),
+        F.when(usable & reset, 1).otherwise(0).alias("reset"),
     )
-    # spread each interval over the windows it overlaps, in proportion to the overlap
-    k0 = F.floor(col("a") / W)
-    k1 = F.ceil(col("b") / W) - 1
-    iv = iv.withColumn("k1", k1).withColumn("k", F.explode(F.sequence(k0, k1)))
-    overlap = F.least(col("b"), (col("k") + 1) * W) - F.greatest(col("a"), col("k") * W)
-    iv = iv.withColumn("ov", overlap).withColumn("wgt", col("ov") / (col("b") - col("a")))
-    rates = iv.groupBy(*KEYS, "k").agg(
+    # the windows the interval (a, t] overlaps, and always the snapshot's own window
+    k0 = F.when(col("a").isNotNull(), F.floor(col("a") / W)).otherwise(col("own"))
+    y = y.withColumn("k", F.explode(F.sequence(F.least(k0, col("own")), col("own"))))
+    overlap = F.greatest(F.least(col("t"), (col("k") + 1) * W) - F.greatest(col("a"), col("k") * W), F.lit(0.0))
+    y = (y.withColumn("ov", F.when(col("a").isNotNull(), overlap).otherwise(0.0))
+         .withColumn("wgt", F.when(col("a").isNotNull(), col("ov") / (col("t") - col("a"))))
+         .withColumn("sample", col("k") == col("own")))
+    sample = col("sample")
+
+    def g(c: str) -> Any:
+        return F.when(sample, col(c))
+
+    agg = y.groupBy(*KEYS, "k").agg(
+        F.count(F.when(sample, 1)).alias("samples"),
+        F.max_by("hostname", g("t")).alias("hostname"),
+        F.max(g("depth")).alias("depth_max"),
+        F.avg(g("depth")).alias("depth_mean"),
+        F.max_by("backlog", g("t")).alias("backlog_last"),
+        F.max(g("clients")).alias("clients_max"),
+        F.avg(g("clients")).alias("clients_mean"),
+        F.flatten(F.collect_list(F.when(sample & col("e2e").isNotNull(), col("e2e")))).alias("e2e_all"),
         F.sum("ov").alias("covered_s"),
         F.sum(col("d_msg") * col("wgt")).alias("published"),
         F.sum(col("d_bytes") * col("wgt")).alias("published_bytes"),
@@ -163,35 +183,25 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         F.sum(col("d_req") * col("wgt")).alias("requeued"),
         F.sum(col("d_tmo") * col("wgt")).alias("timed_out"),
         F.sum(col("d_backlog") * col("wgt")).alias("backlog_change"),
-        F.sum(F.when(col("k") == col("k1"), col("reset")).otherwise(0)).alias("restarts"),
+        F.sum(F.when(sample, col("reset")).otherwise(0)).alias("restarts"),
     )
-    g = x.withColumn("k", F.floor(col("t") / W))
-    gauges = g.groupBy(*KEYS, "k").agg(
-        F.count(F.lit(1)).alias("samples"),
-        F.max_by("hostname", "t").alias("hostname"),
-        F.max("depth").alias("depth_max"),
-        F.avg("depth").alias("depth_mean"),
-        F.max_by("backlog", "t").alias("backlog_last"),
-        F.max("clients").alias("clients_max"),
-        F.avg("clients").alias("clients_mean"),
-    )
-    e2e = (g.select(*KEYS, "k", F.explode("e2e").alias("p"))
-           .groupBy(*KEYS, "k", F.col("p.quantile").alias("q"))
-           .agg((F.max("p.value") / 1e6).alias("ms"))
-           .groupBy(*KEYS, "k")
-           .agg(F.map_from_entries(F.collect_list(F.struct(F.col("q").cast("string"), F.col("ms"))))
-                .alias("e2e_ms")))
-    out = gauges.join(rates, [*KEYS, "k"], "full_outer").join(e2e, [*KEYS, "k"], "left")
+    quantiles = F.array_distinct(F.transform("e2e_all", lambda p: p["quantile"]))
+    e2e_ms = F.when(F.size("e2e_all") > 0, F.map_from_arrays(
+        F.transform(quantiles, lambda q: q.cast("string")),
+        F.transform(quantiles, lambda q: F.array_max(F.transform(
+            F.filter("e2e_all", lambda p: p["quantile"] == q), lambda p: p["value"])) / 1e6)))
+
+    covered = col("covered_s") > 0
 
     def per_s(c: str) -> Any:
-        return F.when(col("covered_s") > 0, col(c) / col("covered_s"))
+        return F.when(covered, col(c) / col("covered_s"))
 
     growth = per_s("backlog_change")
     drain = (F.when(col("backlog_last") == 0, F.lit(0.0))
              .when(col("backlog_growth_rate") < 0, col("backlog_last") / -col("backlog_growth_rate")))
     is_topic = col("channel") == ""
     window_start = F.timestamp_seconds(col("k") * W)
-    return (out
+    return (agg
             .withColumn("backlog_growth_rate", growth)
             .select(
                 F.to_date(window_start).alias("date"),
@@ -200,17 +210,16 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
                 "node", "hostname", "topic",
                 F.when(is_topic, F.lit(None).cast("string")).otherwise(col("channel")).alias("channel"),
                 F.when(is_topic, F.lit("topic")).otherwise(F.lit("channel")).alias("level"),
-                F.coalesce(col("samples"), F.lit(0)).alias("samples"),
-                F.coalesce(col("covered_s"), F.lit(0.0)).alias("covered_s"),
-                "published", per_s("published").alias("publish_rate"),
+                "samples", "covered_s",
+                F.when(covered, col("published")).alias("published"), per_s("published").alias("publish_rate"),
                 F.when(is_topic, per_s("published_bytes")).alias("publish_bytes_rate"),
-                "finished", per_s("finished").alias("finish_rate"),
-                "requeued", per_s("requeued").alias("requeue_rate"),
-                "timed_out", per_s("timed_out").alias("timeout_rate"),
+                F.when(covered, col("finished")).alias("finished"), per_s("finished").alias("finish_rate"),
+                F.when(covered, col("requeued")).alias("requeued"), per_s("requeued").alias("requeue_rate"),
+                F.when(covered, col("timed_out")).alias("timed_out"), per_s("timed_out").alias("timeout_rate"),
                 "depth_max", "depth_mean", "backlog_last", "backlog_growth_rate",
                 drain.alias("time_to_drain_s"),
-                "clients_max", "clients_mean", "e2e_ms",
-                F.coalesce(col("restarts"), F.lit(0)).alias("restarts"),
+                "clients_max", "clients_mean", e2e_ms.alias("e2e_ms"),
+                "restarts",
             ))
 
 
