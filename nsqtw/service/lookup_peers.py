@@ -122,7 +122,7 @@ class LookupPeerProtocol(Protocol):
         self.peer.protocol = self
         self.transport.write(MAGIC_V1)
         fields = self.peer.owner.identify_fields()
-        self.command(identify_command(fields)).addCallback(self._identified)
+        self.command(identify_command(fields)).addCallbacks(self._identified, self._not_identified)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self._cancel_deadline()
@@ -208,6 +208,10 @@ class LookupPeerProtocol(Protocol):
             waits.append(self.command(cmd).addCallback(self._check_ok, cmd))
         done = defer.gatherResults(waits, consumeErrors=True)
         done.addCallbacks(lambda _: peer._registered(self), lambda f: None)
+
+    def _not_identified(self, failure: Failure) -> None:
+        """The connection went before IDENTIFY was answered; the ClientService dials again."""
+        log.debug("LOOKUPD({peer}): IDENTIFY - {err}", peer=self.peer.address, err=failure.getErrorMessage())
 
     def _check_ok(self, body: bytes, cmd: bytes) -> bytes:
         if body != b"OK":
