@@ -102,6 +102,8 @@ class NSQConnection(Protocol):
         self._deadline: Any = None
         self._write_stall: Any = None
         self._fatal: Optional[Exception] = None
+        self._producing = False
+        self._close_guard: Any = None
         # consumer bookkeeping (go-nsq Conn fields), read and written by the RDY logic
         self.rdy = 0
         self.last_rdy_time = 0.0
@@ -150,6 +152,7 @@ class NSQConnection(Protocol):
         if register is not None:
             try:
                 register(self, True)
+                self._producing = True
             except Exception:  # pragma: no cover - a transport that refuses producers
                 pass
         self.transport.write(self.core.start())
@@ -161,10 +164,10 @@ class NSQConnection(Protocol):
         self.lost = True
         self.ready = False
         self.core.close()
-        for call in (self._deadline, self._write_stall):
+        for call in (self._deadline, self._write_stall, self._close_guard):
             if call is not None and call.active():
                 call.cancel()
-        self._deadline = self._write_stall = None
+        self._deadline = self._write_stall = self._close_guard = None
         cause = self._fatal
         if cause is not None and not isinstance(cause, NSQError):
             reason = Failure(cause)
@@ -189,7 +192,21 @@ class NSQConnection(Protocol):
         """Graceful close: wait for the messages in flight to be answered, then hang up."""
         self.closing = True
         if self.in_flight <= 0 and self.connected_:
-            self.transport.loseConnection()
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        """loseConnection, after unregistering as the transport's producer (TLS waits for that)."""
+        transport = self.transport
+        if self._close_guard is None and not self.lost:
+            # a peer that never completes the close (a TLS close_notify unanswered) is cut off
+            self._close_guard = self.clock.callLater(max(self.config.read_timeout, 1.0), self.abort)
+        if self._producing:
+            self._producing = False
+            try:
+                transport.unregisterProducer()
+            except Exception:  # pragma: no cover - a transport without producers
+                pass
+        transport.loseConnection()
 
     def abort(self, reason: Optional[Exception] = None) -> None:
         """Close now; pending commands fail."""
@@ -201,7 +218,7 @@ class NSQConnection(Protocol):
             if abort is not None:
                 abort()
             else:  # pragma: no cover - transports without abort
-                self.transport.loseConnection()
+                self._hang_up()
 
     # --- writing --------------------------------------------------------------------
 
@@ -337,7 +354,7 @@ class NSQConnection(Protocol):
         self.closing = True
         self.ready = False
         if self.connected_:
-            self.transport.loseConnection()
+            self._hang_up()
         if self._pending:
             d = self._pending.popleft()
             if not self._pending:
@@ -376,7 +393,7 @@ class NSQConnection(Protocol):
     def _answered(self) -> None:
         self.in_flight -= 1
         if self.in_flight <= 0 and self.closing and self.connected_:
-            self.transport.loseConnection()
+            self._hang_up()
 
     def _write_answer(self, data: bytes) -> None:
         if self.connected_ and not self.lost:
