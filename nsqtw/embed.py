@@ -28,7 +28,7 @@ from twisted.internet import defer
 from .options import NsqdOptions
 from .reactor import resolve_reactor
 
-__all__ = ["start_nsqd", "NsqdHandle"]
+__all__ = ["start_nsqd", "NsqdHandle", "start_nsqlookupd", "LookupdHandle"]
 
 
 @attr.s(eq=False)
@@ -118,3 +118,6 @@ def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, **kwa
 
     d.addCallbacks(lambda _: handle, failed)
     return d
+
+
+from .embed_lookupd import LookupdHandle, start_nsqlookupd  # noqa: E402  (re-exported)

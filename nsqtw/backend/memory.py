@@ -40,6 +40,12 @@ class MemoryQueue:
         self._count += room
         return rest
 
+    def force_put(self, run: Run) -> None:
+        """Append ignoring capacity: a message the broker already held (a requeue, a timeout)
+        is never refused, because refusing it would lose it."""
+        self._runs.append(run)
+        self._count += len(run[1])
+
     def push_front(self, run: Run) -> None:
         """Put a run back at the head, ignoring capacity (undo of a read)."""
         self._runs.appendleft(run)

@@ -11,6 +11,7 @@ to settle so consumers get the messages in the same reactor turn.
 from __future__ import annotations
 
 import json
+import re
 import socket
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["NsqdHTTPAPI"]
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
+_GO_INT = re.compile(r"[+-]?[0-9]+\Z")
 
 
 def _read_body(request: IRequest, limit: int) -> Optional[bytes]:
@@ -133,10 +135,9 @@ class NsqdHTTPAPI:
         defer = first(params, "defer")
         delay = 0.0
         if defer is not None:
-            try:
-                ms = int(defer, 10)
-            except ValueError:
-                raise HTTPAPIError(400, "INVALID_DEFER") from None
+            if not _GO_INT.match(defer):  # strconv.ParseInt: an optional sign and digits only
+                raise HTTPAPIError(400, "INVALID_DEFER")
+            ms = int(defer, 10)
             if ms < 0 or ms > self.node.options.max_req_timeout * 1000:
                 raise HTTPAPIError(400, "INVALID_DEFER")
             delay = ms / 1000.0
@@ -355,6 +356,14 @@ class NsqdHTTPAPI:
         self._settle()
         return v1(request, None)
 
+    @staticmethod
+    def _null(request: IRequest) -> bytes:
+        """An empty address list as Go marshals a nil slice."""
+        request.setHeader(b"X-NSQ-Content-Type", b"nsq; version=1.0")
+        request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
+        request.setHeader(b"Content-Length", b"4")
+        return b"null"
+
     @app.route("/config/<string:opt>", methods=["GET", "PUT"])
     def config(self, request: IRequest, opt: str) -> bytes:
         self._guard(request)
@@ -368,11 +377,14 @@ class NsqdHTTPAPI:
                     value = json.loads(body)
                 except ValueError:
                     raise HTTPAPIError(400, "INVALID_VALUE") from None
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                if value is not None and (
+                        not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                     raise HTTPAPIError(400, "INVALID_VALUE")
-                self.node.set_lookupd_addresses(value)
+                self.node.set_lookupd_addresses(value or [])
+                if value is None:
+                    return self._null(request)  # Go unmarshals null into a nil slice
             elif opt == "log_level":
-                level = body.decode("utf-8", "replace").strip().lower()
+                level = body.decode("utf-8", "replace").lower()
                 if level not in LOG_LEVELS:
                     raise HTTPAPIError(400, "INVALID_VALUE")
                 self.node.set_options(log_level=LOG_LEVELS[level])

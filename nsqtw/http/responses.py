@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 from typing import Any, Dict, List, Optional
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
+from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from ..errors import HTTPAPIError
@@ -30,10 +31,51 @@ TEXT_TYPE = b"text/plain; charset=utf-8"
 NSQ_TYPE = b"nsq; version=1.0"
 
 
+_HEX = set("0123456789abcdefABCDEF")
+
+
+def _unescape(text: str) -> str:
+    """Go's ``url.QueryUnescape``: '+' is a space, a bad %-escape is an error."""
+    i = text.find("%")
+    while i >= 0:
+        pair = text[i + 1:i + 3]
+        if len(pair) != 2 or pair[0] not in _HEX or pair[1] not in _HEX:
+            raise ValueError(f"invalid URL escape {text[i:i + 3]!r}")
+        i = text.find("%", i + 3)
+    return unquote_plus(text, encoding="utf-8", errors="surrogateescape")
+
+
+def parse_query(raw: str) -> Dict[str, List[str]]:
+    """Go's ``url.ParseQuery``: ``&``-separated, ``;`` refused, strict %-escapes."""
+    out: Dict[str, List[str]] = {}
+    error: Optional[Exception] = None
+    for part in raw.split("&"):
+        if not part:
+            continue
+        if ";" in part:
+            error = error or ValueError("invalid semicolon separator in query")
+            continue
+        key, _, value = part.partition("=")
+        try:
+            k = _unescape(key)
+            v = _unescape(value)
+        except ValueError as e:
+            error = error or e
+            continue
+        out.setdefault(k, []).append(v)
+    if error is not None:
+        raise error
+    return out
+
+
 def query(request: IRequest) -> Dict[str, List[str]]:
-    """Query-string parameters only (nsqd never reads form bodies), as Go's ParseQuery."""
+    """Query-string parameters only (nsqd never reads form bodies); a query Go's
+    ParseQuery refuses is 400 INVALID_REQUEST, as nsqd answers."""
     raw = urlsplit(request.uri.decode("latin-1")).query
-    return parse_qs(raw, keep_blank_values=True)
+    try:
+        return parse_query(raw)
+    except ValueError:
+        raise HTTPAPIError(400, "INVALID_REQUEST") from None
 
 
 def first(params: Dict[str, List[str]], key: str) -> Optional[str]:
@@ -41,19 +83,28 @@ def first(params: Dict[str, List[str]], key: str) -> Optional[str]:
     return values[0] if values else None
 
 
+def _sized(request: IRequest, body: bytes) -> bytes:
+    """Answer with a Content-Length (as Go's net/http does for small bodies), not chunked."""
+    request.setHeader(b"Content-Length", b"%d" % len(body))
+    if not body:
+        # net/http sniffs a Content-Type only for a non-empty body
+        request.defaultContentType = None  # type: ignore[attr-defined]
+    return body
+
+
 def v1(request: IRequest, data: Any) -> bytes:
     """A 200 answer in the V1 envelope."""
     request.setHeader(b"X-NSQ-Content-Type", NSQ_TYPE)
     if data is None:
-        return b""
+        return _sized(request, b"")
     if isinstance(data, bytes):
         request.setHeader(b"Content-Type", TEXT_TYPE)
-        return data
+        return _sized(request, data)
     if isinstance(data, str):
         request.setHeader(b"Content-Type", TEXT_TYPE)
-        return data.encode()
+        return _sized(request, data.encode())
     request.setHeader(b"Content-Type", JSON_TYPE)
-    return go_json(data)
+    return _sized(request, go_json(data))
 
 
 def v1_error(request: IRequest, status: int, text: str, extra: Optional[Dict[str, Any]] = None) -> bytes:
@@ -63,14 +114,14 @@ def v1_error(request: IRequest, status: int, text: str, extra: Optional[Dict[str
     body: Dict[str, Any] = {"message": text}
     if extra:
         body.update(extra)
-    return go_json(body)
+    return _sized(request, go_json(body))
 
 
 def plain(request: IRequest, text: str, status: int = 200) -> bytes:
     """NSQ's PlainText decorator (``/ping``): no V1 header."""
     request.setResponseCode(status)
     request.setHeader(b"Content-Type", TEXT_TYPE)
-    return text.encode()
+    return _sized(request, text.encode())
 
 
 def install_error_handlers(app: Any) -> None:
@@ -98,3 +149,82 @@ def install_error_handlers(app: Any) -> None:
         from twisted.logger import Logger
         Logger(namespace="nsqtw.http").failure("unhandled error in HTTP handler", failure)
         return v1_error(request, 500, "INTERNAL_ERROR")
+
+
+class RouterResource(Resource):
+    """
+    httprouter's manners around a klein app, as nsqd and nsqlookupd have them.
+
+    OPTIONS on a known path answers 200 with ``Allow``; HEAD is not GET (405);
+    a path that differs from a route only by a trailing slash or by letter case
+    is redirected to it (301 for GET, 307 otherwise).
+    """
+
+    isLeaf = True
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self._app = app
+        self._inner = app.resource()
+
+    def getChildWithDefault(self, name: bytes, request: Any) -> Any:
+        return self
+
+    def _allowed(self, path: str) -> List[str]:
+        adapter = self._app.url_map.bind("localhost")
+        try:
+            methods = set(adapter.allowed_methods(path))
+        except Exception:
+            return []
+        methods.discard("HEAD")
+        return sorted(methods | {"OPTIONS"}) if methods else []
+
+    def _matches(self, path: str, method: str) -> bool:
+        adapter = self._app.url_map.bind("localhost")
+        try:
+            adapter.match(path, method=method)
+            return True
+        except Exception:
+            return False
+
+    def _fixed_path(self, path: str, method: str) -> Optional[str]:
+        candidates = [path[:-1] if path.endswith("/") and len(path) > 1 else path + "/"]
+        lowered = path.rstrip("/").lower() or "/"
+        for rule in self._app.url_map.iter_rules():
+            text = rule.rule
+            if "<" in text:
+                prefix = text.split("<", 1)[0]
+                if lowered.startswith(prefix.lower()) and not path.startswith(prefix):
+                    candidates.append(prefix + path.rstrip("/")[len(prefix):])
+            elif text.lower() == lowered:
+                candidates.append(text)
+        for candidate in candidates:
+            if candidate != path and self._matches(candidate, method):
+                return candidate
+        return None
+
+    def render(self, request: Any) -> Any:
+        path = request.path.decode("latin-1")
+        method = request.method.decode("latin-1")
+        if method == "OPTIONS":
+            allowed = self._allowed(path)
+            if allowed:
+                request.setHeader(b"Allow", ", ".join(allowed).encode())
+                return _sized(request, b"")
+        elif method == "HEAD":
+            allowed = self._allowed(path)
+            if allowed:
+                request.setHeader(b"Allow", ", ".join(allowed).encode())
+                return v1_error(request, 405, "METHOD_NOT_ALLOWED")
+        elif path != "/" and not self._allowed(path):
+            fixed = self._fixed_path(path, method)
+            if fixed is not None:
+                query_part = request.uri.decode("latin-1").partition("?")
+                location = fixed + (query_part[1] + query_part[2] if query_part[1] else "")
+                request.setResponseCode(301 if method == "GET" else 307)
+                request.setHeader(b"Location", location.encode("latin-1"))
+                if method == "GET":
+                    request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
+                    return _sized(request, b'<a href="%s">Moved Permanently</a>.\n\n' % location.encode("latin-1"))
+                return _sized(request, b"")
+        return self._inner.render(request)

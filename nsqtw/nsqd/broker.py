@@ -166,8 +166,7 @@ class Broker:
     def _new_channel(self, topic: Topic, name: str, now: float) -> Channel:
         if topic.exiting or self.exiting:
             raise Exiting()
-        backend = self.backend_factory(f"{topic.name}:{name}",
-                                       topic.ephemeral or name.endswith("#ephemeral"))
+        backend = self.backend_factory(f"{topic.name}:{name}", name.endswith("#ephemeral"))
         ch = Channel(topic, name, self, backend, now)
         if hasattr(backend, "deferred_sink"):
             backend.deferred_sink = ch.restore_deferred

@@ -107,9 +107,19 @@ class Channel:
             self.broker.dirty.add(self)
 
     def _put_back(self, frames: List[bytes]) -> None:
-        """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``."""
+        """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are
+        never refused (a full memory queue without disk keeps them anyway)."""
         if frames:
-            self._store(run_of_frames(frames))
+            self._store_back(run_of_frames(frames))
+
+    def _store_back(self, run: Run) -> None:
+        rest = self.mem.put(run)
+        if rest is not None:
+            rest = self.backend.put(rest)
+            if rest is not None:
+                self.mem.force_put(rest)
+        if self.clients:
+            self.broker.dirty.add(self)
 
     def room(self) -> int:
         return self.mem.room() if not self.backend_accepts_all() else 1 << 62
@@ -273,7 +283,7 @@ class Channel:
             heapq.heappush(self.deferred, (now + delay, next(_seq), frame))
             self.broker.dirty.add(self)
         else:
-            self._store(run_of_frame(frame))
+            self._store_back(run_of_frame(frame))
             self.broker.dirty.add(self)
 
     def touch(self, client: ClientState, mid: bytes, now: float) -> None:

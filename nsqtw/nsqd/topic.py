@@ -73,7 +73,7 @@ class Topic:
         """Refuse, before anything is stored, a publish some queue cannot hold."""
         if self.exiting:
             raise Exiting()
-        if self.flowing():
+        if self.flowing() and not self.mem.depth() and not self.backend.depth():
             for ch in self.channels.values():
                 if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
                     raise QueueFull(f"channel {self.name}:{ch.name} is full")

@@ -44,8 +44,8 @@ __all__ = ["V2Session", "Features", "MAX_LINE"]
 #: nsqd reads lines through a 16 KiB bufio.Reader; a longer line is a read error (close, no frame)
 MAX_LINE = 16 * 1024
 
-_FIN_RUN = re.compile(rb"(?:FIN [^\n]{16}\n)+")
-_FIN_IDS = re.compile(rb"FIN ([^\n]{16})\n")
+_FIN_RUN = re.compile(rb"(?:FIN [^\n\r ]{16}\n)+")
+_FIN_IDS = re.compile(rb"FIN ([^\n\r ]{16})\n")
 _DIGITS = re.compile(rb"[0-9]*\Z")
 _I32 = struct.Struct(">i").unpack_from
 
@@ -99,6 +99,7 @@ class V2Session:
         #: --sync-every=1: a publish is answered only once the fsync covering it is done
         self.sync_publish = sync_publish
         self._held: Optional[List[Tuple[int, bytes]]] = None
+        self._mpub_state: Any = None
         self._want_sync = False
         self._next_gen = 1
         self._last_gen = 0
@@ -164,7 +165,7 @@ class V2Session:
         while pos < end:
             nl = buf.find(b"\n", pos)
             if nl < 0:
-                if end - pos > MAX_LINE:
+                if end - pos >= MAX_LINE:
                     # nsqd: "failed to read command" - the connection closes, no error frame
                     self.closed = True
                     return False
@@ -181,7 +182,7 @@ class V2Session:
                         for err in client.channel.finish_many(client, ids, now):
                             self._respond(encode_frame(FRAME_ERROR, err.wire()))
                         continue
-                if nl - pos > MAX_LINE:
+                if nl - pos >= MAX_LINE:  # the 16 KiB read buffer must hold the line and its \n
                     self.closed = True
                     return False
                 line = buf[pos:nl]
@@ -453,30 +454,41 @@ class V2Session:
             raise BadBody(f"MPUB invalid body size {body_size}")
         if body_size > self._max_body_size:
             raise BadBody(f"MPUB body too big {body_size} > {self._max_body_size}")
-        # wait for the announced body before walking it (it is bounded by --max-body-size)
+        # like nsqd, walk the messages themselves (the outer size is only bounds-checked), and
+        # keep the walk across reads so a large MPUB is not re-parsed from its start every time
         p = start + 4
-        self._need(p + body_size, end)
         num = self._size(buf, p, end)
         max_messages = (self._max_body_size - 4) // 5
         if num <= 0 or num > max_messages:
             raise BadBody(f"MPUB invalid message count {num}")
         p += 4
+        state = self._mpub_state
+        if state is not None:  # offsets were saved relative to ``start`` (the buffer is rebuilt)
+            i, rel, starts, stops = state
+            p = start + rel
+            starts = [x + start for x in starts]
+            stops = [x + start for x in stops]
+            self._mpub_state = None
+        else:
+            i, starts, stops = 0, [], []
         max_msg = self._max_msg_size
-        starts = []
-        stops = []
-        for i in range(num):
+        while i < num:
             if p + 4 > end:
-                raise _Wait()
+                self._save_mpub(i, p, start, starts, stops)
+                raise _Wait(p + 4 - end)
             size = _I32(buf, p)[0]
             if size <= 0:
                 raise BadMessage(f"MPUB invalid message({i}) body size {size}")
             if size > max_msg:
                 raise BadMessage(f"MPUB message too big {size} > {max_msg}")
+            if p + 4 + size > end:
+                self._save_mpub(i, p, start, starts, stops)
+                raise _Wait(p + 4 + size - end)
             p += 4
             starts.append(p)
             p += size
             stops.append(p)
-        self._need(p, end)
+            i += 1
         bodies = list(map(buf.__getitem__, map(slice, starts, stops)))
         try:
             self.broker.publish(topic_name, bodies, now)
@@ -486,6 +498,9 @@ class V2Session:
         self._published()
         self._respond(OK_FRAME)
         return p
+
+    def _save_mpub(self, i: int, p: int, start: int, starts: List[int], stops: List[int]) -> None:
+        self._mpub_state = (i, p - start, [x - start for x in starts], [x - start for x in stops])
 
     def _identify(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         client = self.client

@@ -96,13 +96,17 @@ class NsqdService(MultiService):
         if options.http_address:
             from twisted.web.server import Site
             from ..http.nsqd_api import NsqdHTTPAPI
+            from ..http.responses import RouterResource
             api = NsqdHTTPAPI(self, tls_only_http=options.tls_required == TLS_REQUIRED)
-            site = Site(api.resource())
+            site = Site(RouterResource(api.app))
             site.noisy = False
             site.displayTracebacks = False
             self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
             self.http_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
+        from .lookup_peers import LookupPeersService
+        self.lookup_peers = LookupPeersService(self)
+        self.lookup_peers.setServiceParent(self)
         self._stopping: Optional[defer.Deferred] = None
 
     # --- what the glue asks of the node ------------------------------------------
@@ -153,7 +157,9 @@ class NsqdService(MultiService):
         self.broker.options = self.options
 
     def set_lookupd_addresses(self, addresses: List[str]) -> None:
+        """PUT /config/nsqlookupd_tcp_addresses: drop removed peers, connect new ones."""
         self.set_options(lookupd_tcp_addresses=list(addresses))
+        self.lookup_peers.set_addresses(list(addresses))
 
     # --- addresses ------------------------------------------------------------
 

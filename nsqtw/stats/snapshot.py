@@ -150,9 +150,18 @@ def _normalise(value: Any) -> Any:
     return value
 
 
+_GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+               ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
 def go_json(value: Any) -> bytes:
-    """JSON as Go's encoder writes it: compact, and integral floats without ``.0``."""
-    return json.dumps(_normalise(value), separators=(",", ":"), ensure_ascii=False).encode()
+    """JSON as Go's encoder writes it: compact, integral floats without ``.0``, and
+    ``<``, ``>``, ``&``, U+2028 and U+2029 escaped (they only occur inside strings)."""
+    text = json.dumps(_normalise(value), separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in _GO_ESCAPES:
+        if char in text:
+            text = text.replace(char, escaped)
+    return text.encode("utf-8", "surrogateescape")
 
 
 def nanoseconds_to_human(v: float) -> str:

@@ -116,10 +116,6 @@ async def test_unknown_path_is_404(api, path):
     await api.expect_error("GET", path, 404, "NOT_FOUND")
 
 
-@pytest.mark.xfail(reason="empty 200 answers get twisted.web's default 'Content-Type: text/html'; Go's net/http "
-                          "only sniffs a Content-Type when the body is non-empty, so nsqd sends none "
-                          "(RespondV1 sets it only for JSON)",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_empty_answers_have_no_content_type(nsqd):
     """POST /topic/create answers an empty 200 with no Content-Type, like nsqd."""

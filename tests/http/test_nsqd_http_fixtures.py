@@ -57,9 +57,6 @@ async def test_simple_exchange_matches_go(nsqd, name):
         assert ours.body == go.body
 
 
-@pytest.mark.xfail(reason="nsqtw (twisted.web) answers with Transfer-Encoding: chunked; Go's net/http "
-                          "sends a Content-Length for every one of these small answers (see every fixture)",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_answers_carry_content_length_like_go(nsqd):
     """Go frames its answers with Content-Length, never chunked."""

@@ -12,9 +12,6 @@ from nsqd_http_helpers import raw_http
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.xfail(reason="httprouter's HandleOPTIONS (on by default) answers OPTIONS on a known path with 200, "
-                          "an Allow header and an empty body; nsqtw answers 405 METHOD_NOT_ALLOWED",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_options_answers_allow(nsqd):
     """OPTIONS /pub: 200 with 'Allow: OPTIONS, POST' and no body."""
@@ -23,9 +20,6 @@ async def test_options_answers_allow(nsqd):
     assert ours.header("allow") == "OPTIONS, POST"
 
 
-@pytest.mark.xfail(reason="httprouter has no automatic HEAD: nsqd answers HEAD /ping with 405 "
-                          "METHOD_NOT_ALLOWED (Allow: GET, OPTIONS); nsqtw (werkzeug) serves it as GET",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_head_is_method_not_allowed(nsqd):
     """HEAD on a GET-only route is 405 with Allow, as for any unregistered method."""
@@ -34,9 +28,6 @@ async def test_head_is_method_not_allowed(nsqd):
     assert ours.header("allow") == "GET, OPTIONS"
 
 
-@pytest.mark.xfail(reason="httprouter's RedirectTrailingSlash and RedirectFixedPath (on by default) answer "
-                          "GET /ping/ and GET /PING with 301 Location: /ping; nsqtw answers 404 NOT_FOUND",
-                   strict=True)
 @pytest.mark.parametrize("path", ["/ping/", "/PING", "/Stats"])
 @pytest_twisted.ensureDeferred
 async def test_trailing_slash_and_case_redirect(nsqd, path):
@@ -46,10 +37,6 @@ async def test_trailing_slash_and_case_redirect(nsqd, path):
     assert ours.header("location").rstrip("/").lower() == path.rstrip("/").lower()
 
 
-@pytest.mark.xfail(reason="Go's url.ParseQuery fails on a bad %-escape or a ';' separator and nsqd answers "
-                          "400 INVALID_REQUEST (http.go doStats/getTopicFromQuery); nsqtw's parse_qs accepts "
-                          "them (200 /stats, INVALID_TOPIC for /pub)",
-                   strict=True)
 @pytest.mark.parametrize("method,path", [
     ("GET", "/stats?format=json&topic=%zz"),
     ("GET", "/stats?format=json;x=1"),
@@ -73,10 +60,6 @@ async def test_percent_encoded_query_is_decoded(nsqd):
     assert (ours.status, ours.body) == (400, b'{"message":"INVALID_TOPIC"}')
 
 
-@pytest.mark.xfail(reason="nsqtw parses defer with Python's int(), which accepts '1_000' and surrounding "
-                          "spaces; nsqd's strconv.ParseInt(ds, 10, 64) refuses both with 400 INVALID_DEFER "
-                          "(http.go doPUB)",
-                   strict=True)
 @pytest.mark.parametrize("value", ["1_000", "%2010", "10%20"])
 @pytest_twisted.ensureDeferred
 async def test_defer_parsed_like_go_parseint(nsqd, value):
@@ -92,9 +75,6 @@ async def test_defer_with_plus_sign_is_accepted(nsqd):
     assert (ours.status, ours.body) == (200, b"OK")
 
 
-@pytest.mark.xfail(reason="nsqtw strips the PUT /config/log_level body before parsing it; nsqd's "
-                          "lg.ParseLogLevel only lower-cases it, so 'debug\\n' is 400 INVALID_VALUE",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_config_log_level_is_not_stripped(nsqd):
     """A log level with a trailing newline is not a log level for nsqd."""
@@ -109,9 +89,6 @@ async def test_config_log_level_case_insensitive(nsqd):
     assert (ours.status, ours.body) == (200, b"3")
 
 
-@pytest.mark.xfail(reason="nsqd json.Unmarshal's 'null' into the address slice (nil, no error) and answers "
-                          "200 null; nsqtw refuses it with 400 INVALID_VALUE",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_config_lookupd_addresses_null(nsqd):
     """PUT /config/nsqlookupd_tcp_addresses with JSON null clears the list."""

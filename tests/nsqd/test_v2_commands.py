@@ -129,10 +129,6 @@ def test_line_of_16383_bytes_is_accepted():
     w.ok()
 
 
-@pytest.mark.xfail(reason="nsqtw accepts a 16384-byte line (limit checked as > 16384 bytes excluding the "
-                          "newline); Go's bufio.Reader of 16384 bytes needs room for the '\\n' too, so a "
-                          "16384-byte line fails ReadSlice with ErrBufferFull and the connection closes",
-                   strict=True)
 def test_line_of_16384_bytes_closes():
     """A 16384-byte line plus newline does not fit nsqd's 16 KiB bufio buffer: closed, no error frame."""
     h = Harness()
@@ -410,10 +406,6 @@ def test_mpub_outer_size_smaller_than_content_is_not_checked():
     assert h.topic("t").message_count == 2
 
 
-@pytest.mark.xfail(reason="nsqtw waits for the whole announced MPUB body size before parsing; nsqd reads the "
-                          "count and messages straight from the stream (protocol_v2.go readMPUB) and answers OK "
-                          "without waiting for bytes the outer size announced beyond them",
-                   strict=True)
 def test_mpub_outer_size_larger_than_content_answers_at_once():
     """An MPUB whose outer size overstates its content is answered as soon as its messages are read."""
     h = Harness()
@@ -599,10 +591,6 @@ def test_fin_twice():
     assert w.alive
 
 
-@pytest.mark.xfail(reason="nsqtw's batched-FIN fast path takes any 16 bytes after 'FIN ' as the ID; nsqd strips "
-                          "the \\r, sees a 15-byte ID and answers the fatal 'E_INVALID invalid message ID' "
-                          "(protocol_v2.go getMessageID); nsqtw answers a non-fatal E_FIN_FAILED instead",
-                   strict=True)
 def test_fin_short_id_with_crlf_is_invalid():
     """'FIN <15 bytes>\\r\\n' is a 15-byte ID once the \\r is stripped: fatal E_INVALID."""
     h = Harness()
@@ -611,10 +599,6 @@ def test_fin_short_id_with_crlf_is_invalid():
     assert w.error() == b"E_INVALID invalid message ID"
 
 
-@pytest.mark.xfail(reason="nsqtw's batched-FIN fast path does not split on spaces; nsqd splits 'FIN 01234567 "
-                          "9abcdef' into three params and answers the fatal 'E_INVALID invalid message ID' for "
-                          "the 8-byte ID; nsqtw answers a non-fatal E_FIN_FAILED",
-                   strict=True)
 def test_fin_id_with_space_is_invalid():
     """A 16-byte 'ID' holding a space is two parameters for nsqd: the first is not 16 bytes, fatal E_INVALID."""
     h = Harness()
