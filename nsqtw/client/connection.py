@@ -20,7 +20,8 @@ once the handshake is done.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Optional
+import struct
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from twisted.internet import defer, error as ierror
 from twisted.internet.interfaces import IReactorTime
@@ -30,7 +31,7 @@ from twisted.python.failure import Failure
 
 from ..errors import NSQError, from_wire
 from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT
-from ..protocol.message import decode_message
+from ..protocol.message import MIN_MESSAGE_LENGTH
 from . import commands
 from .config import Config
 from .core import EV_FAILED, EV_READY, EV_START_TLS, EV_WRITE, ClientCore
@@ -42,6 +43,7 @@ __all__ = ["NSQConnection", "ConnectionDelegate", "connect", "dial", "new_connec
 log = Logger(namespace="nsqtw.client")
 
 _NOP = commands.NOP
+_TS_ATTEMPTS = struct.Struct(">qH").unpack_from
 
 #: ``connector(address, protocol) -> Deferred[protocol]``: how a connection is dialed
 Connector = Callable[[Any, Protocol], defer.Deferred]
@@ -90,7 +92,7 @@ class NSQConnection(Protocol):
         self.handshake: defer.Deferred = defer.Deferred(lambda _: self.abort())
         #: fires (with None; see ``close_reason``) when the connection is gone
         self.closed: defer.Deferred = defer.Deferred()
-        self.connected_ = False
+        self._open = False
         self.ready = False
         self.closing = False
         self.lost = False
@@ -104,6 +106,8 @@ class NSQConnection(Protocol):
         self._fatal: Optional[Exception] = None
         self._producing = False
         self._close_guard: Any = None
+        #: commands written while a read is being handled go out as one write after it
+        self._batch: Optional[List[bytes]] = None
         # consumer bookkeeping (go-nsq Conn fields), read and written by the RDY logic
         self.rdy = 0
         self.last_rdy_time = 0.0
@@ -128,13 +132,18 @@ class NSQConnection(Protocol):
     def is_closing(self) -> bool:
         return self.closing or self.lost
 
+    @property
+    def is_open(self) -> bool:
+        """Connected (the handshake may still be running); False once lost."""
+        return self._open
+
     def write_rdy(self, count: int) -> None:
         self.send(commands.rdy(count))
 
     # --- lifecycle -------------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        self.connected_ = True
+        self._open = True
         now = self.clock.seconds()
         self._last_read = now
         self.last_msg_time = now
@@ -160,7 +169,7 @@ class NSQConnection(Protocol):
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         if reason is None:
             reason = Failure(ierror.ConnectionDone())
-        self.connected_ = False
+        self._open = False
         self.lost = True
         self.ready = False
         self.core.close()
@@ -191,11 +200,26 @@ class NSQConnection(Protocol):
     def close(self) -> None:
         """Graceful close: wait for the messages in flight to be answered, then hang up."""
         self.closing = True
-        if self.in_flight <= 0 and self.connected_:
+        if self.in_flight <= 0 and self._open:
             self._hang_up()
+
+    def _write(self, data: bytes) -> None:
+        batch = self._batch
+        if batch is not None:
+            batch.append(data)
+        elif self._open:
+            self.transport.write(self.core.encode(data))
+
+    def _flush_batch(self) -> None:
+        batch = self._batch
+        if batch:
+            self._batch = []
+            if self._open and not self.lost:
+                self.transport.write(self.core.encode(b"".join(batch)))
 
     def _hang_up(self) -> None:
         """loseConnection, after unregistering as the transport's producer (TLS waits for that)."""
+        self._flush_batch()
         transport = self.transport
         if self._close_guard is None and not self.lost:
             # a peer that never completes the close (a TLS close_notify unanswered) is cut off
@@ -212,8 +236,10 @@ class NSQConnection(Protocol):
         """Close now; pending commands fail."""
         if reason is not None and self._fatal is None:
             self._fatal = reason
+        if self._batch:
+            self._batch = []
         self.closing = True
-        if self.connected_:
+        if self._open:
             abort = getattr(self.transport, "abortConnection", None)
             if abort is not None:
                 abort()
@@ -224,17 +250,17 @@ class NSQConnection(Protocol):
 
     def send(self, data: bytes) -> None:
         """Write a command that expects no response (NOP, RDY, FIN, REQ, TOUCH)."""
-        if not self.ready or not self.connected_:
+        if not self.ready or not self._open:
             raise NotConnected(f"not connected to {self.address}")
-        self.transport.write(self.core.encode(data))
+        self._write(data)
 
     def command(self, data: bytes) -> defer.Deferred:
         """Write a command that expects a response; fires with it (FIFO matching)."""
-        if not self.ready or not self.connected_:
+        if not self.ready or not self._open:
             return defer.fail(NotConnected(f"not connected to {self.address}"))
         d: defer.Deferred = defer.Deferred()
         self._pending.append(d)
-        self.transport.write(self.core.encode(data))
+        self._write(data)
         return d
 
     @property
@@ -258,7 +284,7 @@ class NSQConnection(Protocol):
     # --- the transport's producer hooks: a stalled write is the write timeout ------------
 
     def pauseProducing(self) -> None:
-        if self._write_stall is None and self.connected_:
+        if self._write_stall is None and self._open:
             self._write_stall = self.clock.callLater(self.config.write_timeout, self._write_timed_out)
 
     def resumeProducing(self) -> None:
@@ -297,15 +323,25 @@ class NSQConnection(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         self._last_read = self.clock.seconds()
+        if not self.ready or self._batch is not None:
+            self._dispatch(data)  # the handshake writes as it goes (upgrades change the encoding)
+            return
+        self._batch = []
+        try:
+            self._dispatch(data)
+        finally:
+            self._flush_batch()
+            self._batch = None
+
+    def _dispatch(self, data: bytes) -> None:
         for ftype, payload in self.core.receive(data):
-            if self._fatal is not None and not self.connected_:
-                return
+            if self._fatal is not None or self.lost:
+                return  # after a fatal error or an abort nothing more is read
             if ftype == FRAME_MESSAGE:
                 self._on_message(payload)
             elif ftype == FRAME_RESPONSE:
                 if payload == HEARTBEAT:
-                    if self.connected_:
-                        self.transport.write(self.core.encode(_NOP))
+                    self._write(_NOP)
                     self.delegate.on_heartbeat(self)
                 elif self._pending:
                     d = self._pending.popleft()
@@ -330,12 +366,11 @@ class NSQConnection(Protocol):
                 return
 
     def _on_message(self, payload: bytes) -> None:
-        try:
-            raw = decode_message(payload)
-        except ValueError as e:
-            self.abort(ProtocolError(str(e)))
+        if len(payload) < MIN_MESSAGE_LENGTH:
+            self.abort(ProtocolError(f"invalid message buffer size ({len(payload)})"))
             return
-        msg = Message(raw.id, raw.body, raw.timestamp, raw.attempts, self, self.address)
+        ts, attempts = _TS_ATTEMPTS(payload, 0)
+        msg = Message(payload[10:26], payload[26:], ts, attempts, self, self.address)
         self.in_flight += 1
         self.messages_received += 1
         self.last_msg_time = self._last_read
@@ -353,7 +388,7 @@ class NSQConnection(Protocol):
         self._fatal = err
         self.closing = True
         self.ready = False
-        if self.connected_:
+        if self._open:
             self._hang_up()
         if self._pending:
             d = self._pending.popleft()
@@ -392,12 +427,12 @@ class NSQConnection(Protocol):
 
     def _answered(self) -> None:
         self.in_flight -= 1
-        if self.in_flight <= 0 and self.closing and self.connected_:
+        if self.in_flight <= 0 and self.closing and self._open:
             self._hang_up()
 
     def _write_answer(self, data: bytes) -> None:
-        if self.connected_ and not self.lost:
-            self.transport.write(self.core.encode(data))
+        if self._open and not self.lost:
+            self._write(data)
 
     def on_message_finish(self, msg: Message) -> None:
         self.delegate.on_message_finished(self, msg)

@@ -241,9 +241,8 @@ class Consumer(ConnectionDelegate):
         def failed(f: Failure) -> None:
             if f.check(AlreadyConnected, Stopped):
                 return
-            if f.check(NSQError):
-                # connected but SUB failed: the close handler schedules the next try
-                return
+            if key in self.rdy.conns:
+                return  # connected but the SUB was refused: its close schedules the next try
             self._schedule_reconnect(key)
 
         d.addErrback(failed)
@@ -475,7 +474,7 @@ class Consumer(ConnectionDelegate):
             self._handler_failed(Failure(), msg)
             self._handler_done()
             return
-        if inspect.isawaitable(result) and not isinstance(result, defer.Deferred):
+        if result is not None and not isinstance(result, defer.Deferred) and inspect.isawaitable(result):
             result = defer.ensureDeferred(result)
         if isinstance(result, defer.Deferred):
             result.addCallbacks(self._handler_succeeded, self._handler_failed,

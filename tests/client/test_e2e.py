@@ -98,7 +98,7 @@ async def test_heartbeat_answered_and_connection_kept(nsqd):
 
     conn = await connect(nsqd.tcp_address, Config(heartbeat_interval=1.0), Delegate())
     await beats.addTimeout(5, _reactor())
-    assert conn.connected_ and not conn.lost
+    assert conn.is_open and not conn.lost
     conn.close()
     await conn.closed
 
