@@ -236,3 +236,20 @@ def test_bad_address_is_refused_early():
     """An address without a port is a ConfigError at construction."""
     with pytest.raises(ValueError):
         Producer("localhost", reactor=task.Clock())
+
+
+def test_write_stalled_longer_than_write_timeout_closes():
+    """The transport pausing us (its buffer full) for write_timeout is go-nsq's write deadline."""
+    p, clock, connector = producer(write_timeout=0.5)
+    r = results(p.publish("t", b"1"))
+    wire = connector.handshake("127.0.0.1:4150")
+    wire.proto.pauseProducing()
+    clock.advance(0.4)
+    wire.proto.resumeProducing()  # drained in time: nothing happens
+    clock.advance(1)
+    assert not wire.transport.disconnected
+    wire.proto.pauseProducing()
+    clock.advance(0.5)
+    assert wire.transport.disconnected
+    wire.proto.connectionLost(Failure(ConnectionLost()))
+    assert isinstance(r[0].value, NotConnected)

@@ -153,3 +153,11 @@ def test_copy_is_independent():
     other = cfg.copy()
     other.set("max_in_flight", 9)
     assert cfg.max_in_flight == 1
+
+
+def test_tls_root_ca_file_must_be_readable(tmp_path):
+    """go-nsq reads the CA file on Set: a missing one is refused there."""
+    with pytest.raises(ConfigError, match="Certificate Authority"):
+        Config().set("tls_root_ca_file", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="tls_min_version"):
+        Config().set("tls_min_version", "tls9")

@@ -455,3 +455,42 @@ def test_lookupd_query_times_out_on_the_clock():
     assert r == []
     clock.advance(2)
     assert r == [None] and Silent.calls == 3
+
+
+def test_answers_to_one_read_leave_in_one_write():
+    """FINs for every message of one read (and the RDY changes among them) go out as one write."""
+    from twisted.internet.testing import StringTransport
+
+    class CountingTransport(StringTransport):
+        writes = 0
+
+        def write(self, data):
+            CountingTransport.writes += 1
+            super().write(data)
+
+    c, clock, connector = make(lambda m: None, max_in_flight=50)
+    wire, _, _ = subscribe(c, connector)
+    counting = CountingTransport()
+    counting.protocol = wire.proto
+    wire.proto.transport = counting
+    wire.proto.dataReceived(b"".join(message_frame(msg_id(i), b"x") for i in range(40)))
+    assert CountingTransport.writes == 1
+    assert counting.value().count(b"FIN ") == 40
+
+
+def test_disconnect_rules_for_lookupd():
+    """The last lookupd cannot be removed (go-nsq); unknown ones are NotConnected."""
+    from nsqtw.client import NotConnected
+    fake = FakeLookupd()
+    c, clock, connector, stub = lookupd_consumer(fake)
+    c.connect_to_nsqlookupd("127.0.0.1:4161")
+    stub.flush()
+    assert results(c.connect_to_nsqlookupd("127.0.0.1:4161")) == [None]  # already known
+    with pytest.raises(ConfigError):
+        c.disconnect_from_nsqlookupd("127.0.0.1:4161")
+    with pytest.raises(NotConnected):
+        c.disconnect_from_nsqlookupd("127.0.0.1:9999")
+    c.connect_to_nsqlookupd("127.0.0.1:4162")
+    c.disconnect_from_nsqlookupd("127.0.0.1:4161")
+    assert c.lookupd_urls == ["http://127.0.0.1:4162/lookup?topic=t"]
+    results(c.stop())
