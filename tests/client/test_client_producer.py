@@ -253,3 +253,68 @@ def test_write_stalled_longer_than_write_timeout_closes():
     assert wire.transport.disconnected
     wire.proto.connectionLost(Failure(ConnectionLost()))
     assert isinstance(r[0].value, NotConnected)
+
+
+# --- the HTTP publisher against Go nsqd's recorded answers --------------------------------------------
+
+
+def _recorded(fixtures_dir, name):
+    raw = (fixtures_dir / "go-nsqd-1.3.0-http" / name).read_bytes().replace(b"\r\n", b"\n")
+    head, _, body = raw.partition(b"\n\n")
+    lines = head.split(b"\n")
+    code = int(lines[0].split()[1])
+    headers = [tuple(h.split(b": ", 1)) for h in lines[1:] if b": " in h]
+    return code, headers, body
+
+
+class Replay:
+    """Answers every request with one recorded Go nsqd exchange; records the requests."""
+
+    def __init__(self, code, headers, body):
+        self.code, self.headers, self.body = code, headers, body
+        self.requests = []
+
+    def render(self, request):
+        self.requests.append((request.method, request.uri, request.content.read()))
+        request.setResponseCode(self.code)
+        for k, v in self.headers:
+            if k.lower() not in (b"content-length", b"date"):
+                request.setHeader(k, v)
+        return self.body
+
+
+def _http(fixtures_dir, name):
+    from treq.testing import StubTreq
+    from nsqtw.client import HTTPProducer
+    from twisted.web.resource import Resource
+    replay = Replay(*_recorded(fixtures_dir, name))
+    resource = Resource()
+    resource.isLeaf = True
+    resource.render = replay.render
+    return HTTPProducer("127.0.0.1:4151", http_client=StubTreq(resource), reactor=task.Clock()), replay
+
+
+@pytest.mark.parametrize("name,status,text", [("pub-bad-topic.txt", 400, "INVALID_TOPIC"),
+                                              ("pub-empty.txt", 400, "MSG_EMPTY")])
+def test_http_errors_from_go_nsqd_are_typed(fixtures_dir, name, status, text):
+    """Go nsqd's recorded error answers become HTTPAPIError(status, TEXT)."""
+    from nsqtw.errors import HTTPAPIError
+    h, replay = _http(fixtures_dir, name)
+    r = results(h.publish("bad!name", b"x"))
+    assert isinstance(r[0].value, HTTPAPIError) and (r[0].value.status, r[0].value.text) == (status, text)
+
+
+def test_http_requests_are_what_nsqd_expects(fixtures_dir):
+    """/pub?topic=&defer=ms with the raw body; /mpub binary is [count]([size][body])*; ping is GET /ping."""
+    h, replay = _http(fixtures_dir, "ping.txt")
+    assert results(h.ping()) == [None]
+    assert results(h.deferred_publish("t", 1.5, b"body")) == [None]
+    assert results(h.multi_publish("t", [b"a", b"bc"])) == [None]
+    assert results(h.multi_publish("t", [b"a", b"bc"], binary=False)) == [None]
+    assert replay.requests == [
+        (b"GET", b"/ping", b""),
+        (b"POST", b"/pub?topic=t&defer=1500", b"body"),
+        (b"POST", b"/mpub?topic=t&binary=true", b"\x00\x00\x00\x02\x00\x00\x00\x01a\x00\x00\x00\x02bc"),
+        (b"POST", b"/mpub?topic=t", b"a\nbc"),
+    ]
+    assert isinstance(results(h.multi_publish("t", [b"a\nb"], binary=False))[0].value, ValueError)
