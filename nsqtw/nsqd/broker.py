@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import random
 import struct
-from itertools import chain, count, repeat
+from itertools import accumulate, chain, count, repeat
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..backend.dummy import DummyQueue
@@ -241,8 +241,9 @@ class Broker:
 
     # --- publishing -------------------------------------------------------------
 
-    def make_run(self, bodies: List[bytes], now: float) -> Tuple[Run, int]:
-        """Frames for freshly published bodies (attempts 1, new IDs), as one run, and their byte total."""
+    def make_run(self, bodies: List[bytes], now: float, uniform: Optional[int] = None) -> Tuple[Run, int]:
+        """Frames for freshly published bodies (attempts 1, new IDs) as one run, and their
+        byte total; ``uniform`` is the common body size when the caller already knows it."""
         n = len(bodies)
         ts = int(now * 1e9)
         ids = self.guid.new_ids(n, ts)
@@ -250,25 +251,26 @@ class Broker:
         if n == 1:
             body = bodies[0]
             return run_of_frame(b"".join((_SIZE(len(body) + 30), mid, ids[0], body))), len(body)
-        sizes = list(map(len, bodies))
+        sizes: List[int] = []
+        if uniform is None:
+            sizes = list(map(len, bodies))
+            if sizes.count(sizes[0]) == n:
+                uniform = sizes[0]
+        if uniform is not None:
+            head = _SIZE(uniform + 30) + mid
+            blob = b"".join(chain.from_iterable(zip(repeat(head), ids, bodies)))
+            return (blob, range(0, len(blob), uniform + 34), len(blob)), uniform * n
         heads = list(map(_SIZE, map(_add, sizes, repeat(30))))
         blob = b"".join(chain.from_iterable(zip(heads, repeat(mid), ids, bodies)))
-        first = sizes[0]
-        if sizes.count(first) == n:
-            offs: Any = range(0, len(blob), first + 34)
-        else:
-            offs = [0]
-            total = 0
-            for s in sizes[:-1]:
-                total += s + 34
-                offs.append(total)
+        offs = list(accumulate(map(_add, sizes, repeat(34)), initial=0))
+        offs.pop()
         return (blob, offs, len(blob)), sum(sizes)
 
-    def publish(self, topic_name: str, bodies: List[bytes], now: float) -> Topic:
+    def publish(self, topic_name: str, bodies: List[bytes], now: float, uniform: Optional[int] = None) -> Topic:
         """Queue bodies on a topic (created if needed); all or nothing."""
         topic = self.get_topic(topic_name, now)
         topic.check_room(len(bodies))
-        run, nbytes = self.make_run(bodies, now)
+        run, nbytes = self.make_run(bodies, now, uniform)
         try:
             topic.put(run, nbytes)
         except BackendError as e:

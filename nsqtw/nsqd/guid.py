@@ -22,6 +22,8 @@ __all__ = ["GUIDFactory", "TWEPOCH"]
 TWEPOCH = 1288834974288
 _SEQ_LIMIT = 1 << 12
 _HEX = b"%016x".__mod__
+#: the low 12 bits of an ID are its sequence: exactly its last three hex digits
+_SEQ_HEX = [b"%03x" % i for i in range(_SEQ_LIMIT)]
 
 
 class GUIDFactory:
@@ -47,7 +49,9 @@ class GUIDFactory:
         node = self.node_part
         base = ((ts - TWEPOCH) << 22) | node
         if seq + count <= _SEQ_LIMIT:
-            out = list(map(_HEX, range(base + seq, base + seq + count)))
+            # same pseudo-millisecond: a fixed 13-digit prefix and the sequence's 3 digits
+            prefix = _HEX(base)[:13]
+            out = list(map(prefix.__add__, _SEQ_HEX[seq:seq + count]))
             seq += count
         else:
             ranges = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from itertools import repeat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import attr
@@ -48,6 +49,7 @@ _FIN_RUN = re.compile(rb"(?:FIN [^\n\r ]{16}\n)+")
 _FIN_IDS = re.compile(rb"FIN ([^\n\r ]{16})\n")
 _DIGITS = re.compile(rb"[0-9]*\Z")
 _I32 = struct.Struct(">i").unpack_from
+_bget = bytes.__getitem__
 
 _BODY_COMMANDS = frozenset((b"PUB", b"MPUB", b"DPUB", b"IDENTIFY", b"AUTH"))
 
@@ -463,6 +465,17 @@ class V2Session:
             raise BadBody(f"MPUB invalid message count {num}")
         p += 4
         state = self._mpub_state
+        if state is None and p + 4 <= end:
+            # the common case, every message the same size: validated and sliced by C builtins
+            first = _I32(buf, p)[0]
+            if 0 < first <= self._max_msg_size:
+                stride = first + 4
+                stop = p + num * stride
+                if stop <= end and set(map(_bget, repeat(buf), map(slice, range(p, stop, stride),
+                                                                   range(p + 4, stop, stride)))) == {buf[p:p + 4]}:
+                    bodies = list(map(_bget, repeat(buf), map(slice, range(p + 4, stop, stride),
+                                                              range(stride + p, stop + stride, stride))))
+                    return self._mpub_done(topic_name, bodies, now, stop, first)
         if state is not None:  # offsets were saved relative to ``start`` (the buffer is rebuilt)
             i, rel, starts, stops = state
             p = start + rel
@@ -490,14 +503,18 @@ class V2Session:
             stops.append(p)
             i += 1
         bodies = list(map(buf.__getitem__, map(slice, starts, stops)))
+        return self._mpub_done(topic_name, bodies, now, p, None)
+
+    def _mpub_done(self, topic_name: str, bodies: List[bytes], now: float, stop: int,
+                   uniform: Optional[int]) -> int:
         try:
-            self.broker.publish(topic_name, bodies, now)
+            self.broker.publish(topic_name, bodies, now, uniform)
         except BrokerError as e:
             raise MPubFailed(f"MPUB failed {e}") from None
-        self.client.published(topic_name, num)
+        self.client.published(topic_name, len(bodies))
         self._published()
         self._respond(OK_FRAME)
-        return p
+        return stop
 
     def _save_mpub(self, i: int, p: int, start: int, starts: List[int], stops: List[int]) -> None:
         self._mpub_state = (i, p - start, [x - start for x in starts], [x - start for x in stops])
