@@ -6,22 +6,30 @@ Accepted forms, as Go accepts them: ``-flag``, ``--flag`` (booleans),
 repeatable flags collect every value; parsing stops at ``--`` or the first
 non-flag argument.  ``--config file.toml`` loads NSQ's config file, whose
 keys are the flags' config names; flags given on the command line win.
+
+Go quirks kept on purpose: an empty ``--tls-min-version`` (flag or config)
+leaves the default, as Go's ``Set("")`` does; unknown config-file keys are
+ignored with a warning (Go ignores them silently); a daemon's deprecated
+flags that nsqtw has no field for (nsqd's ``--worker-id``) are accepted and
+ignored with a warning.  The apps' options classes (``nsqtw.tools``) reuse
+the same parser without ``--config`` (``config_flag=False``).
 """
 
 from __future__ import annotations
 
 import sys
 import tomllib
-from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
 import attr
 
 from ..options import (
-    BOOL, FLOATLIST, STRLIST, TLS_REQUIRED, OptionError, display_default, option_fields,
+    BOOL, FLOATLIST, STRLIST, TLS_MIN_VERSION, TLS_REQUIRED, OptionError, display_default, option_fields,
     options_from_strings,
 )
 
-__all__ = ["parse_go_flags", "options_from_argv", "usage_text", "HelpRequested", "VersionRequested"]
+__all__ = ["parse_go_flags", "options_from_argv", "usage_text", "HelpRequested", "VersionRequested",
+           "FlagSyntaxError", "load_config_file"]
 
 T = TypeVar("T")
 
@@ -36,17 +44,30 @@ class VersionRequested(Exception):
     pass
 
 
+class FlagSyntaxError(OptionError):
+    """The command line itself is wrong (unknown flag, missing value): Go exits 2 with usage."""
+
+
+def _warn_stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
 def _field_by_flag(cls: type) -> Dict[str, "attr.Attribute[Any]"]:
     return {f.metadata["flag"]: f for f in option_fields(cls)}
 
 
-def parse_go_flags(cls: type, argv: List[str]) -> Tuple[Dict[str, Any], Optional[str], List[str]]:
+def parse_go_flags(cls: type, argv: List[str], *, config_flag: bool = True,
+                   ignored: Optional[Mapping[str, str]] = None,
+                   warn: Optional[Callable[[str], None]] = None) -> Tuple[Dict[str, Any], Optional[str], List[str]]:
     """
     Parse ``argv`` Go-style against the flags of options class ``cls``.
 
     Returns ``(values by flag name, config file or None, remaining args)``;
-    raises HelpRequested, VersionRequested or OptionError.
+    raises HelpRequested, VersionRequested or FlagSyntaxError (an OptionError).
+    ``ignored`` maps deprecated flag names to their kind: they are parsed,
+    reported through ``warn`` and dropped.
     """
+    ignored = ignored or {}
     fields = _field_by_flag(cls)
     values: Dict[str, Any] = {}
     config: Optional[str] = None
@@ -60,7 +81,7 @@ def parse_go_flags(cls: type, argv: List[str]) -> Tuple[Dict[str, Any], Optional
             break
         name = arg[2:] if arg.startswith("--") else arg[1:]
         if not name or name.startswith("-") or name.startswith("="):
-            raise OptionError(f"bad flag syntax: {arg}")
+            raise FlagSyntaxError(f"bad flag syntax: {arg}")
         value: Optional[str] = None
         if "=" in name:
             name, value = name.split("=", 1)
@@ -71,26 +92,34 @@ def parse_go_flags(cls: type, argv: List[str]) -> Tuple[Dict[str, Any], Optional
             if value is None or value.lower() in ("1", "t", "true"):
                 raise VersionRequested()
             continue
-        if name == "config":
+        if name == "config" and config_flag:
             if value is None:
                 if i >= len(argv):
-                    raise OptionError("flag needs an argument: -config")
+                    raise FlagSyntaxError("flag needs an argument: -config")
                 value = argv[i]
                 i += 1
             config = value
             continue
         field = fields.get(name)
-        if field is None:
-            raise OptionError(f"flag provided but not defined: -{name}")
-        kind = field.metadata["kind"]
+        if field is None and name in ignored:
+            kind = ignored[name]
+        elif field is None:
+            raise FlagSyntaxError(f"flag provided but not defined: -{name}")
+        else:
+            kind = field.metadata["kind"]
         if value is None:
             if kind in _BOOL_KINDS:
                 value = "true"
             else:
                 if i >= len(argv):
-                    raise OptionError(f"flag needs an argument: -{name}")
+                    raise FlagSyntaxError(f"flag needs an argument: -{name}")
                 value = argv[i]
                 i += 1
+        if field is None:
+            (warn or _warn_stderr)(f"WARNING: --{name} is deprecated and ignored")
+            continue
+        if kind == TLS_MIN_VERSION and value.strip() == "":
+            continue  # Go: Set("") keeps the default
         if kind in (STRLIST, FLOATLIST):
             values.setdefault(name, []).append(value)
         else:
@@ -108,22 +137,54 @@ def load_config_file(path: str) -> Dict[str, Any]:
         raise OptionError(f"failed to load config file {path} - {e}") from None
 
 
-def options_from_argv(cls: Type[T], argv: List[str], **overrides: Any) -> T:
+def _config_keys(cls: type) -> Dict[str, str]:
+    """Every key a config file may use for ``cls`` -> its flag name."""
+    keys: Dict[str, str] = {}
+    for f in attr.fields(cls):  # type: ignore[arg-type]
+        flag = f.metadata.get("flag")
+        if not flag:
+            continue
+        for key in (f.name, flag, flag.replace("-", "_"), f.metadata.get("cfg")):
+            if key:
+                keys[key] = flag
+    return keys
+
+
+def config_values(cls: type, doc: Mapping[str, Any], warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """A loaded config file's values that ``cls`` knows, Go's way: unknown keys are ignored
+    (with a warning here), an empty ``tls_min_version`` means the default."""
+    keys = _config_keys(cls)
+    kinds = {f.metadata["flag"]: f.metadata["kind"] for f in option_fields(cls)}
+    out: Dict[str, Any] = {}
+    for key, value in doc.items():
+        flag = keys.get(key) or keys.get(key.replace("-", "_"))
+        if flag is None:
+            (warn or _warn_stderr)(f"WARNING: config file key {key!r} is not an option of this daemon; ignored")
+            continue
+        if kinds.get(flag) == TLS_MIN_VERSION and isinstance(value, str) and not value.strip():
+            continue
+        out[key] = value
+    return out
+
+
+def options_from_argv(cls: Type[T], argv: List[str], *, config_flag: bool = True,
+                      ignored: Optional[Mapping[str, str]] = None,
+                      warn: Optional[Callable[[str], None]] = None, **overrides: Any) -> T:
     """An options object from a Go-style command line (config file first, flags win)."""
-    values, config, rest = parse_go_flags(cls, argv)
+    values, config, rest = parse_go_flags(cls, argv, config_flag=config_flag, ignored=ignored, warn=warn)
     if rest:
-        raise OptionError(f"unexpected argument: {rest[0]}")
+        raise FlagSyntaxError(f"unexpected argument: {rest[0]}")
     merged: Dict[str, Any] = {}
     if config:
-        merged.update(load_config_file(config))
+        merged.update(config_values(cls, load_config_file(config), warn))
     merged.update(values)
     return options_from_strings(cls, merged, **overrides)
 
 
-def usage_text(cls: type, prog: str) -> str:
+def usage_text(cls: type, prog: str, *, config_flag: bool = True) -> str:
     """Help in the layout of Go's ``flag.PrintDefaults``."""
     lines = [f"Usage of {prog}:"]
-    entries = [("config", "string", "path to config file", "")]
+    entries = [("config", "string", "path to config file", "")] if config_flag else []
     entries.append(("version", "", "print version string", ""))
     for f in option_fields(cls):
         kind = f.metadata["kind"]

@@ -1,0 +1,228 @@
+"""
+What every NSQ app and drop-in daemon shares: Go-style logs, the reactor main, signals.
+
+Each app is an object with ``start()`` (a Deferred: connected, or failed
+with the reason the app cannot run), ``stop()`` (graceful: what is in flight
+is finished) and ``done`` (fires with the exit code once the app is over, by
+itself or after ``stop``).  Tests drive that object in pytest-twisted's
+reactor; :func:`run_app` is the only place that runs a reactor, and only the
+``main()`` functions call it.
+
+Logs go to stderr in the layout of Go's ``log`` package with NSQ's ``lg``
+levels (``[nsq_to_file] 2024/05/01 10:00:00.123456 INFO: ...``), so scripts
+that grep nsqd's output keep working.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
+
+from .. import NSQ_VERSION, __version__
+from ..options import OptionError
+
+__all__ = [
+    "GoLogObserver",
+    "begin_logging",
+    "go_log_line",
+    "run_app",
+    "parse_app_options",
+    "client_config",
+    "user_agent",
+    "ExitCode",
+]
+
+#: nsqtw's NSQ log levels (``--log-level``): 1 debug .. 5 fatal
+_LEVEL_NAMES = {1: "DEBUG", 2: "INFO", 3: "WARNING", 4: "ERROR", 5: "FATAL"}
+
+
+def go_log_line(prefix: str, level: int, text: str, when: Optional[float] = None) -> str:
+    """One line as Go's ``log.New(w, prefix, Ldate|Ltime|Lmicroseconds)`` plus ``lg`` writes it."""
+    t = time.time() if when is None else when
+    micro = int((t - int(t)) * 1_000_000)
+    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t))
+    return f"{prefix}{stamp}.{micro:06d} {_LEVEL_NAMES.get(level, 'INFO')}: {text}\n"
+
+
+class GoLogObserver:
+    """A Twisted log observer writing Go-style lines; Twisted's own chatter is dropped.
+
+    Events from ``nsqtw`` namespaces are shown from ``level`` up; anything
+    else only when it is a warning or worse (so "Starting factory" and
+    "Main loop terminated" never reach a script that parses our stderr).
+    """
+
+    def __init__(self, stream: TextIO, prefix: str, level: int = 2,
+                 namespaces: Tuple[str, ...] = ("nsqtw",),
+                 drop: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
+        self.stream = stream
+        self.prefix = prefix
+        self.level = level
+        self.namespaces = namespaces
+        self.drop = drop
+
+    @staticmethod
+    def nsq_level(event: Dict[str, Any]) -> int:
+        from twisted.logger import LogLevel
+
+        lvl = event.get("log_level")
+        if event.get("log_failure") is not None and lvl is None:
+            return 4
+        return {LogLevel.debug: 1, LogLevel.info: 2, LogLevel.warn: 3, LogLevel.error: 4,
+                LogLevel.critical: 5}.get(lvl, 2)
+
+    def __call__(self, event: Dict[str, Any]) -> None:
+        from twisted.logger import formatEvent
+
+        level = self.nsq_level(event)
+        namespace = str(event.get("log_namespace") or "")
+        ours = namespace.startswith(self.namespaces)
+        if level < self.level or (not ours and level < 3):
+            return
+        if self.drop is not None and self.drop(event):
+            return
+        text = formatEvent(event)
+        failure = event.get("log_failure")
+        if failure is not None:
+            try:
+                text += "\n" + failure.getTraceback().rstrip()
+            except Exception:  # pragma: no cover - a broken failure must not kill logging
+                text += f"\n{failure!r}"
+        try:
+            self.stream.write(go_log_line(self.prefix, level, text, event.get("log_time")))
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed stderr must not kill the app
+            pass
+
+
+def begin_logging(prefix: str, level: int = 2, stream: Optional[TextIO] = None,
+                  drop: Optional[Callable[[Dict[str, Any]], bool]] = None) -> GoLogObserver:
+    """Send Twisted's global log to stderr, Go-style (only ``main()`` does this)."""
+    from twisted.logger import globalLogBeginner
+
+    observer = GoLogObserver(stream or sys.stderr, prefix, level, drop=drop)
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False,
+                                     discardBuffer=True)
+    return observer
+
+
+class ExitCode:
+    OK = 0
+    FATAL = 1
+    USAGE = 2
+
+
+def user_agent(prog: str) -> str:
+    """``<app>/<version> go-nsq/<version>`` in Go; nsqtw names itself instead of go-nsq."""
+    return f"{prog}/{NSQ_VERSION} nsqtw/{__version__}"
+
+
+def client_config(prog: str, opts: Iterable[str], max_in_flight: Optional[int] = None) -> Any:
+    """A client Config from ``--consumer-opt``/``--producer-opt`` values, as the apps build it
+    (go-nsq's ``ConfigFlag``); the user agent and max-in-flight are set after, as in Go."""
+    from ..client.config import Config
+    from ..client.errors import ConfigError
+
+    cfg = Config()
+    try:
+        for text in opts:
+            cfg.set_flag(text)
+        cfg.user_agent = user_agent(prog)
+        if max_in_flight is not None:
+            cfg.max_in_flight = max_in_flight
+        cfg.validate()
+    except ConfigError as e:
+        raise OptionError(str(e)) from None
+    return cfg
+
+
+def parse_app_options(options_class: Any, argv: List[str], prog: str,
+                      stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None) -> Tuple[Any, Optional[int]]:
+    """Go's ``flag.Parse`` for an app: ``(options, None)`` or ``(None, exit code)``."""
+    from ..tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
+
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    try:
+        return options_from_argv(options_class, argv, config_flag=False), None
+    except HelpRequested:
+        err.write(usage_text(options_class, prog, config_flag=False))
+        return None, ExitCode.OK
+    except VersionRequested:
+        out.write(f"{prog} v{NSQ_VERSION}\n")
+        return None, ExitCode.OK
+    except FlagSyntaxError as e:
+        err.write(f"{e}\n")
+        err.write(usage_text(options_class, prog, config_flag=False))
+        return None, ExitCode.USAGE
+    except (OptionError, TypeError, ValueError) as e:
+        err.write(go_log_line(f"[{prog}] ", 5, str(e)))
+        return None, ExitCode.FATAL
+
+
+def run_app(prog: str, argv: Optional[List[str]], options_class: Any,
+            make_app: Callable[[Any, Any], Any], *, hup: bool = False) -> int:
+    """Parse, log, run the reactor until the app is done; SIGINT/SIGTERM stop it gracefully
+    (a second signal stops at once), SIGHUP calls ``app.hup()`` when ``hup``."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    options, code = parse_app_options(options_class, args, prog)
+    if options is None:
+        return int(code or 0)
+
+    from twisted.internet import reactor
+
+    begin_logging(f"[{prog}] ", getattr(options, "log_level", 2))
+    fatal = _fatal_logger(prog)
+    try:
+        app = make_app(options, reactor)
+    except (OptionError, ValueError) as e:
+        fatal(str(e))
+        return ExitCode.FATAL
+    status = {"code": ExitCode.OK, "signals": 0}
+
+    def finished(result: Any) -> None:
+        if isinstance(result, int):
+            status["code"] = result
+        elif result is not None and hasattr(result, "getErrorMessage"):
+            fatal(result.getErrorMessage())
+            status["code"] = ExitCode.FATAL
+        if reactor.running:
+            reactor.stop()
+
+    def start() -> None:
+        from twisted.internet import defer
+
+        d = defer.maybeDeferred(app.start)
+
+        def cannot_start(f: Any) -> None:
+            fatal(f.getErrorMessage())
+            status["code"] = ExitCode.FATAL
+            stopping = defer.maybeDeferred(app.stop)
+            stopping.addBoth(lambda _: reactor.stop() if reactor.running else None)
+
+        d.addErrback(cannot_start)
+        app.done.addBoth(finished)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        status["signals"] += 1
+        if status["signals"] > 1:
+            reactor.callFromThread(lambda: reactor.stop() if reactor.running else None)
+            return
+        reactor.callFromThread(app.stop)
+
+    reactor.callWhenRunning(start)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if hup and hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda s, f: reactor.callFromThread(app.hup))
+    reactor.run(installSignalHandlers=False)
+    return int(status["code"])
+
+
+def _fatal_logger(prog: str) -> Callable[[str], None]:
+    def fatal(text: str) -> None:
+        sys.stderr.write(go_log_line(f"[{prog}] ", 5, text))
+        sys.stderr.flush()
+    return fatal
