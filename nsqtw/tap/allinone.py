@@ -1,0 +1,75 @@
+"""
+``twistd nsqtw``: nsqlookupd, nsqd and nsqadmin in one process.
+
+Takes every nsqd flag, plus ``--lookupd-tcp-listen`` (default
+``0.0.0.0:4160``), ``--lookupd-http-listen`` (``0.0.0.0:4161``) and
+``--admin-http-address`` (``0.0.0.0:4171``) for the other two parts; an empty
+value leaves that part out.  nsqd registers with the local nsqlookupd (and any
+``--lookupd-tcp-address`` given), and nsqadmin reads the cluster through it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Dict, List, Optional, Tuple
+
+from twisted.application.service import IService
+from twisted.python import usage
+
+from ..options import NsqdOptions
+from ._base import GoFlagOptions
+
+__all__ = ["Options", "makeService", "split_extra_flags", "EXTRA_FLAGS"]
+
+EXTRA_FLAGS: Dict[str, Tuple[str, str, str]] = {
+    "lookupd-tcp-listen": ("lookupd_tcp_address", "0.0.0.0:4160", "address nsqlookupd listens on for nsqd (TCP)"),
+    "lookupd-http-listen": ("lookupd_http_address", "0.0.0.0:4161", "address nsqlookupd listens on for HTTP"),
+    "admin-http-address": ("admin_http_address", "0.0.0.0:4171", "address nsqadmin listens on for HTTP"),
+}
+
+
+def split_extra_flags(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
+    """Take the all-in-one flags (any Go syntax) out of argv; the rest are nsqd's."""
+    values = {key: default for key, default, _ in EXTRA_FLAGS.values()}
+    rest: List[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.lstrip("-")
+        if arg.startswith("-") and name.split("=", 1)[0] in EXTRA_FLAGS:
+            flag, eq, value = name.partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise usage.UsageError(f"flag needs an argument: -{flag}")
+                value = argv[i + 1]
+                i += 1
+            values[EXTRA_FLAGS[flag][0]] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return values, rest
+
+
+class Options(GoFlagOptions):
+    options_class = NsqdOptions
+    prog = "nsqtw"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addresses: Dict[str, str] = {}
+
+    def parseOptions(self, options: Optional[List[str]] = None) -> None:
+        argv = sys.argv[1:] if options is None else list(options)
+        self.addresses, rest = split_extra_flags(argv)
+        super().parseOptions(rest)
+
+    def getUsage(self, width: Optional[int] = None) -> str:
+        extra = "".join(f"  -{flag} string\n    \t{help_text} (default \"{default}\")\n"
+                        for flag, (_, default, help_text) in sorted(EXTRA_FLAGS.items()))
+        return super().getUsage(width) + "\nall-in-one:\n" + extra
+
+
+def makeService(options: Options) -> IService:
+    from ..reactor import resolve_reactor
+    from ..service.allinone import build_allinone
+    return build_allinone(options.config, resolve_reactor(), **options.addresses)

@@ -1,0 +1,64 @@
+"""The all-in-one service (``twistd nsqtw``, ``make run``): one process, a working cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet import defer, reactor, task
+
+from nsqtw.tap.allinone import Options, makeService, split_extra_flags
+
+
+def test_extra_flags_in_every_go_form():
+    """The all-in-one's own flags are taken out of argv in any Go form; the rest go to nsqd."""
+    values, rest = split_extra_flags(["-lookupd-tcp-listen=:1", "--lookupd-http-listen", ":2",
+                                      "--admin-http-address=", "--mem-queue-size=5"])
+    assert values == {"lookupd_tcp_address": ":1", "lookupd_http_address": ":2", "admin_http_address": ""}
+    assert rest == ["--mem-queue-size=5"]
+
+
+async def _eventually(check, timeout: float = 10.0):
+    deadline = reactor.seconds() + timeout
+    while True:
+        result = await check()
+        if result or reactor.seconds() > deadline:
+            return result
+        await task.deferLater(reactor, 0.05, lambda: None)
+
+
+@pytest.mark.e2e
+@pytest_twisted.ensureDeferred
+async def test_allinone_serves_a_registered_cluster(tmp_path):
+    """nsqd publishes, nsqlookupd lists it as the topic's producer, nsqadmin shows the topic."""
+    opts = Options()
+    opts.parseOptions(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--https-address=",
+                       f"--data-path={tmp_path}", "--broadcast-address=127.0.0.1",
+                       "--lookupd-tcp-listen=127.0.0.1:0", "--lookupd-http-listen=127.0.0.1:0",
+                       "--admin-http-address=127.0.0.1:0"])
+    service = makeService(opts)
+    service.startService()
+    try:
+        await service.ready()
+        nsqd, lookupd, admin = service.nsqd, service.lookupd, service.admin
+        r = await treq.post(f"http://127.0.0.1:{nsqd.http_port}/pub?topic=hello", b"world")
+        assert (r.code, await r.content()) == (200, b"OK")
+
+        async def registered():
+            r = await treq.get(f"http://127.0.0.1:{lookupd.http_port}/lookup?topic=hello")
+            if r.code != 200:
+                return None
+            doc = json.loads(await r.content())
+            return [p["tcp_port"] for p in doc["producers"]]
+
+        assert await _eventually(registered) == [nsqd.tcp_port]
+
+        async def listed():
+            r = await treq.get(f"http://127.0.0.1:{admin.http_port}/api/topics")
+            return json.loads(await r.content()).get("topics") if r.code == 200 else None
+
+        assert await _eventually(listed) == ["hello"]
+    finally:
+        await service.stopService()
