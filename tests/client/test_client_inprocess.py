@@ -108,6 +108,9 @@ def test_registry_by_name():
     failed = []
     connect_inprocess("inprocess:reg-test", Recorder(), clock).addErrback(failed.append)
     assert failed
+    register(factory, "other")
+    unregister("other")
+    assert "other" not in registered()
 
 
 def test_memory_transport_reports_addresses():
