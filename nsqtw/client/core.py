@@ -10,19 +10,17 @@ frame types of the protocol (0 response, 1 error, 2 message) and the
 handshake events below, which the Twisted glue in
 :mod:`nsqtw.client.connection` acts on.
 
-The compression codecs live here too: raw DEFLATE (``zlib`` with
-``wbits=-15``, a sync flush per write, as Go's ``flate`` writer does) and
-snappy's framing format (``cramjam``).
+The compression codecs are shared with nsqd (:mod:`nsqtw.protocol.compression`).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import NSQError, from_wire
+from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import (
     FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, MAGIC_V2, OK, FrameDecoder, FrameTooBig,
 )
@@ -59,77 +57,6 @@ _READY = 3
 _CLOSED = 4
 
 Event = Tuple[int, Any]
-
-
-class DeflateCodec:
-    """Raw DEFLATE both ways; every write ends with a sync flush."""
-
-    def __init__(self, level: int = 6) -> None:
-        self._c = zlib.compressobj(level, zlib.DEFLATED, -15)
-        self._d = zlib.decompressobj(-15)
-
-    def encode(self, data: bytes) -> bytes:
-        return self._c.compress(data) + self._c.flush(zlib.Z_SYNC_FLUSH)
-
-    def decode(self, data: bytes) -> bytes:
-        return self._d.decompress(data)
-
-
-class SnappyCodec:
-    """Snappy framing format (stream identifier ``sNaPpY``, compressed and raw chunks).
-
-    Writes are framed by ``cramjam`` (its per-call stream identifier is kept
-    only on the first write; the format allows repeats anyway).  Reads are
-    parsed chunk by chunk here, since a chunk may be split across reads.
-    CRC-32C checksums are not verified on reads.
-    """
-
-    _IDENT = b"\xff\x06\x00\x00sNaPpY"
-
-    def __init__(self) -> None:
-        import cramjam  # imported only when snappy is negotiated
-        self._snappy = cramjam.snappy
-        self._sent_ident = False
-        self._buf = b""
-
-    def encode(self, data: bytes) -> bytes:
-        if not data:
-            return b""
-        out = bytes(self._snappy.compress(data))
-        if self._sent_ident and out.startswith(self._IDENT):
-            out = out[len(self._IDENT):]
-        self._sent_ident = True
-        return out
-
-    def decode(self, data: bytes) -> bytes:
-        buf = self._buf + data if self._buf else data
-        pos = 0
-        end = len(buf)
-        out: List[bytes] = []
-        while end - pos >= 4:
-            ctype = buf[pos]
-            length = buf[pos + 1] | (buf[pos + 2] << 8) | (buf[pos + 3] << 16)
-            stop = pos + 4 + length
-            if stop > end:
-                break
-            chunk = buf[pos + 4:stop]
-            pos = stop
-            if ctype == 0x00:
-                if length < 4:
-                    raise ProtocolError("snappy: corrupt input")
-                out.append(bytes(self._snappy.decompress_raw(chunk[4:])))
-            elif ctype == 0x01:
-                if length < 4:
-                    raise ProtocolError("snappy: corrupt input")
-                out.append(chunk[4:])
-            elif ctype == 0xFF:
-                if chunk != b"sNaPpY":
-                    raise ProtocolError("snappy: corrupt input")
-            elif ctype <= 0x7F:
-                raise ProtocolError(f"snappy: unsupported chunk type {ctype:#x}")
-            # 0x80-0xfe: skippable (0xfe is padding)
-        self._buf = buf[pos:]
-        return b"".join(out)
 
 
 class ClientCore:
@@ -188,9 +115,9 @@ class ClientCore:
         except ClientError as e:
             self.state = _CLOSED
             return [(EV_FAILED, e)]
-        except zlib.error as e:
+        except CodecError as e:
             self.state = _CLOSED
-            return [(EV_FAILED, ProtocolError(f"deflate: {e}"))]
+            return [(EV_FAILED, ProtocolError(str(e)))]
         except Exception as e:  # a codec library's own error on corrupt input
             self.state = _CLOSED
             return [(EV_FAILED, ProtocolError(f"{type(e).__name__}: {e}"))]

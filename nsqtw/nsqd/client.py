@@ -73,7 +73,7 @@ class ClientState:
         "id", "remote_address", "client_id", "hostname", "user_agent", "state", "connect_ts",
         "rdy", "in_flight", "message_count", "finish_count", "requeue_count", "pub_counts",
         "heartbeat_interval", "output_buffer_size", "output_buffer_timeout", "sample_rate",
-        "msg_timeout", "identified", "tls", "tls_version", "tls_cipher", "snappy", "deflate", "deflate_level",
+        "msg_timeout", "identified", "tls", "tls_details", "snappy", "deflate", "deflate_level",
         "auth", "channel", "epochs", "touched", "_cur", "out", "_outbox", "writer", "closer",
         "__weakref__",
     )
@@ -104,8 +104,8 @@ class ClientState:
         self.msg_timeout = msg_timeout
         self.identified = False
         self.tls = False
-        self.tls_version = ""
-        self.tls_cipher = ""
+        #: () -> (version, cipher, peer common name) once TLS is negotiated
+        self.tls_details: Callable[[], Tuple[str, str, str]] = lambda: ("", "", "")
         self.snappy = False
         self.deflate = False
         self.deflate_level = 0

@@ -12,7 +12,7 @@ from twisted.logger import Logger
 
 from ..options import split_host_port
 
-__all__ = ["ListeningService", "endpoint_description", "format_address"]
+__all__ = ["ListeningService", "endpoint_description", "format_address", "split_host_port"]
 
 log = Logger(namespace="nsqtw")
 

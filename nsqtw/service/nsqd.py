@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from ..nsqd.broker import Broker, Event
 from ..nsqd.scan import ChannelSampler, scan_channels
 from ..nsqd.v2 import Features
-from ..options import TLS_REQUIRED, NsqdOptions
+from ..options import TLS_REQUIRED, NsqdOptions, OptionError
 from ..tcp.nsqd import NsqdFactory
 from .listen import ListeningService, format_address
 
@@ -82,9 +82,16 @@ class NsqdService(MultiService):
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
         self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
-        self.features = Features(tls=False, snappy=False, deflate=False)
+        from ..tcp.tls import server_context
+        try:
+            self.tls_context = server_context(options)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
+        self.features = Features(tls=self.tls_context is not None, snappy=options.snappy,
+                                 deflate=options.deflate)
         self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
-                                       sync_barrier=self.sync_barrier if options.sync_every == 1 else None)
+                                       sync_barrier=self.sync_barrier if options.sync_every == 1 else None,
+                                       tls_context=self.tls_context)
         self.tcp_factory.noisy = False
         self._settle_call: Any = None
         self._sampler = ChannelSampler(self.broker.channels, options.queue_scan_refresh_interval)
@@ -103,6 +110,20 @@ class NsqdService(MultiService):
             site.displayTracebacks = False
             self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
             self.http_listener.setServiceParent(self)
+        if self.tls_context is not None and options.https_address:
+            from twisted.internet.endpoints import SSL4ServerEndpoint
+            from twisted.web.server import Site
+            from ..http.nsqd_api import NsqdHTTPAPI
+            from ..http.responses import RouterResource
+            from .listen import split_host_port
+            host, port = split_host_port(options.https_address, "https-address")
+            secure_site = Site(RouterResource(NsqdHTTPAPI(self).app))
+            secure_site.noisy = False
+            secure_site.displayTracebacks = False
+            endpoint = SSL4ServerEndpoint(reactor, port, self.tls_context, interface=host or "0.0.0.0")
+            self.https_listener = ListeningService(reactor, options.https_address, secure_site, "HTTPS",
+                                                   "https-address", endpoint=endpoint)
+            self.https_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
         from .lookup_peers import LookupPeersService
         self.lookup_peers = LookupPeersService(self)

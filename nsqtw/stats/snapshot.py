@@ -58,8 +58,9 @@ def client_stats(client: ClientState, topic_filter: str = "") -> Dict[str, Any]:
         out["pub_counts"] = [{"topic": topic, "count": count}]
         break
     out["tls"] = client.tls
-    out["tls_cipher_suite"] = client.tls_cipher if client.tls else ""
-    out["tls_version"] = client.tls_version if client.tls else ""
+    version, cipher, _ = client.tls_details() if client.tls else ("", "", "")
+    out["tls_cipher_suite"] = cipher
+    out["tls_version"] = version
     out["tls_negotiated_protocol"] = ""
     out["tls_negotiated_protocol_is_mutual"] = False
     return out

@@ -21,7 +21,9 @@ from twisted.python.failure import Failure
 from ..nsqd.broker import Broker
 from ..nsqd.client import ClientState
 from ..nsqd.v2 import Features, V2Session
-from ..protocol.frames import HEARTBEAT_FRAME
+from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
+from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
+from .tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
 
@@ -51,12 +53,15 @@ class NsqdProtocol(Protocol):
         self._heartbeat_call: Any = None
         self._deadline_call: Any = None
         self._interval = 0.0
+        self._decode: Optional[Callable[[bytes], bytes]] = None
 
     # --- connection lifecycle ------------------------------------------------
 
     def connectionMade(self) -> None:
         factory = self.factory
         now = self.clock.seconds()
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)  # as Go's connections: small frames go out at once
         client = factory.broker.new_client(_address(self.transport.getPeer()), now)
         client.writer = self.transport.write
         client.closer = self.transport.loseConnection
@@ -90,6 +95,14 @@ class NsqdProtocol(Protocol):
         session = self.session
         if session is None:
             return
+        if self._decode is not None:
+            try:
+                data = self._decode(data)
+            except CodecError as e:
+                log.info("client({peer}) sent undecodable data ({err}), closing",
+                         peer=self.client and self.client.remote_address, err=e)
+                self._close()
+                return
         keep = session.feed(data, now)
         if self._magic_call is not None and session._magic:
             self._magic_call.cancel()
@@ -105,7 +118,40 @@ class NsqdProtocol(Protocol):
             else:
                 self._close()
         elif session.upgrade is not None:
-            self.factory.upgrade(self, session.upgrade)
+            self._upgrade(session.upgrade)
+
+    def _upgrade(self, upgrade: Any) -> None:
+        """The IDENTIFY answer is out in the clear; now TLS, then snappy or deflate, each
+        confirmed by an OK sent through the new layer (nsqd's order)."""
+        client = self.client
+        session = self.session
+        assert client is not None and session is not None
+        client.flush()
+        transport = self.transport
+        if upgrade.tls:
+            transport.startTLS(self.factory.tls_context)
+            client.tls = True
+            client.tls_details = lambda: tls_details(transport)
+            client.send(OK_FRAME)
+            client.flush()
+        codec: Any = None
+        if upgrade.snappy:
+            codec = SnappyCodec()
+            client.snappy = True
+        elif upgrade.deflate:
+            codec = DeflateCodec(upgrade.deflate_level)
+            client.deflate = True
+            client.deflate_level = upgrade.deflate_level
+        if codec is not None:
+            write = transport.write
+            encode = codec.encode
+            client.writer = lambda data: write(encode(data))
+            self._decode = codec.decode
+            client.send(OK_FRAME)
+            client.flush()
+        rest = session.take_remainder()
+        if rest and not upgrade.tls:
+            self.dataReceived(rest)  # sent compressed right after IDENTIFY: decode it now
 
     def _wait_sync(self, gen: int) -> None:
         """--sync-every=1: release the answers of ``gen`` once the fsync covering it is done."""
@@ -183,16 +229,16 @@ class NsqdFactory(Factory):
 
     def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
                  authorizer: Any = None, settle: Optional[Callable[[], None]] = None,
-                 upgrader: Optional[Callable[[NsqdProtocol, Any], None]] = None,
-                 sync_barrier: Optional[Callable[[], Any]] = None) -> None:
+                 sync_barrier: Optional[Callable[[], Any]] = None,
+                 tls_context: Any = None) -> None:
         self.broker = broker
         self.sync_barrier = sync_barrier
+        self.tls_context = tls_context
         self.clock = clock
         self.features = features
         self.authorizer = authorizer
         self.protocols: Set[NsqdProtocol] = set()
         self._settle = settle
-        self._upgrader = upgrader
 
     def buildProtocol(self, addr: Any) -> NsqdProtocol:
         return NsqdProtocol(self)
@@ -203,8 +249,3 @@ class NsqdFactory(Factory):
         else:
             self.broker.settle(self.clock.seconds())
 
-    def upgrade(self, proto: NsqdProtocol, upgrade: Any) -> None:
-        if self._upgrader is None:  # pragma: no cover - features are off without one
-            proto._close()
-            return
-        self._upgrader(proto, upgrade)

@@ -346,8 +346,6 @@ async def test_broker_restart_is_survived_by_reconnection(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(reason="needs nsqd to persist queued messages across a clean stop (disk backend, "
-                          "being built by the lead); remove this mark when it lands", strict=False)
 @pytest_twisted.ensureDeferred
 async def test_messages_queued_before_a_restart_are_delivered_after_it(tmp_path):
     """Messages left on an nsqd that stops cleanly and restarts on the same port and data path reach a

@@ -1,0 +1,86 @@
+"""
+nsqd's TLS configuration (``--tls-*``) as Twisted context factories.
+
+``--tls-cert``/``--tls-key`` give the server identity for the ``tls_v1``
+upgrade and the HTTPS listener; ``--tls-client-auth-policy=require`` asks for
+any client certificate, ``require-verify`` also checks it against
+``--tls-root-ca-file``; ``--tls-min-version`` raises the protocol floor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from OpenSSL import SSL
+from twisted.internet import ssl
+from twisted.internet._sslverify import TLSVersion
+
+from ..options import NsqdOptions
+
+__all__ = ["server_context", "tls_details"]
+
+_VERSIONS = {0x0301: TLSVersion.TLSv1_0, 0x0302: TLSVersion.TLSv1_1, 0x0303: TLSVersion.TLSv1_2,
+             0x0304: TLSVersion.TLSv1_3}
+
+
+def _read(path: str, flag: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"failed to build TLS config - {flag} {path}: {e.strerror or e}") from None
+
+
+class _AnyClientCertificate(ssl.CertificateOptions):
+    """``require``: the client must present a certificate, any certificate."""
+
+    def _makeContext(self) -> SSL.Context:
+        ctx = super()._makeContext()
+        ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, lambda *args: True)
+        return ctx
+
+
+def server_context(options: NsqdOptions) -> Optional[Any]:
+    """The server context factory, or None when no certificate is configured."""
+    if not (options.tls_cert and options.tls_key):
+        return None
+    try:
+        pair = ssl.PrivateCertificate.loadPEM(_read(options.tls_cert, "--tls-cert") + b"\n"
+                                              + _read(options.tls_key, "--tls-key"))
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"failed to build TLS config - {e}") from None
+    kwargs: dict = dict(privateKey=pair.privateKey.original, certificate=pair.original,
+                        raiseMinimumTo=_VERSIONS.get(options.tls_min_version, TLSVersion.TLSv1_0))
+    policy = options.tls_client_auth_policy
+    if policy == "require-verify":
+        if not options.tls_root_ca_file:
+            raise ValueError("--tls-client-auth-policy=require-verify needs --tls-root-ca-file")
+        ca = ssl.Certificate.loadPEM(_read(options.tls_root_ca_file, "--tls-root-ca-file"))
+        return ssl.CertificateOptions(verify=True, caCerts=[ca.original], requireCertificate=True, **kwargs)
+    if policy == "require":
+        return _AnyClientCertificate(**kwargs)
+    return ssl.CertificateOptions(**kwargs)
+
+
+def tls_details(transport: Any) -> Tuple[str, str, str]:
+    """(version as Go names it, cipher, peer common name) of a TLS connection, or blanks."""
+    conn = None
+    proto = getattr(transport, "protocol", None)
+    for candidate in (getattr(proto, "_tlsConnection", None), getattr(transport, "_tlsConnection", None)):
+        if candidate is not None:
+            conn = candidate
+            break
+    if conn is None:
+        return "", "", ""
+    try:
+        version = (conn.get_protocol_version_name() or "").replace("TLSv", "TLS")
+        cipher = conn.get_cipher_name() or ""
+        peer = conn.get_peer_certificate()
+        cn = ""
+        if peer is not None:
+            cn = dict(peer.get_subject().get_components()).get(b"CN", b"").decode("utf-8", "replace")
+        return version, cipher, cn
+    except Exception:
+        return "", "", ""
