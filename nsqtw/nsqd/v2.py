@@ -27,7 +27,7 @@ import attr
 
 from .. import NSQ_VERSION
 from ..errors import (
-    AuthDisabled, BadBody, BadChannel, BadMessage, BadProtocol, BadTopic, BrokerError, DPubFailed,
+    AuthDisabled, AuthFailed, AuthFirst, Unauthorized, BadBody, BadChannel, BadMessage, BadProtocol, BadTopic, BrokerError, DPubFailed,
     Exiting, IdentifyFailed, Invalid, MPubFailed, NSQError, PubFailed, QueueFull, SubFailed,
 )
 from ..options import TLS_NOT_REQUIRED
@@ -80,6 +80,13 @@ def base10(data: bytes) -> Optional[int]:
     return int(data) if data else 0
 
 
+class _Suspend(Exception):
+    """The command needs an answer from outside (the auth server) before it can run."""
+
+    def __init__(self, request: Tuple[str, bytes]) -> None:
+        self.request = request
+
+
 class _Wait(Exception):
     """More bytes are needed before this command can run."""
 
@@ -102,6 +109,9 @@ class V2Session:
         self.sync_publish = sync_publish
         self._held: Optional[List[Tuple[int, bytes]]] = None
         self._mpub_state: Any = None
+        #: ("auth" | "requery", secret) while waiting for the auth server; see resume()
+        self.suspended: Optional[Tuple[str, bytes]] = None
+        self._auth_result: Any = None
         self._want_sync = False
         self._next_gen = 1
         self._last_gen = 0
@@ -138,6 +148,12 @@ class V2Session:
         """Handle bytes from the client; False once the connection must close."""
         if self.closed:
             return False
+        if self.suspended is not None:
+            self._buf += data
+            if len(self._buf) > self._max_body_size + MAX_LINE:
+                self.closed = True  # flooding while its AUTH is being checked
+                return False
+            return True
         if self._wanted:
             # a large body is arriving: collect chunks, join once it is all here
             self._chunks.append(data)
@@ -165,6 +181,7 @@ class V2Session:
         line_handlers = self._line
         body_handlers = self._body
         while pos < end:
+            cmd_pos = pos
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 if end - pos >= MAX_LINE:
@@ -220,7 +237,17 @@ class V2Session:
                 if e.fatal:
                     self.closed = True
                     return False
+            except _Suspend as sus:
+                self._buf = buf[cmd_pos:]
+                self.suspended = sus.request
+                return True
         return True
+
+    def resume(self, result: Any) -> None:
+        """The auth server answered (an AuthState, or an exception): the suspended command
+        runs again on the next ``feed`` (call ``feed(b"", now)``)."""
+        self._auth_result = result if result is not None else RuntimeError("no answer")
+        self.suspended = None
 
     def take_remainder(self) -> bytes:
         """Bytes received after an upgrade point (to be re-fed through the new layer)."""
@@ -286,9 +313,27 @@ class V2Session:
         if stop > end:
             raise _Wait(stop - end)
 
-    def _check_auth(self, cmd: str, topic: str, channel: str) -> None:
-        if self.authorizer is not None:
-            self.authorizer.check(self, cmd, topic, channel)
+    def _take_auth_result(self) -> Any:
+        result, self._auth_result = self._auth_result, None
+        return result
+
+    def _check_auth(self, cmd: str, topic: str, channel: str, now: float) -> None:
+        """nsqd's CheckAuth: authorized first, re-asked when the TTL ran out, then matched."""
+        if self.authorizer is None:
+            return
+        client = self.client
+        state = client.auth
+        if state is None:
+            raise AuthFirst(f"AUTH required before {cmd}")
+        if state.expired(now):
+            result = self._take_auth_result()
+            if result is None:
+                raise _Suspend(("requery", state.secret))
+            if isinstance(result, BaseException):
+                raise AuthFailed("AUTH failed")
+            client.auth = state = result
+        if not state.is_allowed(topic, channel):
+            raise Unauthorized(f"AUTH failed for {cmd} on {go_quote(topic)} {go_quote(channel)}")
 
     def _topic_name(self, raw: bytes, cmd: str, code: type = BadTopic, prefix: str = "") -> str:
         name = b2s(raw)
@@ -375,7 +420,7 @@ class V2Session:
         channel_name = b2s(params[2])
         if not is_valid_name(channel_name):
             raise BadChannel(f"SUB channel name {go_quote(channel_name)} is not valid")
-        self._check_auth("SUB", topic_name, channel_name)
+        self._check_auth("SUB", topic_name, channel_name, now)
         try:
             topic = self.broker.get_topic(topic_name, now)
             channel = topic.get_channel(channel_name, now)
@@ -401,7 +446,7 @@ class V2Session:
             raise BadMessage(f"PUB message too big {size} > {self._max_msg_size}")
         stop = start + 4 + size
         self._need(stop, end)
-        self._check_auth("PUB", topic_name, "")
+        self._check_auth("PUB", topic_name, "", now)
         try:
             self.broker.publish(topic_name, [buf[start + 4:stop]], now)
         except BrokerError as e:
@@ -428,7 +473,7 @@ class V2Session:
             raise BadMessage(f"DPUB message too big {size} > {self._max_msg_size}")
         stop = start + 4 + size
         self._need(stop, end)
-        self._check_auth("DPUB", topic_name, "")
+        self._check_auth("DPUB", topic_name, "", now)
         try:
             body = buf[start + 4:stop]
             if ms:
@@ -446,7 +491,7 @@ class V2Session:
         if len(params) < 2:
             raise Invalid("MPUB insufficient number of parameters")
         topic_name = self._topic_name(params[1], "MPUB", prefix="E_BAD_TOPIC ")
-        self._check_auth("MPUB", topic_name, "")
+        self._check_auth("MPUB", topic_name, "", now)
         try:
             self.broker.get_topic(topic_name, now)
         except BrokerError as e:
@@ -635,5 +680,13 @@ class V2Session:
             raise Invalid("AUTH already set")
         if self.authorizer is None:
             raise AuthDisabled("AUTH disabled")
-        self.authorizer.auth(self, buf[start + 4:stop], now)
+        result = self._take_auth_result()
+        if result is None:
+            raise _Suspend(("auth", buf[start + 4:stop]))
+        if isinstance(result, BaseException):
+            raise AuthFailed("AUTH failed")
+        if not result.authorizations:
+            raise Unauthorized("AUTH no authorizations found")
+        client.auth = result
+        self._respond(encode_frame(FRAME_RESPONSE, result.answer()))
         return stop

@@ -89,9 +89,16 @@ class NsqdService(MultiService):
             raise OptionError(str(e)) from None
         self.features = Features(tls=self.tls_context is not None, snappy=options.snappy,
                                  deflate=options.deflate)
+        self.authorizer = None
+        if options.auth_http_addresses:
+            from ..tcp.auth import AuthServerClient
+            self.authorizer = AuthServerClient(
+                options.auth_http_addresses, options.auth_http_request_method, reactor,
+                connect_timeout=options.http_client_connect_timeout,
+                request_timeout=options.http_client_request_timeout, rng=self.rng)
         self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
                                        sync_barrier=self.sync_barrier if options.sync_every == 1 else None,
-                                       tls_context=self.tls_context)
+                                       tls_context=self.tls_context, authorizer=self.authorizer)
         self.tcp_factory.noisy = False
         self._settle_call: Any = None
         self._sampler = ChannelSampler(self.broker.channels, options.queue_scan_refresh_interval)

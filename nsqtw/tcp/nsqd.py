@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Set
 
+from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -54,6 +55,7 @@ class NsqdProtocol(Protocol):
         self._deadline_call: Any = None
         self._interval = 0.0
         self._decode: Optional[Callable[[bytes], bytes]] = None
+        self._auth_pending = False
 
     # --- connection lifecycle ------------------------------------------------
 
@@ -111,6 +113,8 @@ class NsqdProtocol(Protocol):
         gen = session.take_sync_request()
         if gen is not None:
             self._wait_sync(gen)
+        if session.suspended is not None and not self._auth_pending:
+            self._ask_auth_server(session.suspended[1])
         self.factory.settle()
         if not keep:
             if session.holding:
@@ -152,6 +156,29 @@ class NsqdProtocol(Protocol):
         rest = session.take_remainder()
         if rest and not upgrade.tls:
             self.dataReceived(rest)  # sent compressed right after IDENTIFY: decode it now
+
+    def _ask_auth_server(self, secret: bytes) -> None:
+        """AUTH (or a TTL re-check): ask the auth servers, then run the command again."""
+        client = self.client
+        assert client is not None
+        self._auth_pending = True
+        ip = client.remote_address.rsplit(":", 1)[0].strip("[]") if ":" in client.remote_address else ""
+        common_name = client.tls_details()[2] if client.tls else ""
+        d = defer.ensureDeferred(self.factory.authorizer.query(secret, ip, client.tls, common_name))
+
+        def answered(result: Any) -> None:
+            self._auth_pending = False
+            if isinstance(result, Failure):
+                log.warn("PROTOCOL(V2): [{peer}] AUTH failed {err}", peer=client.remote_address,
+                         err=result.getErrorMessage())
+                result = result.value
+            session = self.session
+            if session is None or not self.transport.connected:
+                return
+            session.resume(result)
+            self.dataReceived(b"")
+
+        d.addBoth(answered)
 
     def _wait_sync(self, gen: int) -> None:
         """--sync-every=1: release the answers of ``gen`` once the fsync covering it is done."""
