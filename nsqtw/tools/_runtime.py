@@ -173,8 +173,9 @@ def run_app(prog: str, argv: Optional[List[str]], options_class: Any,
 
     from twisted.internet import reactor
 
-    begin_logging(f"[{prog}] ", getattr(options, "log_level", 2))
-    fatal = _fatal_logger(prog)
+    prefix = getattr(options, "log_prefix", f"[{prog}] ")
+    begin_logging(prefix, getattr(options, "log_level", 2))
+    fatal = _fatal_logger(prefix)
     try:
         app = make_app(options, reactor)
     except (OptionError, ValueError) as e:
@@ -221,8 +222,8 @@ def run_app(prog: str, argv: Optional[List[str]], options_class: Any,
     return int(status["code"])
 
 
-def _fatal_logger(prog: str) -> Callable[[str], None]:
+def _fatal_logger(prefix: str) -> Callable[[str], None]:
     def fatal(text: str) -> None:
-        sys.stderr.write(go_log_line(f"[{prog}] ", 5, text))
+        sys.stderr.write(go_log_line(prefix, 5, text))
         sys.stderr.flush()
     return fatal
