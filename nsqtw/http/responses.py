@@ -13,18 +13,20 @@ HTML.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote_plus, urlsplit
 
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
+from twisted.web import server as _web_server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from ..errors import HTTPAPIError
 from ..stats.snapshot import go_json
 
-__all__ = ["v1", "v1_error", "plain", "query", "install_error_handlers", "JSON_TYPE", "TEXT_TYPE"]
+__all__ = ["v1", "v1_error", "plain", "query", "first", "install_error_handlers", "RouterResource",
+           "LimitedRequest", "limited_site", "parse_query", "JSON_TYPE", "TEXT_TYPE"]
 
 JSON_TYPE = b"application/json; charset=utf-8"
 TEXT_TYPE = b"text/plain; charset=utf-8"
@@ -228,3 +230,57 @@ class RouterResource(Resource):
                     return _sized(request, b'<a href="%s">Moved Permanently</a>.\n\n' % location.encode("latin-1"))
                 return _sized(request, b"")
         return self._inner.render(request)
+
+
+class LimitedRequest(_web_server.Request):
+    """
+    A request whose body is refused before it is buffered whole.
+
+    The site's ``body_limit(path)`` gives ``(max bytes, NSQ error text)`` for a
+    path; a ``Content-Length`` above it, or a chunked body that grows past it,
+    is discarded as it arrives and answered ``413 {"message": TEXT}``, as nsqd
+    answers ``MSG_TOO_BIG`` / ``BODY_TOO_BIG`` without holding the body.
+    """
+
+    _limit: Optional[Tuple[int, str]] = None
+    _refused: Optional[str] = None
+    _received = 0
+
+    def gotLength(self, length: Optional[int]) -> None:
+        site = getattr(self.channel, "site", None)
+        body_limit = getattr(site, "body_limit", None)
+        path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]
+        self._limit = body_limit(path) if body_limit is not None else None
+        if self._limit is not None and length is not None and length > self._limit[0]:
+            self._refused = self._limit[1]
+            length = 0
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._refused is not None:
+            return
+        self._received += len(data)
+        if self._limit is not None and self._received > self._limit[0]:
+            self._refused = self._limit[1]
+            self.content.seek(0)
+            self.content.truncate()
+            return
+        super().handleContentChunk(data)
+
+    def process(self) -> None:
+        if self._refused is not None:
+            self.setResponseCode(413)
+            body = v1_error(self, 413, self._refused)
+            self.write(body)
+            self.finish()
+            return
+        super().process()
+
+
+def limited_site(resource: Any, body_limit: Any) -> Any:
+    """A quiet Site whose requests refuse oversized bodies early (see LimitedRequest)."""
+    site = _web_server.Site(resource, requestFactory=LimitedRequest)
+    site.body_limit = body_limit
+    site.noisy = False
+    site.displayTracebacks = False
+    return site

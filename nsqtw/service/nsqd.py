@@ -110,11 +110,9 @@ class NsqdService(MultiService):
         if options.http_address:
             from twisted.web.server import Site
             from ..http.nsqd_api import NsqdHTTPAPI
-            from ..http.responses import RouterResource
+            from ..http.responses import RouterResource, limited_site
             api = NsqdHTTPAPI(self, tls_only_http=options.tls_required == TLS_REQUIRED)
-            site = Site(RouterResource(api.app))
-            site.noisy = False
-            site.displayTracebacks = False
+            site = limited_site(RouterResource(api.app), self._body_limit)
             self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
             self.http_listener.setServiceParent(self)
         if self.tls_context is not None and options.https_address:
@@ -124,9 +122,8 @@ class NsqdService(MultiService):
             from ..http.responses import RouterResource
             from .listen import split_host_port
             host, port = split_host_port(options.https_address, "https-address")
-            secure_site = Site(RouterResource(NsqdHTTPAPI(self).app))
-            secure_site.noisy = False
-            secure_site.displayTracebacks = False
+            from ..http.responses import limited_site
+            secure_site = limited_site(RouterResource(NsqdHTTPAPI(self).app), self._body_limit)
             endpoint = SSL4ServerEndpoint(reactor, port, self.tls_context, interface=host or "0.0.0.0")
             self.https_listener = ListeningService(reactor, options.https_address, secure_site, "HTTPS",
                                                    "https-address", endpoint=endpoint)
@@ -138,6 +135,17 @@ class NsqdService(MultiService):
         self._stopping: Optional[defer.Deferred] = None
 
     # --- what the glue asks of the node ------------------------------------------
+
+    def _body_limit(self, path: bytes) -> Any:
+        """The most an HTTP request body may hold here, and nsqd's answer when it is more."""
+        opts = self.options
+        if path == b"/pub":
+            return opts.max_msg_size, "MSG_TOO_BIG"
+        if path == b"/mpub":
+            return opts.max_body_size, "BODY_TOO_BIG"
+        if path.startswith(b"/config/"):
+            return opts.max_msg_size, "INVALID_VALUE"
+        return opts.max_body_size, "BODY_TOO_BIG"
 
     def now(self) -> float:
         return self.reactor.seconds()

@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Set
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IHandshakeListener, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from ..nsqd.broker import Broker
 from ..nsqd.client import ClientState
@@ -41,8 +42,16 @@ def _address(addr: Any) -> str:
     return f"{host}:{port}"
 
 
+@implementer(IPushProducer, IHandshakeListener)
 class NsqdProtocol(Protocol):
-    """One V2 client connection."""
+    """One V2 client connection.
+
+    It registers itself as the producer of its own transport: when a client
+    stops reading and its unsent output passes the transport's buffer size,
+    Twisted pauses us and we stop reading that client's commands, so a
+    client that does not read cannot make the broker's memory grow (its
+    deliveries are bounded by its RDY window anyway).
+    """
 
     def __init__(self, factory: "NsqdFactory") -> None:
         self.factory = factory
@@ -73,7 +82,25 @@ class NsqdProtocol(Protocol):
                                  sync_publish=factory.sync_barrier is not None)
         self._last_read = now
         factory.protocols.add(self)
+        self.transport.registerProducer(self, True)
         self._magic_call = self.clock.callLater(factory.broker.options.magic_timeout, self._no_magic)
+
+    # --- IPushProducer: backpressure from our own transport ---------------------------
+
+    def pauseProducing(self) -> None:
+        self.transport.stopReading()
+
+    def resumeProducing(self) -> None:
+        if self.transport.connected and not self.transport.disconnecting:
+            self.transport.startReading()
+
+    def stopProducing(self) -> None:
+        pass
+
+    def handshakeCompleted(self) -> None:
+        """IHandshakeListener: TLS is up, backpressure applies again."""
+        if self.transport.connected and getattr(self.transport, "producer", None) is None:
+            self.transport.registerProducer(self, True)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self._stop_timers()
@@ -133,6 +160,9 @@ class NsqdProtocol(Protocol):
         client.flush()
         transport = self.transport
         if upgrade.tls:
+            # the TLS layer must read the handshake whatever its buffers say: register
+            # again as producer once the handshake is done (handshakeCompleted)
+            transport.unregisterProducer()
             transport.startTLS(self.factory.tls_context)
             client.tls = True
             client.tls_details = lambda: tls_details(transport)
