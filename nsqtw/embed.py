@@ -37,6 +37,7 @@ class NsqdHandle:
 
     service: Any = attr.ib()
     _tempdir: Optional[str] = attr.ib(default=None)
+    _unregister: Any = attr.ib(default=None)
 
     @property
     def broker(self) -> Any:
@@ -74,6 +75,9 @@ class NsqdHandle:
 
     def stop(self) -> defer.Deferred:
         """Stop the broker; fires once every listener and connection is closed."""
+        if self._unregister is not None:
+            self._unregister()
+            self._unregister = None
         d = defer.maybeDeferred(self.service.stopService)
 
         def cleanup(result: Any) -> Any:
@@ -84,8 +88,13 @@ class NsqdHandle:
         return d.addBoth(cleanup)
 
 
-def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, **kwargs: Any) -> defer.Deferred:
-    """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`."""
+def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, *,
+               inprocess_name: Optional[str] = None, **kwargs: Any) -> defer.Deferred:
+    """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
+
+    With ``inprocess_name``, clients in the same reactor also reach it at
+    ``"inprocess:<name>"`` (no socket; see :mod:`nsqtw.client.inprocess`).
+    """
     from .service.nsqd import build_nsqd
 
     reactor = resolve_reactor(reactor)
@@ -116,7 +125,13 @@ def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, **kwa
         d2.addBoth(lambda _: f)
         return d2
 
-    d.addCallbacks(lambda _: handle, failed)
+    def started(_: Any) -> NsqdHandle:
+        if inprocess_name is not None:
+            from .client.inprocess import register
+            handle._unregister = register(handle, inprocess_name)
+        return handle
+
+    d.addCallbacks(started, failed)
     return d
 
 
