@@ -237,7 +237,7 @@ class NsqdFixture:
         """The ``/stats?format=json`` document, computed in-process."""
         from nsqtw.stats.snapshot import broker_stats
 
-        return broker_stats(self.broker, self.service.now(), topic=topic, channel=channel)
+        return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
 
     def stop(self) -> "Deferred":
         """Stop everything the fixture started, then the broker; delete its temporary data."""
