@@ -148,8 +148,9 @@ class NsqStreamReader(DataSourceStreamReader):
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self.consumer: Optional[BlockingConsumer] = None
+        self._last_seq: Optional[int] = None
 
-    _RUNTIME = ("_spool", "_stop", "_thread", "_error", "consumer")
+    _RUNTIME = ("_spool", "_stop", "_thread", "_error", "consumer", "_last_seq")
 
     def __getstate__(self) -> Dict[str, Any]:
         """Spark pickles the reader to ship ``read`` to executors: only the options travel."""
@@ -162,6 +163,7 @@ class NsqStreamReader(DataSourceStreamReader):
         self._thread = None
         self._error = None
         self.consumer = None
+        self._last_seq = None
 
     @property
     def spool(self) -> Spool:
@@ -229,21 +231,28 @@ class NsqStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> Dict[str, Any]:
         self._ensure_consumer()
-        return self._offset(self.spool.first)
+        self._last_seq = self.spool.first
+        return self._offset(self._last_seq)
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
-    def latestOffset(self, start: Dict[str, Any], limit: Any) -> Dict[str, Any]:
-        seq = self._check_spool(start)
+    def latestOffset(self, start: Optional[Dict[str, Any]] = None, limit: Any = None) -> Dict[str, Any]:
+        """Spark >= 4.2 passes the batch start and a read limit; 4.0/4.1 pass nothing."""
+        if start is None:  # older Spark: the previous end is the start
+            seq = self._last_seq if self._last_seq is not None else self.spool.first
+            max_rows = self.max_records or None
+        else:
+            seq = self._check_spool(start)
+            max_rows = getattr(limit, "max_rows", None)
         self.spool.advance_to(seq)
         self._ensure_consumer()
         end = self.spool.end
-        max_rows = getattr(limit, "max_rows", None)
         if max_rows:
             end = min(end, seq + int(max_rows))
-        return self._offset(max(seq, end))
+        self._last_seq = max(seq, end)
+        return self._offset(self._last_seq)
 
     def reportLatestOffset(self) -> Dict[str, Any]:
         return self._offset(self.spool.end)
