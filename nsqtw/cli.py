@@ -1,88 +1,151 @@
 """
-Drop-in ``nsqd`` / ``nsqlookupd`` commands: Go's flags in, a running daemon out.
+Drop-in ``nsqd`` / ``nsqlookupd`` / ``nsqadmin`` commands: Go's flags in, a running daemon out.
 
 Scripts and test harnesses that start NSQ's binaries can start these instead:
-the same flag syntax (``-flag=value``, ``--flag value``, repeated flags,
-``--config``), ``--version`` printing ``nsqd v1.3.0 (...)``, the startup log
-lines on stderr naming the real bound addresses (``TCP: listening on
-127.0.0.1:4150``), the working directory as data path when none is given,
-and a clean exit on SIGTERM and SIGINT.
+
+* Go's ``flag`` syntax in every form (``-flag=value``, ``--flag=value``,
+  ``-flag value``, ``--flag value``, bare and ``=true``/``=false`` booleans,
+  repeated flags) and ``--config`` TOML, flags winning over the file;
+* every flag NSQ 1.3.0 defines is accepted; one for a feature nsqtw lacks
+  is refused at start with a message naming it, never silently ignored
+  (deprecated no-op flags such as ``--worker-id`` are accepted with a
+  warning, as Go accepts them); unknown flags fail with Go's ``flag
+  provided but not defined`` and exit code 2, a bad value with exit code 1;
+* ``--version`` prints ``nsqd v1.3.0 (built w/nsqtw 0.1.0)`` on stdout;
+* logs on stderr in Go's layout (``[nsqd] 2024/05/01 10:00:00.123456 INFO:
+  TCP: listening on 127.0.0.1:4150``), naming the real bound addresses when
+  given port 0 (also ``HTTP:`` and, with a TLS certificate, ``HTTPS:``);
+* the working directory as nsqd's data path when none is given;
+* ``--lookupd-tcp-address`` registers with nsqlookupd;
+* a clean exit (0) on SIGTERM and SIGINT, and SO_REUSEADDR on every
+  listening socket (Twisted sets it), so the same ports can be bound again
+  right after a crash.
+
+``python -m nsqtw.cli [nsqd|nsqlookupd|nsqadmin] [flags]`` runs one (nsqd when
+no name is given); ``python -m nsqtw.tools.nsqd`` and friends do the same.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from . import NSQ_VERSION, __version__
 from .options import OptionError
 
-__all__ = ["nsqd_main", "nsqlookupd_main", "run_daemon"]
+__all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
+
+#: flags Go still accepts but that do nothing (name -> kind)
+_DEPRECATED: Dict[str, Dict[str, str]] = {
+    "nsqd": {"worker-id": "bool"},
+}
 
 
-def _stderr(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+def version_line(prog: str) -> str:
+    return f"{prog} v{NSQ_VERSION} (built w/nsqtw {__version__})"
+
+
+def _attach_lookup_peers(service: Any) -> None:
+    """nsqd's ``--lookupd-tcp-address``: register with nsqlookupd (unless the service already does)."""
+    if not getattr(service.options, "lookupd_tcp_addresses", None):
+        return
+    try:
+        service.getServiceNamed("lookup-peers")
+        return
+    except KeyError:
+        pass
+    from .service.lookup_peers import LookupPeersService
+
+    LookupPeersService(service).setServiceParent(service)
 
 
 def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[Any, Any], Any],
-               prefix: str, defaults: Optional[dict] = None) -> int:
+               prefix: str, defaults: Optional[dict] = None,
+               after_build: Optional[Callable[[Any], None]] = None,
+               startup_lines: Optional[Callable[[Any], List[str]]] = None) -> int:
     """Parse Go-style flags, start the service tree, run the reactor until a signal."""
-    from .tap.flags import HelpRequested, VersionRequested, options_from_argv, usage_text
+    from .tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
+    from .tools._runtime import go_log_line
+
+    def fatal(text: str, at: str = prefix) -> None:
+        sys.stderr.write(go_log_line(at, 5, text))
+        sys.stderr.flush()
+
+    def warn(text: str) -> None:
+        sys.stderr.write(go_log_line(prefix, 3, text.removeprefix("WARNING: ")))
 
     try:
-        options = options_from_argv(options_class, argv, **(defaults or {}))
+        options = options_from_argv(options_class, argv, ignored=_DEPRECATED.get(prog), warn=warn,
+                                    **(defaults or {}))
     except HelpRequested:
         sys.stderr.write(usage_text(options_class, prog))
         return 0
     except VersionRequested:
-        sys.stdout.write(f"{prog} v{NSQ_VERSION} (built w/nsqtw {__version__})\n")
+        sys.stdout.write(version_line(prog) + "\n")
+        sys.stdout.flush()
         return 0
+    except FlagSyntaxError as e:
+        sys.stderr.write(f"{e}\n")
+        sys.stderr.write(usage_text(options_class, prog))
+        return 2
     except (OptionError, TypeError, ValueError) as e:
-        _stderr(f"{prefix}FATAL: {e}")
+        fatal(f"failed to instantiate {prog} - {e}")
         return 1
 
     from twisted.internet import reactor
-    from twisted.logger import FilteringLogObserver, LogLevel, LogLevelFilterPredicate, globalLogBeginner, textFileLogObserver
 
     from .service.listen import format_address
+    from .tools._runtime import begin_logging
 
-    level = {1: LogLevel.debug, 2: LogLevel.info, 3: LogLevel.warn, 4: LogLevel.error, 5: LogLevel.critical}
-    predicate = LogLevelFilterPredicate(defaultLogLevel=level.get(getattr(options, "log_level", 2), LogLevel.info))
-    globalLogBeginner.beginLoggingTo(
-        [FilteringLogObserver(textFileLogObserver(sys.stderr, timeFormat=None), [predicate])],
-        redirectStandardIO=False)
+    log_prefix = getattr(options, "log_prefix", prefix)
+    announced: Set[str] = set()
+
+    def note_listening(event: Dict[str, Any]) -> bool:
+        # ListeningService logs "<LABEL>: listening on <addr>"; remember which were shown
+        if event.get("log_format") == "{label}: listening on {address}":
+            announced.add(str(event.get("label")))
+        return False
+
+    begin_logging(log_prefix, getattr(options, "log_level", 2), drop=note_listening)
+    info = lambda text: sys.stderr.write(go_log_line(log_prefix, 2, text))  # noqa: E731
 
     try:
         service = build(options, reactor)
+        if after_build is not None:
+            after_build(service)
     except Exception as e:
-        _stderr(f"{prefix}FATAL: failed to instantiate {prog} - {e}")
+        fatal(f"failed to instantiate {prog} - {e}", log_prefix)
         return 1
-    status = {"code": 0}
+    status = {"code": 0, "signals": 0}
 
     def started(_: Any) -> None:
-        for label, listener in (("TCP", getattr(service, "tcp_listener", None)),
-                                ("HTTP", getattr(service, "http_listener", None)),
-                                ("HTTPS", getattr(service, "https_listener", None))):
-            if listener is not None and listener.port is not None:
-                _stderr(f"{prefix}{label}: listening on {format_address(listener.port)}")
+        for label, attr_name in (("TCP", "tcp_listener"), ("HTTP", "http_listener"), ("HTTPS", "https_listener")):
+            listener = getattr(service, attr_name, None)
+            port = getattr(listener, "port", None) if listener is not None else None
+            if port is not None and label not in announced:
+                info(f"{label}: listening on {format_address(port)}")
+                announced.add(label)
+        sys.stderr.flush()
 
     def failed(f: Any) -> None:
         err = getattr(f.value, "subFailure", f)
-        _stderr(f"{prefix}FATAL: {err.getErrorMessage() if hasattr(err, 'getErrorMessage') else err}")
+        fatal(err.getErrorMessage() if hasattr(err, "getErrorMessage") else str(err), log_prefix)
         status["code"] = 1
-        reactor.stop()
+        if reactor.running:
+            reactor.stop()
 
-    def stop(*_: Any) -> None:
-        reactor.callFromThread(reactor.stop)
+    def on_signal(signum: int, frame: Any) -> None:
+        status["signals"] += 1
+        reactor.callFromThread(lambda: reactor.stop() if reactor.running else None)
 
     def start() -> None:
+        for line in (startup_lines(options) if startup_lines else []):
+            info(line)
         try:
             service.startService()
         except Exception as e:
-            _stderr(f"{prefix}FATAL: {e}")
+            fatal(str(e), log_prefix)
             status["code"] = 1
             reactor.stop()
             return
@@ -90,27 +153,51 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
 
     reactor.addSystemEventTrigger("before", "shutdown", lambda: service.stopService() if service.running else None)
     reactor.callWhenRunning(start)
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     reactor.run(installSignalHandlers=False)
     return status["code"]
 
 
 def nsqd_main(argv: Optional[List[str]] = None) -> int:
+    """The ``nsqd`` command."""
     from .options import NsqdOptions
     from .service.nsqd import build_nsqd
 
     args = sys.argv[1:] if argv is None else argv
-    return run_daemon("nsqd", args, NsqdOptions, build_nsqd, "[nsqd] ")
+    return run_daemon("nsqd", args, NsqdOptions, build_nsqd, "[nsqd] ", after_build=_attach_lookup_peers,
+                      startup_lines=lambda o: [version_line("nsqd"), f"ID: {o.node_id}"])
 
 
 def nsqlookupd_main(argv: Optional[List[str]] = None) -> int:
-    from .lookupd.options import LookupdOptions  # type: ignore[import-not-found]
-    from .service.lookupd import build_lookupd  # type: ignore[import-not-found]
+    """The ``nsqlookupd`` command."""
+    from .lookupd.options import LookupdOptions
+    from .service.lookupd import build_lookupd
 
     args = sys.argv[1:] if argv is None else argv
     return run_daemon("nsqlookupd", args, LookupdOptions, build_lookupd, "[nsqlookupd] ")
 
 
+def nsqadmin_main(argv: Optional[List[str]] = None) -> int:
+    """The ``nsqadmin`` command."""
+    from .admin.options import AdminOptions
+    from .service.admin import build_admin
+
+    args = sys.argv[1:] if argv is None else argv
+    return run_daemon("nsqadmin", args, AdminOptions, build_admin, "[nsqadmin] ",
+                      startup_lines=lambda o: [version_line("nsqadmin")])
+
+
+DAEMONS = {"nsqd": nsqd_main, "nsqlookupd": nsqlookupd_main, "nsqadmin": nsqadmin_main}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m nsqtw.cli [nsqd|nsqlookupd|nsqadmin] [flags]`` (nsqd by default)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in DAEMONS:
+        return DAEMONS[args[0]](args[1:])
+    return nsqd_main(args)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(nsqd_main())
+    sys.exit(main())

@@ -188,9 +188,10 @@ def usage_text(cls: type, prog: str, *, config_flag: bool = True) -> str:
     entries.append(("version", "", "print version string", ""))
     for f in option_fields(cls):
         kind = f.metadata["kind"]
+        # options.TLS_REQUIRED is both a kind name and (rebound) the policy value 2: key by the object
         typ = {"bool": "", "int": "int", "duration": "duration", "str": "string",
-               "strlist": "value", "floatlist": "value", "tls_required": "",
-               "tls_min_version": "value", "log_level": "value"}[kind]
+               "strlist": "value", "floatlist": "value", "tls_required": "", TLS_REQUIRED: "",
+               "tls_min_version": "value", "log_level": "value"}.get(kind, "value")
         default = f.default.factory() if isinstance(f.default, attr.Factory) else f.default  # type: ignore[attr-defined]
         shown = display_default(f, default)
         entries.append((f.metadata["flag"], typ, f.metadata["help"], shown))
