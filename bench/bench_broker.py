@@ -187,7 +187,7 @@ def _rss(pid: int) -> Optional[int]:
 
 def spawn_broker(extra: list) -> Tuple[subprocess.Popen, Tuple[str, int], str]:
     data = tempfile.mkdtemp(prefix="nsqtw-bench-")
-    cmd = [sys.executable, "-m", "nsqtw.cli", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    cmd = [sys.executable, "-m", os.environ.get("NSQTW_BENCH_BROKER", "nsqtw.cli"), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
            "--https-address=", f"--data-path={data}", "--log-level=warn"] + extra
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
@@ -252,6 +252,7 @@ def main() -> None:
             pub.start()
             kind, n, elapsed = out.get()
             pub.join()
+            time.sleep(1.5)  # steady state: let the broker's once-a-second heap trim run
             rss = _rss(pid) if pid else None
             results = {"mode": "hold", "messages": n, "size": args.size, "publish_msgs_per_s": round(n / elapsed),
                        "rss_before_mb": base and round(base / 1e6, 1), "rss_holding_mb": rss and round(rss / 1e6, 1),

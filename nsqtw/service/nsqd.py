@@ -129,6 +129,8 @@ class NsqdService(MultiService):
                                                    "https-address", endpoint=endpoint)
             self.https_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
+        from ..stats.memory import release_free_memory
+        _LoopService(reactor, 1.0, release_free_memory, "memory-trim").setServiceParent(self)
         from .lookup_peers import LookupPeersService
         self.lookup_peers = LookupPeersService(self)
         self.lookup_peers.setServiceParent(self)

@@ -72,4 +72,6 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.allinone import build_allinone
+    from ..stats.memory import tune_allocator
+    tune_allocator()
     return build_allinone(options.config, resolve_reactor(), **options.addresses)

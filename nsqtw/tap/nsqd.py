@@ -20,4 +20,6 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.nsqd import build_nsqd
+    from ..stats.memory import tune_allocator
+    tune_allocator()
     return build_nsqd(options.config, resolve_reactor())
