@@ -105,7 +105,7 @@ def _timeout(d: "Deferred", seconds: Optional[float], what: Callable[[], str]) -
         return d
 
     def timed_out(f: Any) -> Any:
-        if f.check(defer.CancelledError):
+        if f.check(defer.CancelledError, defer.TimeoutError):
             raise TimeoutError(what())
         return f
 

@@ -6,5 +6,5 @@ conftest's fixtures win over a plugin's of the same name, so both ways work).
 """
 
 from nsqtw.testing.pytest_plugin import (  # noqa: F401
-    nsqtw_cluster, nsqtw_lookupd, nsqtw_nsqd, nsqtw_nsqd_factory,
+    nsqtw_cluster, nsqtw_lookupd, nsqtw_nsqd, nsqtw_nsqd_factory, pytest_configure,
 )
