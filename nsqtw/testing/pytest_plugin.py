@@ -264,10 +264,17 @@ class NsqdFixture:
 
 
 def start_nsqd_fixture(**options: Any) -> "Deferred":
-    """Start an nsqd for a test (127.0.0.1:0, no HTTPS, data in a fresh tmpfs directory)."""
+    """Start an nsqd for a test (127.0.0.1:0, no HTTPS, data in a fresh tmpfs directory).
+
+    With the fixture's own tmpfs directory, the disk sync worker runs its jobs
+    inline instead of starting a thread: starting that thread is most of an
+    nsqd's start-up time, and an fsync on tmpfs costs microseconds.
+    """
     from twisted.internet import defer
 
-    from nsqtw.embed import start_nsqd
+    from nsqtw.embed import NsqdHandle
+    from nsqtw.options import NsqdOptions
+    from nsqtw.service.nsqd import build_nsqd
 
     data_dir = None
     if not options.get("data_path"):
@@ -276,22 +283,30 @@ def start_nsqd_fixture(**options: Any) -> "Deferred":
     options.setdefault("http_address", "127.0.0.1:0")
     options.setdefault("https_address", "")
     options.setdefault("broadcast_address", "127.0.0.1")
-    try:
-        d = start_nsqd(_reactor(), **options)
-    except Exception:
-        d = defer.fail()
+    reactor = _reactor()
 
-    def started(handle: Any) -> Any:
-        if handle.options.lookupd_tcp_addresses:
-            _attach_lookup_peers(handle.service)
-        return NsqdFixture(handle, data_dir)
-
-    def failed(f: Any) -> Any:
+    def cleanup() -> None:
         if data_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
-        return f
 
-    return d.addCallbacks(started, failed)
+    try:
+        service = build_nsqd(NsqdOptions(**options), reactor)
+        worker = getattr(service, "sync_worker", None)
+        if data_dir and worker is not None and hasattr(worker, "threaded"):
+            worker.threaded = False
+        if service.options.lookupd_tcp_addresses:
+            _attach_lookup_peers(service)
+        service.startService()
+    except Exception:
+        cleanup()
+        return defer.fail()
+    handle = NsqdHandle(service)
+    fixture = NsqdFixture(handle, data_dir)
+
+    def failed(f: Any) -> Any:
+        return fixture.stop().addBoth(lambda _: f)
+
+    return service.ready().addCallbacks(lambda _: fixture, failed)
 
 
 def _attach_lookup_peers(service: Any) -> None:
