@@ -75,8 +75,8 @@ def _write_hour(task: Tuple[str, int, int, int, int, int, int]) -> Tuple[int, in
         topic_parts = []
         for t in range(topics):
             r = rates[t]
-            wave = 1 + 0.5 * math.sin(ts / 3600.0 + t)
-            msg = int(r * up * wave)
+            # a monotonic counter whose rate swings between 5/6 and 7/6 of r over the day
+            msg = int(r * up + r * 600 * (math.cos(t) - math.cos(ts / 3600.0 + t)))
             chans = []
             for c in range(channels):
                 depth = int(abs(r * 30 * math.sin(ts / 1800.0 + c + t)))

@@ -36,11 +36,9 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> List[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     start = math.floor(lo / step) * step
-    ticks = []
-    v = start
-    while v <= hi + step * 1e-9:
-        ticks.append(round(v, 10))
-        v += step
+    ticks = [round(start, 10)]
+    while ticks[-1] < hi - step * 1e-9:
+        ticks.append(round(ticks[-1] + step, 10))
     return ticks
 
 
@@ -62,7 +60,7 @@ def line_chart(title: str, series: Dict[str, List[Point]], unit: str = "", width
     points = [p for pts in series.values() for p in pts]
     head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 24 * ((len(series) + 3) // 4)}" ' \
            f'viewBox="0 0 {width} {height + 24 * ((len(series) + 3) // 4)}" role="img" aria-label="{esc(title)}">'
-    parts = [head, f'<text x="10" y="18" font-size="14" font-weight="bold">{esc(title)}</text>']
+    parts = [head, f"<title>{esc(title)}</title>"]
     if not points:
         parts.append(f'<text x="{width // 2}" y="{height // 2}" text-anchor="middle" fill="#888">no data</text></svg>')
         return "".join(parts)

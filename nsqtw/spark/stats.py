@@ -376,7 +376,8 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> Dict[st
         summary = summarize(result)
         total = summary.count()
         rows = summary.limit(args.limit).collect()
-        span = result.agg({"window_start": "min", "window_end": "max"}).collect()[0]
+        from pyspark.sql import functions as F
+        span = result.agg(F.min("window_start"), F.max("window_end")).collect()[0]
         from .report import utc_text
         out.write(f"nsqtw-stats: {total} node/topic/channel series, windows of {args.window}, "
                   f"{utc_text(span[0])} .. {utc_text(span[1])}\n\n")
