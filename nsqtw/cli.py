@@ -93,6 +93,12 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
         fatal(f"failed to instantiate {prog} - {e}")
         return 1
 
+    try:  # a standalone daemon: keep read buffers out of the heap (as twistd's allinone does)
+        from .stats.memory import tune_allocator
+        tune_allocator()
+    except Exception:  # pragma: no cover - never a reason not to start
+        pass
+
     from twisted.internet import reactor
 
     from .service.listen import format_address
