@@ -46,20 +46,6 @@ def version_line(prog: str) -> str:
     return f"{prog} v{NSQ_VERSION} (built w/nsqtw {__version__})"
 
 
-def _attach_lookup_peers(service: Any) -> None:
-    """nsqd's ``--lookupd-tcp-address``: register with nsqlookupd (unless the service already does)."""
-    if not getattr(service.options, "lookupd_tcp_addresses", None):
-        return
-    try:
-        service.getServiceNamed("lookup-peers")
-        return
-    except KeyError:
-        pass
-    from .service.lookup_peers import LookupPeersService
-
-    LookupPeersService(service).setServiceParent(service)
-
-
 def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[Any, Any], Any],
                prefix: str, defaults: Optional[dict] = None,
                after_build: Optional[Callable[[Any], None]] = None,
@@ -171,7 +157,7 @@ def nsqd_main(argv: Optional[List[str]] = None) -> int:
     from .service.nsqd import build_nsqd
 
     args = sys.argv[1:] if argv is None else argv
-    return run_daemon("nsqd", args, NsqdOptions, build_nsqd, "[nsqd] ", after_build=_attach_lookup_peers,
+    return run_daemon("nsqd", args, NsqdOptions, build_nsqd, "[nsqd] ",
                       startup_lines=lambda o: [version_line("nsqd"), f"ID: {o.node_id}"])
 
 

@@ -18,6 +18,7 @@ an embedded broker leaves nothing behind.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from typing import Any, Optional
@@ -88,6 +89,13 @@ class NsqdHandle:
         return d.addBoth(cleanup)
 
 
+def scratch_dir() -> str:
+    """A fresh directory for a throwaway broker: on tmpfs (``/dev/shm``) when there is one."""
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix="nsqtw-", dir=base)
+
+
 def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, *,
                inprocess_name: Optional[str] = None, **kwargs: Any) -> defer.Deferred:
     """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
@@ -105,13 +113,13 @@ def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, *,
         kwargs.setdefault("https_address", "")
         kwargs.setdefault("broadcast_address", "127.0.0.1")
         if not kwargs.get("data_path"):
-            tempdir = tempfile.mkdtemp(prefix="nsqtw-")
-            kwargs["data_path"] = tempdir
+            tempdir = kwargs["data_path"] = scratch_dir()
         options = NsqdOptions(**kwargs)
     elif kwargs:
         options = attr.evolve(options, **kwargs)
     try:
-        service = build_nsqd(options, reactor)
+        # a throwaway data directory needs no fsync thread (and lives on tmpfs when there is one)
+        service = build_nsqd(options, reactor, sync_thread=tempdir is None)
         service.startService()
     except Exception:
         if tempdir:

@@ -47,7 +47,8 @@ BOOL = "bool"
 DURATION = "duration"
 STRLIST = "strlist"
 FLOATLIST = "floatlist"
-TLS_REQUIRED = "tls_required"
+TLS_REQUIRED_KIND = "tls_required"
+FLOAT = "float"
 TLS_MIN_VERSION = "tls_min_version"
 LOG_LEVEL = "log_level"
 
@@ -136,6 +137,13 @@ def _parse_int(text: str, flag: str) -> int:
         raise OptionError(f'invalid value "{text}" for flag -{flag}: parse error') from None
 
 
+def _parse_float(text: str, flag: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise OptionError(f'invalid value "{text}" for flag -{flag}: parse error') from None
+
+
 def _parse_tls_required(text: str, flag: str) -> int:
     low = text.strip().lower()
     if low == "tcp-https":
@@ -184,7 +192,8 @@ _PARSERS: Dict[str, Callable[[str, str], Any]] = {
     INT: _parse_int,
     BOOL: _parse_bool,
     DURATION: lambda text, flag: parse_duration(text, flag),
-    TLS_REQUIRED: _parse_tls_required,
+    TLS_REQUIRED_KIND: _parse_tls_required,
+    FLOAT: lambda text, flag: _parse_float(text, flag),
     TLS_MIN_VERSION: _parse_tls_min_version,
     LOG_LEVEL: _parse_log_level,
 }
@@ -244,6 +253,8 @@ def parse_value(field: "attr.Attribute[Any]", value: Any) -> Any:
         return value
     if kind == INT and isinstance(value, int) and not isinstance(value, bool):
         return value
+    if kind == FLOAT and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     if kind == DURATION and isinstance(value, (int, float)) and not isinstance(value, bool):
         # TOML integers are nanoseconds, as Go's config loader reads them
         return value / 1e9
@@ -300,7 +311,7 @@ def display_default(field: "attr.Attribute[Any]", value: Any) -> str:
         return ",".join(str(v) for v in value)
     if kind == BOOL:
         return "true" if value else "false"
-    if kind == TLS_REQUIRED:
+    if kind == TLS_REQUIRED_KIND:
         return {0: "false", 1: "tcp-https", 2: "true"}[value]
     return str(value)
 
@@ -436,7 +447,7 @@ class NsqdOptions:
     tls_client_auth_policy: str = opt("", flag="tls-client-auth-policy", kind=STR,
                                       help="client certificate auth policy ('require' or 'require-verify')")
     tls_root_ca_file: str = opt("", flag="tls-root-ca-file", kind=STR, help="path to certificate authority file")
-    tls_required: int = opt(TLS_NOT_REQUIRED, flag="tls-required", kind=TLS_REQUIRED,
+    tls_required: int = opt(TLS_NOT_REQUIRED, flag="tls-required", kind=TLS_REQUIRED_KIND,
                             help="require TLS for client connections (true, false, tcp-https)")
     tls_min_version: int = opt(TLS_VERSIONS["tls1.0"], flag="tls-min-version", kind=TLS_MIN_VERSION,
                                help="minimum SSL/TLS version acceptable ('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')")

@@ -108,9 +108,6 @@ def test_setup_cfg_installs_plugins_into_twisted_plugins():
             assert (ROOT / Path(*name.split("."))).is_dir(), name
 
 
-@pytest.mark.xfail(reason="setup.cfg declares entry point 'pytest11: nsqtw = nsqtw.testing.pytest_plugin' but "
-                          "nsqtw/testing/pytest_plugin.py does not exist: an installed nsqtw would break every "
-                          "pytest run in that environment", strict=False)
 def test_declared_entry_points_are_importable():
     """Every module named by setup.cfg's entry points exists in the checkout."""
     cfg = configparser.ConfigParser()

@@ -67,7 +67,9 @@ class NsqdService(MultiService):
     """One nsqd: broker, storage, listeners and timers."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, rng: Optional[random.Random] = None,
-                 backend_factory: Any = None) -> None:
+                 backend_factory: Any = None, sync_thread: bool = True) -> None:
+        """``sync_thread=False`` runs disk syncs inline (for throwaway brokers on tmpfs:
+        starting the thread is most of a start-up)."""
         super().__init__()
         from ..backend.disk import SyncWorker, disk_backends
         from ..backend.dirlock import DirLock
@@ -78,7 +80,7 @@ class NsqdService(MultiService):
         self.data_path = options.data_path or os.getcwd()
         self.dirlock = DirLock(self.data_path)
         # first child: MultiService stops children in reverse, so the disk worker stops last
-        self.sync_worker = SyncWorker(reactor)
+        self.sync_worker = SyncWorker(reactor, threaded=sync_thread)
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
         self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
@@ -323,5 +325,5 @@ class NsqdService(MultiService):
         return closing
 
 
-def build_nsqd(options: NsqdOptions, reactor: Any) -> NsqdService:
-    return NsqdService(options, reactor)
+def build_nsqd(options: NsqdOptions, reactor: Any, *, sync_thread: bool = True) -> NsqdService:
+    return NsqdService(options, reactor, sync_thread=sync_thread)

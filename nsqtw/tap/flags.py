@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, Ty
 import attr
 
 from ..options import (
-    BOOL, FLOATLIST, STRLIST, TLS_MIN_VERSION, TLS_REQUIRED, OptionError, display_default, option_fields,
+    BOOL, FLOATLIST, STRLIST, TLS_MIN_VERSION, TLS_REQUIRED_KIND, OptionError, display_default, option_fields,
     options_from_strings,
 )
 
@@ -33,7 +33,7 @@ __all__ = ["parse_go_flags", "options_from_argv", "usage_text", "HelpRequested",
 
 T = TypeVar("T")
 
-_BOOL_KINDS = (BOOL, TLS_REQUIRED)
+_BOOL_KINDS = (BOOL, TLS_REQUIRED_KIND)
 
 
 class HelpRequested(Exception):
@@ -188,9 +188,8 @@ def usage_text(cls: type, prog: str, *, config_flag: bool = True) -> str:
     entries.append(("version", "", "print version string", ""))
     for f in option_fields(cls):
         kind = f.metadata["kind"]
-        # options.TLS_REQUIRED is both a kind name and (rebound) the policy value 2: key by the object
-        typ = {"bool": "", "int": "int", "duration": "duration", "str": "string",
-               "strlist": "value", "floatlist": "value", "tls_required": "", TLS_REQUIRED: "",
+        typ = {"bool": "", "int": "int", "duration": "duration", "str": "string", "float": "float",
+               "strlist": "value", "floatlist": "value", "tls_required": "",
                "tls_min_version": "value", "log_level": "value"}.get(kind, "value")
         default = f.default.factory() if isinstance(f.default, attr.Factory) else f.default  # type: ignore[attr-defined]
         shown = display_default(f, default)

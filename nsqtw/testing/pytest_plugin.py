@@ -90,12 +90,10 @@ def _reactor() -> Any:
 
 
 def fast_data_dir() -> str:
-    """A fresh data directory on tmpfs when there is one (``/dev/shm``): nsqd fsyncs nsqd.dat
-    on start and stop, which costs milliseconds on a disk and microseconds in memory."""
-    shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-    return tempfile.mkdtemp(prefix="nsqtw-pytest-", dir=base)
+    """A fresh data directory on tmpfs when there is one (see :func:`nsqtw.embed.scratch_dir`)."""
+    from nsqtw.embed import scratch_dir
 
+    return scratch_dir()
 
 def _timeout(d: "Deferred", seconds: Optional[float], what: Callable[[], str]) -> "Deferred":
     """Fail ``d`` with a TimeoutError saying what was missing after ``seconds`` of reactor time."""
@@ -290,12 +288,7 @@ def start_nsqd_fixture(**options: Any) -> "Deferred":
             shutil.rmtree(data_dir, ignore_errors=True)
 
     try:
-        service = build_nsqd(NsqdOptions(**options), reactor)
-        worker = getattr(service, "sync_worker", None)
-        if data_dir and worker is not None and hasattr(worker, "threaded"):
-            worker.threaded = False
-        if service.options.lookupd_tcp_addresses:
-            _attach_lookup_peers(service)
+        service = build_nsqd(NsqdOptions(**options), reactor, sync_thread=data_dir is None)
         service.startService()
     except Exception:
         cleanup()
@@ -307,18 +300,6 @@ def start_nsqd_fixture(**options: Any) -> "Deferred":
         return fixture.stop().addBoth(lambda _: f)
 
     return service.ready().addCallbacks(lambda _: fixture, failed)
-
-
-def _attach_lookup_peers(service: Any) -> None:
-    """Register with ``--lookupd-tcp-address`` (until NsqdService does it itself)."""
-    try:
-        service.getServiceNamed("lookup-peers")
-        return
-    except KeyError:
-        pass
-    from nsqtw.service.lookup_peers import LookupPeersService
-
-    LookupPeersService(service).setServiceParent(service)
 
 
 def _options_from_marker(request: Any, name: str) -> Dict[str, Any]:

@@ -36,7 +36,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from .. import NSQ_VERSION
-from ..options import DURATION, INT, STR, STRLIST, OptionError, opt
+from ..options import DURATION, FLOAT, INT, STR, STRLIST, OptionError, opt
 from ..protocol.names import is_valid_name
 from ._app import ConsumerApp, require_sources
 from ._runtime import client_config, run_app
@@ -71,7 +71,7 @@ class ToHttpOptions:
     num_publishers: int = opt(100, flag="n", kind=INT, help="number of concurrent publishers")
     mode: str = opt("hostpool", flag="mode", kind=STR,
                     help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy")
-    sample: str = opt("1", flag="sample", kind=STR, help="% of messages to publish (float b/w 0 -> 1)")
+    sample: float = opt(1.0, flag="sample", kind=FLOAT, help="% of messages to publish (float b/w 0 -> 1)")
     http_client_connect_timeout: float = opt(2.0, flag="http-client-connect-timeout", kind=DURATION,
                                              help="timeout for HTTP connect")
     http_client_request_timeout: float = opt(20.0, flag="http-client-request-timeout", kind=DURATION,
@@ -128,10 +128,7 @@ class ToHttpOptions:
 
     @property
     def sample_rate(self) -> float:
-        try:
-            return float(self.sample)
-        except ValueError:
-            raise OptionError(f'invalid value "{self.sample}" for flag -sample: parse error') from None
+        return float(self.sample)
 
     @property
     def addresses(self) -> List[str]:

@@ -148,42 +148,14 @@ async def test_nsqadmin_command(tmp_path):
         admin.close()
 
 
-HTTPS_SCRIPT = r'''
-import sys
-from twisted.internet.protocol import Factory
-from nsqtw.cli import run_daemon, _attach_lookup_peers
-from nsqtw.options import NsqdOptions
-from nsqtw.service.listen import ListeningService
-from nsqtw.service.nsqd import build_nsqd
-
-class Quiet(ListeningService):
-    """An HTTPS listener that does not announce itself: run_daemon must."""
-    def startService(self):
-        from twisted.logger import Logger
-        import nsqtw.service.listen as listen
-        saved, listen.log = listen.log, Logger(namespace="quiet", observer=lambda e: None)
-        try:
-            super().startService()
-        finally:
-            listen.log = saved
-
-def build(options, reactor):
-    service = build_nsqd(options, reactor)
-    if getattr(service, "https_listener", None) is None:
-        service.https_listener = Quiet(reactor, "127.0.0.1:0", Factory(), "HTTPS", "https-address")
-        service.https_listener.setServiceParent(service)
-    return service
-
-sys.exit(run_daemon("nsqd", sys.argv[1:], NsqdOptions, build, "[nsqd] "))
-'''
-
-
 @pytest_twisted.ensureDeferred
 async def test_https_listener_is_announced(tmp_path):
-    """When the service has an HTTPS listener, 'HTTPS: listening on <real address>' is logged (port 0)."""
-    script = tmp_path / "https_nsqd.py"
-    script.write_text(HTTPS_SCRIPT)
-    nsqd = Daemon(tmp_path, "nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", script=script)
+    """With a TLS cert, 'HTTPS: listening on <real address>' is logged (port 0) and HTTPS serves /ping."""
+    from nsqtw.testing.certs import make_certificates
+
+    certs = make_certificates(str(tmp_path))
+    nsqd = Daemon(tmp_path, "nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                  "--https-address=127.0.0.1:0", f"--tls-cert={certs['server']}", f"--tls-key={certs['server_key']}")
     try:
         addrs = await nsqd.listening("TCP", "HTTP", "HTTPS")
         assert addrs["HTTPS"][1] > 0

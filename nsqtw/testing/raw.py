@@ -1,0 +1,151 @@
+"""
+A raw TCP protocol V2 connection for tests, and command encoders.
+
+* :class:`RawV2Client` speaks TCP protocol V2 byte by byte over a real
+  connection and lets a test await the next frame (for protocol tests and
+  for checking any nsqd, nsqtw's or Go's).
+* :func:`command` / :func:`body_command` encode commands.
+* :func:`decode_frames` splits captured bytes (a ``StringTransport`` value) into frames.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import deque
+from typing import Any, Deque, List, Optional, Tuple
+
+from twisted.internet import defer, protocol
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+
+from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
+from ..protocol.message import Message, decode_message
+
+__all__ = [
+    "mpub_command",
+    "RawV2Client",
+    "connect_raw",
+    "command",
+    "body_command",
+    "identify_command",
+    "decode_frames",
+    "FRAME_RESPONSE",
+    "FRAME_ERROR",
+    "FRAME_MESSAGE",
+]
+
+
+def command(*parts: Any) -> bytes:
+    """``command("SUB", "t", "c")`` -> ``b"SUB t c\\n"``."""
+    return b" ".join(p if isinstance(p, bytes) else str(p).encode() for p in parts) + b"\n"
+
+
+def body_command(name: str, *params: Any, body: bytes) -> bytes:
+    return command(name, *params) + struct.pack(">i", len(body)) + body
+
+
+def identify_command(**fields: Any) -> bytes:
+    return body_command("IDENTIFY", body=json.dumps(fields).encode())
+
+
+def mpub_command(topic: str, bodies: List[bytes]) -> bytes:
+    payload = struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+    return body_command("MPUB", topic, body=payload)
+
+
+def decode_frames(data: bytes) -> List[Tuple[int, bytes]]:
+    return FrameDecoder().feed(data)
+
+
+class RawV2Client(protocol.Protocol):
+    """A bare V2 connection: write bytes, await frames."""
+
+    def __init__(self, send_magic: bool = True) -> None:
+        self._decoder = FrameDecoder()
+        self._frames: Deque[Tuple[int, bytes]] = deque()
+        self._waiters: Deque[defer.Deferred] = deque()
+        self.closed: defer.Deferred = defer.Deferred()
+        self.connected_ = False
+        self.send_magic = send_magic
+        self.received = b""
+
+    def connectionMade(self) -> None:
+        self.connected_ = True
+        if self.send_magic:
+            self.transport.write(MAGIC_V2)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        for frame in self._decoder.feed(data):
+            if self._waiters:
+                self._waiters.popleft().callback(frame)
+            else:
+                self._frames.append(frame)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.connected_ = False
+        while self._waiters:
+            self._waiters.popleft().errback(ConnectionError("connection closed"))
+        if not self.closed.called:
+            self.closed.callback(None)
+
+    def send(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def next_frame(self, timeout: float = 5.0, clock: Any = None) -> defer.Deferred:
+        """Fires with the next ``(frame_type, data)``; fails if the connection closes first."""
+        if self._frames:
+            return defer.succeed(self._frames.popleft())
+        if not self.connected_:
+            return defer.fail(ConnectionError("connection closed"))
+        d: defer.Deferred = defer.Deferred()
+        self._waiters.append(d)
+        if clock is None:
+            from twisted.internet import reactor as clock
+        d.addTimeout(timeout, clock)
+        return d
+
+    async def frame(self, timeout: float = 5.0) -> Tuple[int, bytes]:
+        """The next frame that is not a heartbeat."""
+        while True:
+            ftype, data = await self.next_frame(timeout)
+            if ftype == FRAME_RESPONSE and data == b"_heartbeat_":
+                continue
+            return ftype, data
+
+    async def response(self, timeout: float = 5.0) -> bytes:
+        ftype, data = await self.frame(timeout)
+        if ftype != FRAME_RESPONSE:
+            raise AssertionError(f"expected a response frame, got type {ftype}: {data!r}")
+        return data
+
+    async def error(self, timeout: float = 5.0) -> bytes:
+        ftype, data = await self.frame(timeout)
+        if ftype != FRAME_ERROR:
+            raise AssertionError(f"expected an error frame, got type {ftype}: {data!r}")
+        return data
+
+    async def message(self, timeout: float = 5.0) -> Message:
+        ftype, data = await self.frame(timeout)
+        if ftype != FRAME_MESSAGE:
+            raise AssertionError(f"expected a message frame, got type {ftype}: {data!r}")
+        return decode_message(data)
+
+    def pending(self) -> List[Tuple[int, bytes]]:
+        """Frames received and not yet awaited."""
+        out = list(self._frames)
+        self._frames.clear()
+        return out
+
+    def close(self) -> defer.Deferred:
+        if self.connected_:
+            self.transport.loseConnection()
+        return self.closed
+
+
+def connect_raw(port: int, host: str = "127.0.0.1", reactor: Any = None,
+                send_magic: bool = True) -> defer.Deferred:
+    """Connect a :class:`RawV2Client` (magic sent) to an nsqd."""
+    if reactor is None:
+        from twisted.internet import reactor
+    return connectProtocol(TCP4ClientEndpoint(reactor, host, port), RawV2Client(send_magic))
