@@ -19,7 +19,7 @@ import hashlib
 import re
 import socket
 import zlib
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
 import attr
 

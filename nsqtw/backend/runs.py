@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from itertools import accumulate, repeat
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 from ..protocol.message import ID_SLICE
 

@@ -15,8 +15,7 @@ a malformed query (a bad ``%`` escape, a ``;`` separator) is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
-from urllib.parse import unquote_to_bytes, urlsplit
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from klein import Klein
 from twisted.logger import Logger
@@ -25,64 +24,23 @@ from twisted.web.iweb import IRequest
 from .. import NSQ_VERSION
 from ..errors import HTTPAPIError
 from ..lookupd.peers import GO_ZERO_TIME_NS
-from ..protocol.names import is_valid_channel_name, is_valid_topic_name
-from .responses import install_error_handlers, plain, v1
+from ..protocol.names import is_valid_topic_name
+from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
     from ..service.lookupd import LookupdService
 
-__all__ = ["LookupdHTTPAPI", "go_parse_query"]
+__all__ = ["LookupdHTTPAPI"]
 
 log = Logger(namespace="nsqtw.lookupd")
 
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-
-
-def _go_unescape(text: str) -> str:
-    """Go's ``url.QueryUnescape``: ``+`` is a space, ``%`` needs two hex digits."""
-    raw = text.encode("utf-8", "surrogateescape")
-    i = raw.find(b"%")
-    while i >= 0:
-        if i + 2 >= len(raw) or raw[i + 1] not in _HEX or raw[i + 2] not in _HEX:
-            raise ValueError(f"invalid URL escape {raw[i:i + 3]!r}")
-        i = raw.find(b"%", i + 3)
-    return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "surrogateescape")
-
-
-def go_parse_query(query: str) -> Dict[str, List[str]]:
-    """Go's ``url.ParseQuery``; raises ValueError where Go returns an error."""
-    out: Dict[str, List[str]] = {}
-    error: Optional[ValueError] = None
-    for part in query.split("&"):
-        if not part:
-            continue
-        if ";" in part:
-            error = error or ValueError("invalid semicolon separator in query")
-            continue
-        key, _, value = part.partition("=")
-        try:
-            k = _go_unescape(key)
-            v = _go_unescape(value)
-        except ValueError as e:
-            error = error or e
-            continue
-        out.setdefault(k, []).append(v)
-    if error is not None:
-        raise error
-    return out
 
 
 def _params(request: IRequest) -> Dict[str, List[str]]:
-    try:
-        return go_parse_query(urlsplit(request.uri.decode("utf-8", "surrogateescape")).query)
-    except ValueError:
-        raise HTTPAPIError(400, "INVALID_REQUEST") from None
+    return query(request)
 
 
-def _get(params: Dict[str, List[str]], key: str) -> Optional[str]:
-    """Go's ``ReqParams.Get``: the first value, None if the key is absent."""
-    values = params.get(key)
-    return values[0] if values else None
+_get = first
 
 
 def _topic_arg(params: Dict[str, List[str]]) -> str:
@@ -92,17 +50,7 @@ def _topic_arg(params: Dict[str, List[str]]) -> str:
     return topic
 
 
-def _topic_channel_args(params: Dict[str, List[str]]) -> "tuple[str, str]":
-    """NSQ's ``GetTopicChannelArgs``."""
-    topic = _topic_arg(params)
-    if not is_valid_topic_name(topic):
-        raise HTTPAPIError(400, "INVALID_ARG_TOPIC")
-    channel = _get(params, "channel")
-    if channel is None:
-        raise HTTPAPIError(400, "MISSING_ARG_CHANNEL")
-    if not is_valid_channel_name(channel):
-        raise HTTPAPIError(400, "INVALID_ARG_CHANNEL")
-    return topic, channel
+_topic_channel_args = topic_channel_args
 
 
 def _ns(seconds: float) -> int:

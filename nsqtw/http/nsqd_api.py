@@ -23,7 +23,7 @@ from ..errors import BrokerError, ChannelNotFound, HTTPAPIError, TopicNotFound
 from ..options import LOG_LEVELS, config_value
 from ..protocol.names import is_valid_name
 from ..stats.snapshot import broker_stats, render_text
-from .responses import first, install_error_handlers, plain, query, v1
+from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
     from ..service.nsqd import NsqdService
@@ -71,19 +71,6 @@ class NsqdHTTPAPI:
         if not is_valid_name(name):
             raise HTTPAPIError(400, "INVALID_TOPIC")
         return name
-
-    def _topic_channel_args(self, params: Dict[str, List[str]]) -> "tuple[str, str]":
-        topic = first(params, "topic")
-        if topic is None:
-            raise HTTPAPIError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(topic):
-            raise HTTPAPIError(400, "INVALID_ARG_TOPIC")
-        channel = first(params, "channel")
-        if channel is None:
-            raise HTTPAPIError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_name(channel):
-            raise HTTPAPIError(400, "INVALID_ARG_CHANNEL")
-        return topic, channel
 
     def _guard(self, request: IRequest) -> None:
         """--tls-required=true: plain HTTP answers 403 TLS_REQUIRED to everything."""
@@ -300,7 +287,7 @@ class NsqdHTTPAPI:
     @app.route("/channel/create", methods=["POST"])
     def channel_create(self, request: IRequest) -> bytes:
         self._guard(request)
-        topic, channel = self._topic_channel_args(query(request))
+        topic, channel = topic_channel_args(query(request))
         try:
             self._broker.find_topic(topic).get_channel(channel, self.node.now())
         except TopicNotFound:
@@ -313,7 +300,7 @@ class NsqdHTTPAPI:
     @app.route("/channel/delete", methods=["POST"])
     def channel_delete(self, request: IRequest) -> bytes:
         self._guard(request)
-        topic, channel = self._topic_channel_args(query(request))
+        topic, channel = topic_channel_args(query(request))
         try:
             self._broker.delete_channel(topic, channel)
         except TopicNotFound:
@@ -326,7 +313,7 @@ class NsqdHTTPAPI:
     @app.route("/channel/empty", methods=["POST"])
     def channel_empty(self, request: IRequest) -> bytes:
         self._guard(request)
-        topic, channel = self._topic_channel_args(query(request))
+        topic, channel = topic_channel_args(query(request))
         try:
             self._broker.find_channel(topic, channel).empty()
         except TopicNotFound:
@@ -345,7 +332,7 @@ class NsqdHTTPAPI:
 
     def _pause_channel(self, request: IRequest, paused: bool) -> bytes:
         self._guard(request)
-        topic, channel = self._topic_channel_args(query(request))
+        topic, channel = topic_channel_args(query(request))
         try:
             self._broker.set_paused(topic, channel, paused)
         except TopicNotFound:

@@ -12,9 +12,8 @@ HTML.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -23,28 +22,29 @@ from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from ..errors import HTTPAPIError
+from ..protocol.names import is_valid_name
 from ..stats.snapshot import go_json
 
 __all__ = ["v1", "v1_error", "plain", "query", "first", "install_error_handlers", "RouterResource",
-           "LimitedRequest", "limited_site", "parse_query", "JSON_TYPE", "TEXT_TYPE"]
+           "LimitedRequest", "limited_site", "parse_query", "topic_channel_args", "JSON_TYPE", "TEXT_TYPE"]
 
 JSON_TYPE = b"application/json; charset=utf-8"
 TEXT_TYPE = b"text/plain; charset=utf-8"
 NSQ_TYPE = b"nsq; version=1.0"
 
 
-_HEX = set("0123456789abcdefABCDEF")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 def _unescape(text: str) -> str:
-    """Go's ``url.QueryUnescape``: '+' is a space, a bad %-escape is an error."""
-    i = text.find("%")
+    """Go's ``url.QueryUnescape``: '+' is a space, a '%' needs two hex digits."""
+    raw = text.encode("utf-8", "surrogateescape")
+    i = raw.find(b"%")
     while i >= 0:
-        pair = text[i + 1:i + 3]
-        if len(pair) != 2 or pair[0] not in _HEX or pair[1] not in _HEX:
-            raise ValueError(f"invalid URL escape {text[i:i + 3]!r}")
-        i = text.find("%", i + 3)
-    return unquote_plus(text, encoding="utf-8", errors="surrogateescape")
+        if i + 2 >= len(raw) or raw[i + 1] not in _HEX or raw[i + 2] not in _HEX:
+            raise ValueError(f"invalid URL escape {raw[i:i + 3]!r}")
+        i = raw.find(b"%", i + 3)
+    return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "surrogateescape")
 
 
 def parse_query(raw: str) -> Dict[str, List[str]]:
@@ -81,8 +81,24 @@ def query(request: IRequest) -> Dict[str, List[str]]:
 
 
 def first(params: Dict[str, List[str]], key: str) -> Optional[str]:
+    """Go's ``ReqParams.Get``: the first value, None if the key is absent."""
     values = params.get(key)
     return values[0] if values else None
+
+
+def topic_channel_args(params: Dict[str, List[str]]) -> Tuple[str, str]:
+    """NSQ's ``GetTopicChannelArgs`` (``http_api/topic_channel_args.go``)."""
+    topic = first(params, "topic")
+    if topic is None:
+        raise HTTPAPIError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_name(topic):
+        raise HTTPAPIError(400, "INVALID_ARG_TOPIC")
+    channel = first(params, "channel")
+    if channel is None:
+        raise HTTPAPIError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_name(channel):
+        raise HTTPAPIError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel
 
 
 def _sized(request: IRequest, body: bytes) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, List, Optional, Pattern, Tuple
+from typing import Any, List, Pattern, Tuple
 
 import attr
 

@@ -18,11 +18,11 @@ import operator
 import random
 import struct
 from itertools import accumulate, chain, count, repeat
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..backend.dummy import DummyQueue
 from ..backend.runs import Run, run_of_frame
-from ..errors import BackendError, ChannelNotFound, Exiting, QueueFull, TopicNotFound
+from ..errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
 from ..options import NsqdOptions
 from .channel import Channel
 from .client import ClientState

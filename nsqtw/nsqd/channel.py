@@ -16,19 +16,16 @@ beyond the frame copy kept for a possible redelivery.
 from __future__ import annotations
 
 import heapq
-import operator
-import random
-from collections import deque
 from itertools import count, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
-from ..errors import ChannelNotFound, Exiting, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
-from ..protocol.message import ID_SLICE, requeue_frame
+from ..errors import FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
+from ..protocol.message import requeue_frame
 from ..protocol.names import is_ephemeral
-from .client import STATE_CLOSING, STATE_SUBSCRIBED, ClientState, Epoch
+from .client import STATE_SUBSCRIBED, ClientState, Epoch
 from .quantile import Quantile
 
 if TYPE_CHECKING:

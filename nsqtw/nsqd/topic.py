@@ -11,10 +11,10 @@ moves them on when a channel appears or the topic is unpaused.  This is NSQ's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from ..backend.memory import MemoryQueue
-from ..backend.runs import Run, run_count, run_of_frame
+from ..backend.runs import Run, run_count
 from ..errors import Exiting, QueueFull
 from ..protocol.names import is_ephemeral
 from .channel import Channel

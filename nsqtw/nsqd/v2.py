@@ -21,14 +21,14 @@ import json
 import re
 import struct
 from itertools import repeat
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import attr
 
 from .. import NSQ_VERSION
 from ..errors import (
     AuthDisabled, AuthFailed, AuthFirst, Unauthorized, BadBody, BadChannel, BadMessage, BadProtocol, BadTopic, BrokerError, DPubFailed,
-    Exiting, IdentifyFailed, Invalid, MPubFailed, NSQError, PubFailed, QueueFull, SubFailed,
+    Exiting, IdentifyFailed, Invalid, MPubFailed, NSQError, PubFailed, SubFailed,
 )
 from ..options import TLS_NOT_REQUIRED
 from ..protocol.frames import (

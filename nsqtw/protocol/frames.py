@@ -13,7 +13,7 @@ with :class:`FrameDecoder`; the broker writes them with :func:`encode_frame`
 from __future__ import annotations
 
 import struct
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Tuple
 
 __all__ = [
     "MAGIC_V1",

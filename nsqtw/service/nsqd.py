@@ -25,7 +25,7 @@ from ..nsqd.scan import ChannelSampler, scan_channels
 from ..nsqd.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError
 from ..tcp.nsqd import NsqdFactory
-from .listen import ListeningService, format_address
+from .listen import ListeningService
 
 __all__ = ["NsqdService", "build_nsqd"]
 
@@ -110,7 +110,6 @@ class NsqdService(MultiService):
         self.http_listener: Optional[ListeningService] = None
         self.https_listener: Optional[ListeningService] = None
         if options.http_address:
-            from twisted.web.server import Site
             from ..http.nsqd_api import NsqdHTTPAPI
             from ..http.responses import RouterResource, limited_site
             api = NsqdHTTPAPI(self, tls_only_http=options.tls_required == TLS_REQUIRED)
@@ -119,7 +118,6 @@ class NsqdService(MultiService):
             self.http_listener.setServiceParent(self)
         if self.tls_context is not None and options.https_address:
             from twisted.internet.endpoints import SSL4ServerEndpoint
-            from twisted.web.server import Site
             from ..http.nsqd_api import NsqdHTTPAPI
             from ..http.responses import RouterResource
             from .listen import split_host_port

@@ -10,7 +10,6 @@ so ``json.dumps`` of them is byte-compatible with nsqd's answer (up to values).
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional
 

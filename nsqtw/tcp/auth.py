@@ -17,7 +17,6 @@ import random
 from typing import Any, List, Optional
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from twisted.internet import defer
 
 from ..nsqd.auth import AuthState, parse_auth_response
 
