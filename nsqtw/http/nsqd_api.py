@@ -230,6 +230,20 @@ class NsqdHTTPAPI:
             return v1(request, render_text(doc, now, self._broker.start_time))
         return v1(request, doc)
 
+    @app.route("/metrics", methods=["GET"])
+    def metrics(self, request: IRequest) -> bytes:
+        """nsqtw addition: /stats in Prometheus' text format (nsqio/nsq#732)."""
+        from ..stats.prometheus import CONTENT_TYPE, render_metrics
+
+        self._guard(request)
+        params = query(request)
+        include_clients = _BOOL.get(first(params, "include_clients") or "", True)
+        doc = broker_stats(self._broker, self.node.now(), include_clients=include_clients)
+        request.setHeader(b"Content-Type", CONTENT_TYPE.encode())
+        body = render_metrics(doc)
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        return body
+
     @app.route("/topic/create", methods=["POST"])
     def topic_create(self, request: IRequest) -> bytes:
         self._guard(request)

@@ -131,6 +131,12 @@ class NsqdService(MultiService):
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
         from ..stats.memory import release_free_memory
         _LoopService(reactor, 1.0, release_free_memory, "memory-trim").setServiceParent(self)
+        if options.stats_export_path:
+            from ..stats.export import StatsExportService
+            StatsExportService(self).setServiceParent(self)
+        if options.statsd_address:
+            from ..stats.statsd import StatsdService
+            StatsdService(self).setServiceParent(self)
         from .lookup_peers import LookupPeersService
         self.lookup_peers = LookupPeersService(self)
         self.lookup_peers.setServiceParent(self)
