@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from twisted.internet import defer, task
+from twisted.internet.protocol import Protocol
 from twisted.logger import LogLevel, globalLogPublisher
 
 from nsqtw.errors import BY_CODE
@@ -208,6 +209,41 @@ async def closed_within(client: Any, timeout: float) -> bool:
     if call.active():
         call.cancel()
     return result
+
+
+class BytesClient(Protocol):
+    """A raw TCP client that only records what it gets (no decoding: a fuzzed stream may turn
+    compressed, and the checks decode afterwards)."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.closed: defer.Deferred = defer.Deferred()
+        self.connected_ = False
+
+    def connectionMade(self) -> None:
+        self.connected_ = True
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.connected_ = False
+        if not self.closed.called:
+            self.closed.callback(None)
+
+    def send(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def close(self) -> defer.Deferred:
+        if self.connected_:
+            self.transport.loseConnection()
+        return self.closed
+
+
+def connect_bytes(port: int, host: str = "127.0.0.1") -> defer.Deferred:
+    from twisted.internet import reactor
+    from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+    return connectProtocol(TCP4ClientEndpoint(reactor, host, port), BytesClient())
 
 
 def transport_buffered(transport: Any) -> int:
