@@ -221,7 +221,10 @@ def main() -> None:
     p.add_argument("-r", "--rdy", type=int, default=2500)
     p.add_argument("-w", "--window", type=int, default=8, help="MPUB batches in flight")
     p.add_argument("--topic", default="")
-    p.add_argument("--mode", choices=["both", "pub", "hold"], default="both")
+    p.add_argument("--mode", choices=["both", "pub", "hold", "backlog"], default="both",
+                   help="both: publish and consume at once; pub: publish only; hold: RSS with N "
+                        "queued in memory; backlog: publish N to a channel (overflowing to disk "
+                        "with the default --mem-queue-size), then drain it")
     p.add_argument("--broker-arg", action="append", default=[], help="extra flag for a spawned broker")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = p.parse_args()
@@ -242,7 +245,26 @@ def main() -> None:
     ready = mp.Event()
     results = {}
     try:
-        if args.mode == "hold":
+        if args.mode == "backlog":
+            c = _connect(addr)
+            c.sendall(b"SUB " + topic.encode() + b" bench\n")
+            _read_responses(c, bytearray(), 1)
+            c.close()
+            pub = mp.Process(target=publisher, args=(addr, topic, args.count, args.size, args.batch, args.window, out))
+            pub.start()
+            _, n, pub_elapsed = out.get()
+            pub.join()
+            rss_full = _rss(pid) if pid else None
+            sub = mp.Process(target=consumer, args=(addr, topic, "bench", args.count, args.rdy, ready, out, args.size))
+            sub.start()
+            _, got, drain_elapsed, _lat = out.get()
+            sub.join()
+            results = {"mode": "backlog", "messages": n, "size": args.size,
+                       "publish_msgs_per_s": round(n / pub_elapsed),
+                       "drain_msgs_per_s": round(got / drain_elapsed),
+                       "rss_with_backlog_mb": rss_full and round(rss_full / 1e6, 1),
+                       "peak_rss_mb": pid and round((_peak_rss(pid) or 0) / 1e6, 1)}
+        elif args.mode == "hold":
             # a channel first, so the messages wait on it as they would for a slow consumer
             c = _connect(addr)
             c.sendall(b"SUB " + topic.encode() + b" hold\n")

@@ -72,6 +72,7 @@ import re
 import struct
 import time
 from functools import partial
+from itertools import chain, repeat
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from twisted.application.service import Service
@@ -85,7 +86,7 @@ from ..protocol.message import ID_SLICE, MIN_MESSAGE_LENGTH
 from . import IBackendQueue
 from .deferred_store import DeferredStore
 from .metadata import write_file_atomically
-from .runs import Run
+from .runs import Run, run_of_frames
 
 __all__ = ["DiskQueue", "SyncWorker", "disk_backends", "read_queue_metadata", "format_queue_metadata"]
 
@@ -93,6 +94,7 @@ log = Logger(namespace="nsqtw.diskqueue")
 
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
+_bytes_get = bytes.__getitem__
 _FRAME_HEAD = struct.Struct(">ii")
 _unpack_i32 = _I32.unpack_from
 _unpack_u16 = _U16.unpack_from
@@ -506,11 +508,44 @@ class DiskQueue:
             spans.append((o + 4, o + 4 + size))
         return memoryview(ba), spans
 
+    def _encode_uniform(self, run: Run) -> Optional[bytes]:
+        """A run of same-size frames with equal attempts (a fresh MPUB) as one contiguous
+        block of entries, built by C builtins; None when the run is not like that."""
+        blob, offs, end = run
+        if not isinstance(offs, range) or len(offs) < 2:
+            return None
+        stride = offs.step
+        start, stop = offs.start, end
+        size = _unpack_i32(blob, start)[0]
+        n = size - 4
+        if stride != size + 4 or stop - start != stride * len(offs) or n < self.min_record or n > self.max_record:
+            return None
+        heads = set(map(_bytes_get, repeat(blob), map(slice, range(start, stop, stride),
+                                                      range(start + 8, stop, stride))))
+        attempts = set(map(_bytes_get, repeat(blob), map(slice, range(start + 16, stop, stride),
+                                                         range(start + 18, stop, stride))))
+        if len(heads) != 1 or len(attempts) != 1:
+            return None
+        att = _U16.pack((_U16.unpack(attempts.pop())[0] - 1) & 0xFFFF)
+        return b"".join(chain.from_iterable(zip(
+            repeat(_I32.pack(n)),
+            map(_bytes_get, repeat(blob), map(slice, range(start + 8, stop, stride), range(start + 16, stop, stride))),
+            repeat(att),
+            map(_bytes_get, repeat(blob), map(slice, range(start + 18, stop, stride), range(start + stride, stop + stride, stride))),
+        )))
+
     def put(self, run: Run) -> Optional[Run]:
         """Store the whole run (rolling as needed); returns None.  Raises BackendError."""
         if self._closed:
             raise Exiting()
         blob, offs, end = run
+        if len(offs) > 1 and (self.write_pos == 0 or self.write_pos + (end - offs[0]) <= self.max_bytes_per_file):
+            data = self._encode_uniform(run)
+            if data is not None and self.write_pos + len(data) <= self.max_bytes_per_file:
+                # no record of the run would roll: one write, as the general path would do
+                self._write(data, len(offs))
+                self._after_ops()
+                return None
         if len(offs) == 1:  # a PUB: no private copy needed
             o = offs[0]
             size = _unpack_i32(blob, o)[0]
@@ -557,7 +592,7 @@ class DiskQueue:
         for at, frame in items:
             self._hints[bytes(frame[ID_SLICE])] = at
         self._hints_dirty = True
-        self.put(_run_of_frames([bytes(f) for _, f in items]))
+        self.put(run_of_frames([bytes(f) for _, f in items]))
 
     def _write(self, data: Any, k: int) -> None:
         """pwrite ``k`` entries at the write position (one system call unless it is short)."""
@@ -981,17 +1016,6 @@ def _run_of(blob: bytes, offs: List[int], uniform: bool) -> Run:
     if uniform:
         return (blob, range(0, len(blob), offs[1]), len(blob))
     return (blob, offs, len(blob))
-
-
-def _run_of_frames(frames: List[bytes]) -> Run:
-    blob = b"".join(frames)
-    offs: List[int] = []
-    at = 0
-    for f in frames:
-        offs.append(at)
-        at += len(f)
-    first = len(frames[0])
-    return _run_of(blob, offs, all(len(f) == first for f in frames))
 
 
 def disk_backends(options: Any, worker: SyncWorker, data_path: Optional[str] = None) -> Callable[[str, bool], Any]:
