@@ -170,10 +170,11 @@ class LogWatch:
         globalLogPublisher.removeObserver(self)
 
     def describe(self) -> List[str]:
+        from twisted.logger import formatEvent
         out = []
         for e in self.bad:
-            f = e.get("log_failure")
-            text = e.get("log_format") or ""
+            f = e.get("log_failure") or e.get("failure")
+            text = formatEvent(e)[:300]
             if f is not None:
                 text += " | " + f.getTraceback()[-1500:]
             out.append(text)

@@ -278,3 +278,24 @@ def test_big_mpub_dribbled_costs_linear_time():
     whole = _feed_cost(data, len(data), opts)
     dribbled = _feed_cost(data, 1460, opts)
     assert dribbled < max(20 * whole, 0.05), (whole, dribbled)
+
+
+# --- numbers longer than Python's int() accepts ---------------------------------------------------
+
+HUGE = b"9" * 5000  # Python refuses int() of more than 4300 digits (sys.int_info.default_max_str_digits)
+
+
+@pytest.mark.xfail(reason="F14: base10() (nsqtw/nsqd/v2.py) calls int() on up to 16 KiB of digits; past 4300 "
+                          "digits Python raises ValueError, which escapes V2Session.feed (an unhandled error in "
+                          "the glue) instead of E_INVALID; Go's ByteToBase10 just overflows", strict=True)
+@pytest.mark.parametrize("stream,expected", [
+    (cmd("SUB", "t", "c") + b"RDY " + HUGE + b"\n", b"E_INVALID RDY count"),
+    (cmd("SUB", "t", "c") + b"REQ 0000000000000000 " + HUGE + b"\n", b"E_"),
+    (b"DPUB t " + HUGE + b"\n", b"E_INVALID DPUB"),
+], ids=["RDY", "REQ", "DPUB"])
+def test_number_over_4300_digits_is_e_invalid(stream, expected):
+    """A count or timeout of 5000 digits is a fatal E_INVALID error, not an exception."""
+    conn = SansIOConn(small_options())
+    keep = conn.feed(MAGIC_V2 + stream)
+    frames = wellformed(conn.take())
+    assert keep is False and frames[-1][0] == FRAME_ERROR and frames[-1][1].startswith(expected)
