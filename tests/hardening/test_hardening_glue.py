@@ -25,7 +25,7 @@ from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MA
 from nsqtw.protocol.message import decode_message
 from nsqtw.tcp.nsqd import NsqdFactory
 
-from hardening_support import T0, SansIOConn, body_cmd, cmd, i32, small_options, wellformed
+from hardening_support import T0, SansIOConn, body_cmd, cmd, errors_of, i32, small_options, wellformed
 
 HB = (FRAME_RESPONSE, b"_heartbeat_")
 
@@ -299,3 +299,23 @@ def test_number_over_4300_digits_is_e_invalid(stream, expected):
     keep = conn.feed(MAGIC_V2 + stream)
     frames = wellformed(conn.take())
     assert keep is False and frames[-1][0] == FRAME_ERROR and frames[-1][1].startswith(expected)
+
+
+@pytest.mark.xfail(reason="F16: MPUB's walk is bounded by count x --max-msg-size, not by its body size "
+                          "(nsqtw/nsqd/v2.py _mpub checks the outer size only against its bounds, as Go's "
+                          "readMPUB does): an MPUB announcing a 100-byte body with 5000 messages of 64 KiB makes "
+                          "the broker buffer 13 MB and would go on to count x 1 MiB (1M x 1 MiB with defaults) "
+                          "before it can publish or refuse", strict=True)
+def test_mpub_cannot_buffer_more_than_max_body_size():
+    """An MPUB whose messages run past --max-body-size (and past its own announced size) is refused."""
+    opts = NsqdOptions(node_id=3, mem_queue_size=10 ** 6)
+    conn = SansIOConn(opts)
+    conn.feed(MAGIC_V2 + b"MPUB t\n" + i32(100) + i32(5000))
+    message = i32(65536) + b"x" * 65536
+    for _ in range(200):  # 13 MB
+        if not conn.feed(message):
+            break
+        held = len(conn.session._buf) + sum(map(len, conn.session._chunks))
+        assert held <= opts.max_body_size + MAX_LINE + 8, held
+    assert not conn.open
+    assert errors_of(wellformed(conn.take()))[0].startswith(b"E_BAD_BODY")
