@@ -74,10 +74,17 @@ class Upgrade:
 
 
 def base10(data: bytes) -> Optional[int]:
-    """nsqd's ``ByteToBase10``: ASCII digits only, ``""`` is 0, anything else fails."""
+    """nsqd's ``ByteToBase10``: ASCII digits only, ``""`` is 0, anything else fails; the value
+    wraps at 2**64 as Go's uint64 does (so a 16 KiB number is just a large one)."""
     if _DIGITS.match(data) is None:
         return None
-    return int(data) if data else 0
+    if len(data) <= 19:
+        return int(data) if data else 0
+    n = 0
+    for i in range(0, len(data), 18):
+        chunk = data[i:i + 18]
+        n = (n * 10 ** len(chunk) + int(chunk)) & 0xFFFFFFFFFFFFFFFF
+    return n
 
 
 class _Suspend(Exception):
@@ -88,10 +95,12 @@ class _Suspend(Exception):
 
 
 class _Wait(Exception):
-    """More bytes are needed before this command can run."""
+    """More bytes are needed before this command can run; ``keep`` is where the bytes still
+    needed start (None: the command's own start, to parse it again)."""
 
-    def __init__(self, need: int = 0) -> None:
+    def __init__(self, need: int = 0, keep: Optional[int] = None) -> None:
         self.need = need
+        self.keep = keep
 
 
 class V2Session:
@@ -108,7 +117,10 @@ class V2Session:
         #: --sync-every=1: a publish is answered only once the fsync covering it is done
         self.sync_publish = sync_publish
         self._held: Optional[List[Tuple[int, bytes]]] = None
-        self._mpub_state: Any = None
+        #: an MPUB whose messages are still arriving (see _MpubWalk)
+        self._walk: Optional["_MpubWalk"] = None
+        #: commands completed so far (the glue's read deadline counts from the last one)
+        self.commands = 0
         #: ("auth" | "requery", secret) while waiting for the auth server; see resume()
         self.suspended: Optional[Tuple[str, bytes]] = None
         self._auth_result: Any = None
@@ -180,6 +192,23 @@ class V2Session:
         client = self.client
         line_handlers = self._line
         body_handlers = self._body
+        walk = self._walk
+        if walk is not None:
+            try:
+                pos = walk.resume(buf, pos, end, now)
+                self._walk = None
+                self.commands += 1
+            except _Wait as w:
+                self._buf = buf[w.keep:]
+                if w.need > 65536:
+                    self._wanted = w.need
+                    self._chunks = [self._buf]
+                    self._buf = b""
+                return True
+            except NSQError as e:
+                self._walk = None
+                self._respond(encode_frame(FRAME_ERROR, e.wire()))
+                return self._fail()
         while pos < end:
             cmd_pos = pos
             nl = buf.find(b"\n", pos)
@@ -200,6 +229,7 @@ class V2Session:
                         pos = stop
                         for err in client.channel.finish_many(client, ids, now):
                             self._respond(encode_frame(FRAME_ERROR, err.wire()))
+                        self.commands += len(ids)
                         continue
                 if nl - pos >= MAX_LINE:  # the 16 KiB read buffer must hold the line and its \n
                     self.closed = True
@@ -214,6 +244,7 @@ class V2Session:
                 handler = line_handlers.get(name)
                 if handler is not None:
                     pos = nl + 1
+                    self.commands += 1
                     handler(params, now)
                     continue
                 bhandler = body_handlers.get(name)
@@ -221,8 +252,9 @@ class V2Session:
                     raise Invalid(f"invalid command {b2s(name)}")
                 try:
                     pos = bhandler(params, buf, nl + 1, end, now)
+                    self.commands += 1
                 except _Wait as w:
-                    self._buf = buf[pos:]
+                    self._buf = buf[pos if w.keep is None else w.keep:]
                     if w.need > 65536:
                         self._wanted = w.need
                         self._chunks = [self._buf]
@@ -235,13 +267,20 @@ class V2Session:
             except NSQError as e:
                 self._respond(encode_frame(FRAME_ERROR, e.wire()))
                 if e.fatal:
-                    self.closed = True
-                    return False
+                    return self._fail()
             except _Suspend as sus:
                 self._buf = buf[cmd_pos:]
                 self.suspended = sus.request
                 return True
         return True
+
+    def _fail(self) -> bool:
+        """A fatal error: nothing more is read, and nothing more is delivered to this client
+        while its connection closes (its in-flight messages go back at once)."""
+        self.closed = True
+        self._walk = None
+        self.client.rdy = 0
+        return False
 
     def resume(self, result: Any) -> None:
         """The auth server answered (an AuthState, or an exception): the suspended command
@@ -501,54 +540,32 @@ class V2Session:
             raise BadBody(f"MPUB invalid body size {body_size}")
         if body_size > self._max_body_size:
             raise BadBody(f"MPUB body too big {body_size} > {self._max_body_size}")
-        # like nsqd, walk the messages themselves (the outer size is only bounds-checked), and
-        # keep the walk across reads so a large MPUB is not re-parsed from its start every time
         p = start + 4
         num = self._size(buf, p, end)
         max_messages = (self._max_body_size - 4) // 5
         if num <= 0 or num > max_messages:
             raise BadBody(f"MPUB invalid message count {num}")
         p += 4
-        state = self._mpub_state
-        if state is None and p + 4 <= end:
-            # the common case, every message the same size: validated and sliced by C builtins
+        if p + 4 <= end:
+            # the common case, every message the same size and all here: C builtins do it all
             first = _I32(buf, p)[0]
             if 0 < first <= self._max_msg_size:
                 stride = first + 4
                 stop = p + num * stride
-                if stop <= end and set(map(_bget, repeat(buf), map(slice, range(p, stop, stride),
-                                                                   range(p + 4, stop, stride)))) == {buf[p:p + 4]}:
+                if stop <= end and stop - p <= body_size - 4 and set(map(
+                        _bget, repeat(buf), map(slice, range(p, stop, stride), range(p + 4, stop, stride)))
+                ) == {buf[p:p + 4]}:
                     bodies = list(map(_bget, repeat(buf), map(slice, range(p + 4, stop, stride),
                                                               range(stride + p, stop + stride, stride))))
                     return self._mpub_done(topic_name, bodies, now, stop, first)
-        if state is not None:  # offsets were saved relative to ``start`` (the buffer is rebuilt)
-            i, rel, starts, stops = state
-            p = start + rel
-            starts = [x + start for x in starts]
-            stops = [x + start for x in stops]
-            self._mpub_state = None
-        else:
-            i, starts, stops = 0, [], []
-        max_msg = self._max_msg_size
-        while i < num:
-            if p + 4 > end:
-                self._save_mpub(i, p, start, starts, stops)
-                raise _Wait(p + 4 - end)
-            size = _I32(buf, p)[0]
-            if size <= 0:
-                raise BadMessage(f"MPUB invalid message({i}) body size {size}")
-            if size > max_msg:
-                raise BadMessage(f"MPUB message too big {size} > {max_msg}")
-            if p + 4 + size > end:
-                self._save_mpub(i, p, start, starts, stops)
-                raise _Wait(p + 4 + size - end)
-            p += 4
-            starts.append(p)
-            p += size
-            stops.append(p)
-            i += 1
-        bodies = list(map(buf.__getitem__, map(slice, starts, stops)))
-        return self._mpub_done(topic_name, bodies, now, p, None)
+        # otherwise walk the messages one by one, as nsqd does; the walk keeps the messages read
+        # so far, so an MPUB arriving in many small reads is not re-parsed from its start
+        walk = _MpubWalk(self, topic_name, num, body_size - 4)
+        try:
+            return walk.resume(buf, p, end, now)
+        except _Wait:
+            self._walk = walk
+            raise
 
     def _mpub_done(self, topic_name: str, bodies: List[bytes], now: float, stop: int,
                    uniform: Optional[int]) -> int:
@@ -560,9 +577,6 @@ class V2Session:
         self._published()
         self._respond(OK_FRAME)
         return stop
-
-    def _save_mpub(self, i: int, p: int, start: int, starts: List[int], stops: List[int]) -> None:
-        self._mpub_state = (i, p - start, [x - start for x in starts], [x - start for x in stops])
 
     def _identify(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         client = self.client
@@ -690,3 +704,45 @@ class V2Session:
         client.auth = result
         self._respond(encode_frame(FRAME_RESPONSE, result.answer()))
         return stop
+
+
+class _MpubWalk:
+    """An MPUB's messages read one by one, across as many reads as they take.
+
+    Only the bytes of the message not yet complete are kept between reads;
+    the walk may not run past the body size the MPUB announced, which bounds
+    what a client can make nsqd buffer to ``--max-body-size``.
+    """
+
+    __slots__ = ("session", "topic", "num", "room", "bodies")
+
+    def __init__(self, session: V2Session, topic: str, num: int, room: int) -> None:
+        self.session = session
+        self.topic = topic
+        self.num = num
+        self.room = room
+        self.bodies: List[bytes] = []
+
+    def resume(self, buf: bytes, p: int, end: int, now: float) -> int:
+        session = self.session
+        max_msg = session._max_msg_size
+        bodies = self.bodies
+        append = bodies.append
+        num = self.num
+        while len(bodies) < num:
+            if p + 4 > end:
+                raise _Wait(p + 4 - end, keep=p)
+            size = _I32(buf, p)[0]
+            i = len(bodies)
+            if size <= 0:
+                raise BadMessage(f"MPUB invalid message({i}) body size {size}")
+            if size > max_msg:
+                raise BadMessage(f"MPUB message too big {size} > {max_msg}")
+            if 4 + size > self.room:
+                raise BadBody(f"MPUB message({i}) body size {size} overruns the announced body size")
+            if p + 4 + size > end:
+                raise _Wait(p + 4 + size - end, keep=p)
+            append(buf[p + 4:p + 4 + size])
+            self.room -= 4 + size
+            p += 4 + size
+        return session._mpub_done(self.topic, bodies, now, p, None)

@@ -126,7 +126,6 @@ class NsqdProtocol(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         now = self.clock.seconds()
-        self._last_read = now
         session = self.session
         if session is None:
             return
@@ -138,7 +137,12 @@ class NsqdProtocol(Protocol):
                          peer=self.client and self.client.remote_address, err=e)
                 self._close()
                 return
+        done_before = session.commands
         keep = session.feed(data, now)
+        if session.commands != done_before:
+            # nsqd's read deadline is set once per command: only a whole command resets it,
+            # so a client cannot hold its connection by dribbling bytes
+            self._last_read = now
         if self._magic_call is not None and session._magic:
             self._magic_call.cancel()
             self._magic_call = None

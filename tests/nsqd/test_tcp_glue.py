@@ -264,11 +264,6 @@ def test_identify_restarts_the_heartbeat_ticker():
     assert c.frames() == [HB] and not c.closed
 
 
-@pytest.mark.xfail(reason="nsqtw's read deadline is 2 heartbeat intervals of silence (any byte resets it); "
-                          "nsqd sets the deadline once before reading each command line (protocol_v2.go IOLoop "
-                          "SetReadDeadline before ReadSlice), so a command trickled in byte by byte is cut off "
-                          "2 intervals after the previous command",
-                   strict=True)
 def test_read_deadline_counts_from_the_previous_command():
     """Bytes that never complete a command do not keep the connection alive past 2 intervals."""
     n = Node()

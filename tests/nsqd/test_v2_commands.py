@@ -396,14 +396,16 @@ def test_mpub_max_count_follows_max_body_size():
     assert w.error() == b"E_BAD_BODY MPUB invalid message count 11"
 
 
-def test_mpub_outer_size_smaller_than_content_is_not_checked():
-    """The outer body size is only bounds-checked, never compared with what the messages consumed."""
+def test_mpub_outer_size_smaller_than_content_is_refused():
+    """Deliberately stricter than nsqd (which only bounds-checks the outer size): messages may not
+    run past the body size the MPUB announced, so a client cannot make nsqd buffer more than
+    --max-body-size; the MPUB is refused whole."""
     h = Harness()
     w = h.connect()
     payload = mpub_payload([b"hello", b"world"])
     w.send(b"MPUB t\n" + size(5) + payload)
-    w.ok()
-    assert h.topic("t").message_count == 2
+    assert w.error() == b"E_BAD_BODY MPUB message(0) body size 5 overruns the announced body size"
+    assert h.topic("t").message_count == 0
 
 
 def test_mpub_outer_size_larger_than_content_answers_at_once():
