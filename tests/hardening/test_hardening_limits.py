@@ -454,8 +454,8 @@ async def _probe_while(port: int, busy: defer.Deferred, period: float = 0.05) ->
 
 @pytest.mark.xfail(reason="F4: a deflate client's compressed bytes are inflated and parsed whole in one reactor "
                           "turn (nsqtw/protocol/compression.py DeflateCodec.decode has no max_length; "
-                          "nsqtw/tcp/nsqd.py feeds the result at once): ~64 KiB of compressed NOPs is 16M "
-                          "commands and blocks every other client for seconds", strict=True)
+                          "nsqtw/tcp/nsqd.py feeds the result at once): 33 KiB of compressed NOPs is 8M "
+                          "commands and blocked every other client for ~4.6 s here", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_deflate_bomb_does_not_stall_other_clients():
     """A deflate client sends 32 MiB of NOPs compressed to ~33 KiB; another client's PUBs stay under 0.5 s."""
