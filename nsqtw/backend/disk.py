@@ -120,6 +120,8 @@ def read_queue_metadata(data: bytes) -> Tuple[int, int, int, int, int]:
     if m is None:
         raise ValueError("invalid diskqueue metadata %r" % data[:80])
     d, rf, rp, wf, wp = (int(x) for x in m.groups())
+    if rf < 0 or rp < 0 or wf < 0 or wp < 0:
+        raise ValueError("invalid diskqueue metadata: negative position %r" % data[:80])
     return d, rf, rp, wf, wp
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["NsqdHTTPAPI"]
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
-_GO_INT = re.compile(r"[+-]?[0-9]+\Z")
+_GO_INT = re.compile(r"[+-]?[0-9]{1,19}\Z")  # strconv.ParseInt(s, 10, 64); longer is out of range
 
 
 def _read_body(request: IRequest, limit: int) -> Optional[bytes]:

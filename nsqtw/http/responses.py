@@ -12,6 +12,8 @@ HTML.
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote_to_bytes, urlsplit
 
@@ -269,8 +271,21 @@ class LimitedRequest(_web_server.Request):
         self._limit = body_limit(path) if body_limit is not None else None
         if self._limit is not None and length is not None and length > self._limit[0]:
             self._refused = self._limit[1]
-            length = 0
+            super().gotLength(0)
+            self._answer_early()
+            return
         super().gotLength(length)
+
+    def _answer_early(self) -> None:
+        """Answer 413 from the headers alone and close, without reading the body (as nsqd)."""
+        body = json.dumps({"message": self._refused}, separators=(",", ":")).encode()
+        transport = self.channel.transport
+        transport.write(b"HTTP/1.1 413 Request Entity Too Large\r\n"
+                        b"Content-Type: application/json; charset=utf-8\r\n"
+                        b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
+                        b"Connection: close\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        transport.loseConnection()
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused is not None:

@@ -97,7 +97,7 @@ def peer_from_identify(body: bytes, remote_address: str, now: float) -> PeerInfo
     """
     try:
         data = _decode(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise BadBody("IDENTIFY failed to decode JSON body") from None
     values: Dict[str, Any] = {}
     if data is not None:

@@ -54,6 +54,10 @@ __all__ = [
 
 log = Logger(namespace="nsqtw.lookupd")
 
+#: bounds on what a peer can make nsqlookupd buffer (nsqd's lines and IDENTIFY are tiny)
+MAX_LINE = 16 * 1024
+MAX_IDENTIFY_BODY = 1024 * 1024
+
 _SIZE = struct.Struct(">i")
 _OK = b"OK"
 
@@ -129,6 +133,11 @@ class LookupSession:
         while not self.closed:
             nl = buf.find(b"\n", pos)
             if nl < 0:
+                if len(buf) - pos >= MAX_LINE:
+                    # a line nsqd never sends: stop buffering it (Go would read on)
+                    log.error("client({peer}) sent a line over {n} bytes", peer=self.remote_address, n=MAX_LINE)
+                    self._close()
+                    return b"", False
                 break
             try:
                 answer, used = self._command(buf, pos, nl, now)
@@ -189,6 +198,9 @@ class LookupSession:
         (size,) = _SIZE.unpack_from(buf, pos)
         if size < 0:
             raise BadBody("IDENTIFY failed to read body size")
+        if size > MAX_IDENTIFY_BODY:
+            # nsqd's IDENTIFY is a few hundred bytes; Go's nsqlookupd would wait for all of it
+            raise BadBody(f"IDENTIFY body too big {size} > {MAX_IDENTIFY_BODY}")
         end = pos + 4 + size
         if len(buf) < end:
             raise _Wait()

@@ -22,6 +22,10 @@ from typing import Any, List
 __all__ = ["DeflateCodec", "SnappyCodec", "CodecError", "SNAPPY_STREAM_ID"]
 
 SNAPPY_STREAM_ID = b"\xff\x06\x00\x00sNaPpY"
+#: the framing format's largest data chunk: 65536 bytes of data plus the 4-byte checksum
+MAX_SNAPPY_CHUNK = 65536 + 4
+#: most bytes one deflate decode call returns
+MAX_DECODED = 1 << 20
 
 
 class CodecError(ValueError):
@@ -42,16 +46,27 @@ class DeflateCodec:
         return self._c.compress(data) + self._c.flush(zlib.Z_SYNC_FLUSH)
 
     def decode(self, data: bytes) -> bytes:
+        """At most ``MAX_DECODED`` bytes per call (a deflate bomb expands 1000:1); what is left
+        stays in the decompressor until the next call (``pending`` says whether there is)."""
+        d = self._d
         try:
-            return self._d.decompress(data)
+            if d.unconsumed_tail:
+                data = d.unconsumed_tail + data
+            return d.decompress(data, MAX_DECODED)
         except zlib.error as e:
             raise CodecError(f"deflate: {e}") from None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._d.unconsumed_tail)
 
 
 class SnappyCodec:
     """Snappy's framing format both ways."""
 
     __slots__ = ("_snappy", "_sent_ident", "_buf")
+
+    pending = False
 
     def __init__(self) -> None:
         import cramjam  # only when snappy is negotiated
@@ -77,6 +92,8 @@ class SnappyCodec:
         while end - pos >= 4:
             ctype = buf[pos]
             length = buf[pos + 1] | (buf[pos + 2] << 8) | (buf[pos + 3] << 16)
+            if length > MAX_SNAPPY_CHUNK and ctype < 0x80:
+                raise CodecError(f"snappy: chunk of {length} bytes is over the format's limit")
             stop = pos + 4 + length
             if stop > end:
                 break

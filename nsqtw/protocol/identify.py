@@ -11,6 +11,7 @@ nsqd reports as ``E_BAD_BODY IDENTIFY failed to decode JSON body``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, Optional
 
 import attr
@@ -18,6 +19,7 @@ import attr
 __all__ = ["IdentifyRequest", "parse_identify", "IdentifyDecodeError"]
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -64,7 +66,7 @@ _FIELDS: Dict[str, Any] = {
 def parse_identify(body: bytes) -> IdentifyRequest:
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # Go: "exceeded max depth"
         raise IdentifyDecodeError(str(e)) from None
     if data is None:
         return IdentifyRequest()
@@ -85,6 +87,7 @@ def parse_identify(body: bytes) -> IdentifyRequest:
         if kind is str:
             if not isinstance(value, str):
                 raise IdentifyDecodeError(f"cannot unmarshal {type(value).__name__} into field {name}")
+            value = _LONE_SURROGATE.sub("\ufffd", value)  # as Go's decoder does
         elif kind is bool:
             if not isinstance(value, bool):
                 raise IdentifyDecodeError(f"cannot unmarshal {type(value).__name__} into field {name}")

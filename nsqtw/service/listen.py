@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Optional
 
 from twisted.application.service import Service
@@ -24,11 +25,13 @@ def _escape(text: str) -> str:
 def endpoint_description(address: str, flag: str = "address") -> str:
     """``"127.0.0.1:4150"`` -> a Twisted server endpoint string (unix paths too)."""
     if ":" not in address and "/" in address:
-        return f"unix:address={_escape(address)}"
+        return f"unix:address={_escape(address)}:backlog={socket.SOMAXCONN}"
     host, port = split_host_port(address, flag)
     if host in ("", "*"):
         host = "0.0.0.0"
-    return f"tcp:port={port}:interface={_escape(host)}"
+    # a burst of connects must not overflow the accept queue (Twisted's default backlog is 50;
+    # Go listens with SOMAXCONN)
+    return f"tcp:port={port}:interface={_escape(host)}:backlog={socket.SOMAXCONN}"
 
 
 def format_address(port: Any) -> str:

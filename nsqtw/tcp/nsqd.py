@@ -67,7 +67,8 @@ class NsqdProtocol(Protocol):
         self._heartbeat_call: Any = None
         self._deadline_call: Any = None
         self._interval = 0.0
-        self._decode: Optional[Callable[[bytes], bytes]] = None
+        self._codec: Any = None
+        self._more_call: Any = None
         self._auth_pending = False
 
     # --- connection lifecycle ------------------------------------------------
@@ -117,10 +118,10 @@ class NsqdProtocol(Protocol):
             factory.settle()
 
     def _stop_timers(self) -> None:
-        for call in (self._magic_call, self._heartbeat_call, self._deadline_call):
+        for call in (self._magic_call, self._heartbeat_call, self._deadline_call, self._more_call):
             if call is not None and call.active():
                 call.cancel()
-        self._magic_call = self._heartbeat_call = self._deadline_call = None
+        self._magic_call = self._heartbeat_call = self._deadline_call = self._more_call = None
 
     # --- reads ---------------------------------------------------------------
 
@@ -129,14 +130,18 @@ class NsqdProtocol(Protocol):
         session = self.session
         if session is None:
             return
-        if self._decode is not None:
+        codec = self._codec
+        if codec is not None:
             try:
-                data = self._decode(data)
+                data = codec.decode(data)
             except CodecError as e:
                 log.info("client({peer}) sent undecodable data ({err}), closing",
                          peer=self.client and self.client.remote_address, err=e)
                 self._close()
                 return
+            if codec.pending and self._more_call is None:
+                # a highly compressed read: decode the rest in later turns, a bounded piece each
+                self._more_call = self.clock.callLater(0, self._decode_more)
         done_before = session.commands
         keep = session.feed(data, now)
         if session.commands != done_before:
@@ -160,6 +165,11 @@ class NsqdProtocol(Protocol):
                 self._close()
         elif session.upgrade is not None:
             self._upgrade(session.upgrade)
+
+    def _decode_more(self) -> None:
+        self._more_call = None
+        if self.transport.connected and self.session is not None and not self.session.closed:
+            self.dataReceived(b"")
 
     def _upgrade(self, upgrade: Any) -> None:
         """The IDENTIFY answer is out in the clear; now TLS, then snappy or deflate, each
@@ -190,7 +200,7 @@ class NsqdProtocol(Protocol):
             write = transport.write
             encode = codec.encode
             client.writer = lambda data: write(encode(data))
-            self._decode = codec.decode
+            self._codec = codec
             client.send(OK_FRAME)
             client.flush()
         rest = session.take_remainder()

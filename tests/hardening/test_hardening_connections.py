@@ -50,12 +50,6 @@ def test_300_connections_with_heartbeats():
     check_held(run_bench(300, 2.0), 300)
 
 
-@pytest.mark.xfail(reason="F13: nsqd's listeners use Twisted's default listen backlog of 50 "
-                          "(nsqtw/service/listen.py endpoint_description gives no backlog=; Go listens with "
-                          "SOMAXCONN): a burst of connects overflows the accept queue and the dropped SYNs are "
-                          "retried after 1 s (most of 300 simultaneous clients wait over a second); with 1,000, "
-                          "1-2% of the clients are left half-open (ESTAB on their side, unknown to the broker) "
-                          "until the broker's read deadline or their TCP gives up", strict=True)
 def test_connection_burst_is_accepted_promptly():
     """300 clients connecting at once are all subscribed within 5 s and connected within 500 ms."""
     fig = run_bench(300, 0.5, "--wave=0", "--connect-timeout=5")

@@ -451,9 +451,6 @@ def test_fin_run_matches_fin_one_by_one():
 # --- known weaknesses of the V2 decoder (kept out of the generator above) ---------------------------
 
 
-@pytest.mark.xfail(reason="F1: parse_identify lets json's RecursionError escape (nsqtw/protocol/identify.py "
-                          "parse_identify catches only ValueError/UnicodeDecodeError); V2Session.feed raises",
-                   strict=True)
 def test_identify_deeply_nested_json_is_bad_body():
     """A deeply nested IDENTIFY body is E_BAD_BODY (Go: 'exceeded max depth'), not an exception out of feed."""
     conn = SansIOConn(small_options(max_body_size=1 << 20))
@@ -462,10 +459,6 @@ def test_identify_deeply_nested_json_is_bad_body():
     assert errors_of(wellformed(conn.take())) == [b"E_BAD_BODY IDENTIFY failed to decode JSON body"]
 
 
-@pytest.mark.xfail(reason="F2: a lone surrogate escape in IDENTIFY (client_id/hostname/user_agent) is stored "
-                          "as is; go_json (nsqtw/stats/snapshot.py) then raises UnicodeEncodeError, so /stats "
-                          "fails for everyone while that client is connected (Go decodes it to U+FFFD)",
-                   strict=True)
 def test_identify_lone_surrogate_does_not_break_stats():
     """IDENTIFY {"client_id": "\\ud800"}: the client is accepted and /stats still renders."""
     conn = SansIOConn(small_options())
@@ -635,9 +628,6 @@ test_lookupd_v1, test_lookupd_v1_slow = fast_and_slow(
     cuts=st.lists(st.integers(0, 600), max_size=10))(check_lookupd_v1)
 
 
-@pytest.mark.xfail(reason="F3: nsqlookupd's V1 session has no line limit and no IDENTIFY body limit "
-                          "(nsqtw/lookupd/v1.py LookupSession.feed/_identify): it buffers whatever a peer "
-                          "sends without a newline, and waits for a body of up to 2 GiB", strict=True)
 def test_lookupd_v1_bounds_what_it_buffers():
     """A V1 peer sending a line without end, or announcing a 1 GiB IDENTIFY, is refused early."""
     s = LookupSession(RegistrationDB(), "127.0.0.1:5000", _Server())
@@ -652,9 +642,6 @@ def test_lookupd_v1_bounds_what_it_buffers():
     assert not keep2 and _v1_sizes(out)[0].startswith(b"E_BAD_BODY")
 
 
-@pytest.mark.xfail(reason="F1 (lookupd): peer_from_identify lets json's RecursionError escape "
-                          "(nsqtw/lookupd/peers.py _decode catches only ValueError); LookupSession.feed raises",
-                   strict=True)
 def test_lookupd_identify_deeply_nested_json_is_bad_body():
     """A deeply nested V1 IDENTIFY body is E_BAD_BODY, not an exception out of feed."""
     s = LookupSession(RegistrationDB(), "127.0.0.1:5000", _Server())
@@ -704,9 +691,6 @@ test_codecs_garbage, test_codecs_garbage_slow = fast_and_slow(
     cuts=st.lists(st.integers(0, 800), max_size=6), flip=st.integers(-1, 10_000))(check_codecs_garbage)
 
 
-@pytest.mark.xfail(reason="F4: DeflateCodec.decode (nsqtw/protocol/compression.py) inflates without a "
-                          "max_length: 64 KiB of hostile deflate input becomes ~64 MiB in one call (1000:1), "
-                          "which the glue then parses in one reactor turn", strict=True)
 def test_deflate_decode_output_is_bounded_per_call():
     """One decode call never returns more than a bounded expansion of its input (a deflate bomb)."""
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
@@ -716,9 +700,6 @@ def test_deflate_decode_output_is_bounded_per_call():
     assert len(out) <= 4 << 20
 
 
-@pytest.mark.xfail(reason="F5: SnappyCodec.decode (nsqtw/protocol/compression.py) accepts a chunk length up to "
-                          "16 MiB and buffers until it is complete; the framing format caps chunks at 65536+4 "
-                          "bytes of data and Go's reader refuses bigger ones at once", strict=True)
 def test_snappy_refuses_oversized_chunk_at_once():
     """A snappy chunk header announcing 16 MiB is a CodecError before the chunk body is buffered."""
     dec = SnappyCodec()
@@ -853,10 +834,6 @@ def check_disk_reader(case: Any) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.xfail(reason="F6: negative positions in a diskqueue .meta.dat are not treated as corruption "
-                          "(nsqtw/backend/disk.py read_queue_metadata accepts -?\\d+): opening raises OSError "
-                          "from os.pread in _count_records, or every later put fails with BackendError "
-                          "(pwrite at a negative offset) so the topic refuses all publishes", strict=True)
 @pytest.mark.parametrize("with_data_file", [True, False])
 def test_disk_metadata_negative_positions(tmp_path, with_data_file):
     """A metadata file with negative read/write positions opens (recovered or reset) and the queue works."""

@@ -208,10 +208,6 @@ async def test_http_oversized_body_is_discarded_as_it_arrives(path, limit, text,
         await nsqd.stop()
 
 
-@pytest.mark.xfail(reason="F8: an HTTP /pub whose Content-Length is over --max-msg-size is answered only after "
-                          "the whole announced body has arrived (nsqtw/http/responses.py LimitedRequest.gotLength "
-                          "marks it refused but Twisted's channel still reads Content-Length bytes before "
-                          "process()); Go's nsqd answers 413 from the header at once", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_http_content_length_over_limit_answered_before_the_body():
     """Content-Length: 100 MB on /pub gets 413 MSG_TOO_BIG without sending any of the body."""
@@ -267,9 +263,6 @@ async def test_http_oversized_bodies_do_not_grow_broker_rss():
         await threads.deferToThread(proc.stop)
 
 
-@pytest.mark.xfail(reason="F14 (HTTP): /pub?defer= with more than 4300 digits passes the _GO_INT check and "
-                          "int() raises ValueError (nsqtw/http/nsqd_api.py pub): 500 INTERNAL_ERROR and a logged "
-                          "failure instead of nsqd's 400 INVALID_DEFER", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_http_defer_with_5000_digits_is_invalid_defer():
     """POST /pub?defer=999...9 (5000 digits) answers 400 INVALID_DEFER and logs no failure."""
@@ -517,9 +510,6 @@ async def test_huge_mpub_does_not_stall_other_clients():
 # --- hostile JSON over the wire ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason="F1: a deeply nested IDENTIFY body raises RecursionError out of V2Session.feed "
-                          "(nsqtw/protocol/identify.py); Twisted logs an unhandled error and drops the "
-                          "connection instead of answering E_BAD_BODY", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_deeply_nested_identify_is_answered_not_crashed():
     """IDENTIFY with [[[[... 100k deep: E_BAD_BODY, and nothing logged as an unhandled error."""
@@ -554,9 +544,6 @@ async def test_config_put_deeply_nested_json_is_invalid_value():
     assert not watch.bad, watch.describe()[:1]
 
 
-@pytest.mark.xfail(reason="F2: a client whose IDENTIFY carried a lone surrogate escape breaks /stats for "
-                          "everyone (go_json raises UnicodeEncodeError in nsqtw/stats/snapshot.py; the HTTP "
-                          "answer is 500)", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_identify_lone_surrogate_does_not_break_http_stats():
     """A client with client_id "\\ud800" connected: GET /stats?format=json still answers 200 valid JSON."""
