@@ -29,7 +29,7 @@ from nsqtw.errors import BY_CODE
 from nsqtw.nsqd.broker import Broker, memory_only_backends
 from nsqtw.nsqd.v2 import Features, V2Session
 from nsqtw.options import NsqdOptions
-from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
+from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameDecoder
 from nsqtw.stats.snapshot import broker_stats
 
 Frame = Tuple[int, bytes]

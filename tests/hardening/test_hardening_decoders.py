@@ -34,7 +34,7 @@ from nsqtw.client.core import EV_FAILED, ClientCore
 from nsqtw.errors import NSQError, from_wire
 from nsqtw.http.responses import parse_query
 from nsqtw.lookupd.registry import RegistrationDB
-from nsqtw.lookupd.v1 import LookupSession, ResponseDecoder, ResponseTooBig
+from nsqtw.lookupd.v1 import LookupSession, ResponseDecoder
 from nsqtw.nsqd.auth import Authorization, AuthState
 from nsqtw.nsqd.v2 import MAX_LINE
 from nsqtw.protocol.compression import CodecError, DeflateCodec, SnappyCodec

@@ -26,7 +26,7 @@ import struct
 import time
 import zlib
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import pytest_twisted
@@ -34,7 +34,7 @@ from twisted.internet import defer, task
 
 from nsqtw.client import Config, Consumer, Producer
 from nsqtw.embed import start_nsqd
-from nsqtw.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
+from nsqtw.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2
 from nsqtw.stats.snapshot import broker_stats
 from nsqtw.testing import connect_raw
 
@@ -63,9 +63,9 @@ def valid_stream(rng: random.Random, slot: int) -> bytes:
     for _ in range(rng.randint(0, 6)):
         k = rng.random()
         if k < 0.4:
-            out.append(body_cmd("PUB", topic, body=os.urandom(rng.randint(1, 200))))
+            out.append(body_cmd("PUB", topic, body=rng.randbytes(rng.randint(1, 200))))
         elif k < 0.7:
-            bodies = [os.urandom(rng.randint(1, 100)) for _ in range(rng.randint(1, 12))]
+            bodies = [rng.randbytes(rng.randint(1, 100)) for _ in range(rng.randint(1, 12))]
             out.append(body_cmd("MPUB", topic, body=i32(len(bodies)) + b"".join(i32(len(b)) + b for b in bodies)))
         elif k < 0.85:
             out.append(body_cmd("DPUB", topic, rng.randint(0, 3000), body=b"d" * rng.randint(1, 50)))
@@ -97,7 +97,7 @@ def mutate(rng: random.Random, data: bytes) -> Tuple[bytes, List[str]]:
         m = rng.choice(["flip", "truncate", "duplicate", "drop", "size", "utf8", "wrong_state", "swap", "garbage"])
         names.append(m)
         if n <= lo:
-            b += os.urandom(rng.randint(1, 20))
+            b += rng.randbytes(rng.randint(1, 20))
             continue
         i = rng.randrange(lo, n)
         if m == "flip":
@@ -125,7 +125,7 @@ def mutate(rng: random.Random, data: bytes) -> Tuple[bytes, List[str]]:
             w = rng.randint(1, 32)
             b[a:a + w], b[c:c + w] = b[c:c + w], b[a:a + w]
         else:
-            b[i:i] = os.urandom(rng.randint(1, 40))
+            b[i:i] = rng.randbytes(rng.randint(1, 40))
     return bytes(b), names
 
 
@@ -301,7 +301,7 @@ async def run_nonfatal(port: int, rng: random.Random, fig: Figures) -> None:
 async def run_mutated(port: int, rng: random.Random, fig: Figures, slot: int) -> None:
     data, names = mutate(rng, valid_stream(rng, slot))
     if rng.random() < 0.1:
-        data = MAGIC_V2 + os.urandom(rng.randint(1, 300))  # pure noise after the magic
+        data = MAGIC_V2 + rng.randbytes(rng.randint(1, 300))  # pure noise after the magic
         names = ["noise"]
     fig.mutations.update(names)
     client = await dial(port, fig)
@@ -333,7 +333,6 @@ async def run_mutated(port: int, rng: random.Random, fig: Figures, slot: int) ->
 async def fuzz(seconds: float, connections: int, seed: int, side_rate: float) -> Dict[str, Any]:
     from twisted.internet import reactor
 
-    rng = random.Random(seed)
     fig = Figures()
     with LogWatch() as watch:
         nsqd = await start_nsqd(max_msg_size=MAX_MSG, max_body_size=MAX_BODY, mem_queue_size=2000)

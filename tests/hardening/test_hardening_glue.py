@@ -7,7 +7,6 @@ error, and the limits that must hold before a body is buffered.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import Any, List, Tuple

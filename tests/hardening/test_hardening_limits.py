@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, task, threads
+from twisted.internet import task, threads
 
 from nsqtw.embed import start_nsqd
 from nsqtw.tcp import nsqd as nsqd_tcp
-from nsqtw.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2
+from nsqtw.protocol.frames import FRAME_ERROR, MAGIC_V2
 from nsqtw.testing import connect_raw
 
 from hardening_support import (
@@ -405,7 +405,6 @@ async def test_consumer_that_never_reads_is_bounded():
     """RDY 50 of 32 KiB messages, msg_timeout 0.3 s, heartbeat 1 s; the consumer stops reading (and
     tries to send NOPs): until the read deadline closes it, the broker never holds more than one RDY
     window for it."""
-    from twisted.internet import reactor
     nsqd = await start_nsqd(msg_timeout=0.3, mem_queue_size=1000)
     nop = None
     try:

@@ -33,7 +33,7 @@ from nsqtw.embed import start_nsqd
 from nsqtw.protocol.frames import MAGIC_V2
 from nsqtw.testing.certs import make_certificates
 
-from hardening_support import LogWatch, body_cmd, until
+from hardening_support import LogWatch, until
 
 pytestmark = pytest.mark.e2e
 
