@@ -9,9 +9,10 @@ last thing before the close, and the frames written and the broker's state
 afterwards are the same as when the stream arrives in one read.
 
 Default runs use moderate example counts; the ``slow`` variants run the same
-properties with many more examples.  Inputs known to break a decoder are not
-generated here; each has its own ``xfail(strict=True)`` test below naming the
-weakness (see the findings in the suite's report).
+properties with many more examples.  Each weakness these properties found has
+its own targeted test below too (F1 deep JSON, F2 lone surrogates, F3 lookupd
+limits, F4/F5 codec bombs, F6 negative diskqueue positions, F14 huge
+numbers); since they were fixed, the generators produce those inputs as well.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ TOPICS = st.sampled_from([b"t", b"t", b"t2", b"e#ephemeral", b"bad topic", b"x" 
                           b"a.b_c-d", b"t\r"])
 CHANNELS = st.sampled_from([b"c", b"c", b"c2", b"c#ephemeral", b"!", b"", b"\xc3\x28"])
 NUMBERS = st.one_of(st.integers(-3, 70).map(lambda n: str(n).encode()),
-                    st.sampled_from([b"", b"abc", b"+5", b"-0", b"99999999999999999999", b"1.5", b"0x10"]))
+                    st.sampled_from([b"", b"abc", b"+5", b"-0", b"99999999999999999999", b"1.5", b"0x10",
+                                     b"9" * 5000]))  # past Python's 4300-digit int() limit (F14)
 BODIES = st.binary(max_size=80)
 
 
@@ -138,7 +140,9 @@ def identify_item(draw) -> Any:
         body = draw(st.binary(max_size=60))
     elif kind == 1:
         body = draw(st.sampled_from([b"null", b"[]", b"1", b'"x"', b"{", b"{}", b'{"a":NaN}',
-                                     b'{"heartbeat_interval":1e3}', b"\xef\xbb\xbf{}", b"{}junk"]))
+                                     b'{"heartbeat_interval":1e3}', b"\xef\xbb\xbf{}", b"{}junk",
+                                     b"[" * 5000, b'{"a":' * 3000,  # deeper than json's recursion (F1)
+                                     b'{"client_id":"\\ud800","hostname":"\\udfff x"}']))  # lone surrogates (F2)
     else:
         fields = draw(st.dictionaries(IDENTIFY_KEYS, IDENTIFY_VALUES, max_size=6))
         body = json.dumps(fields).encode()
@@ -583,6 +587,9 @@ def v1_item(draw) -> Any:
         return draw(st.binary(max_size=20))
     if kind == 5:
         return draw(st.binary(max_size=20)).replace(b"\n", b"") + b"\n"
+    if draw(st.booleans()):
+        body = draw(st.sampled_from([b"[" * 5000, b'{"hostname":"\\ud800"}']))  # F1, F2
+        return b"IDENTIFY\n" + i32(len(body)) + body
     return b"IDENTIFY\n" + i32(draw(st.integers(0, 30))) + draw(st.binary(max_size=30))
 
 
@@ -782,9 +789,9 @@ def check_disk_reader(case: Any) -> None:
             target = os.path.join(path, data_files[pos % len(data_files)]) if data_files else None
             if op == "meta":
                 with open(os.path.join(path, "q.diskqueue.meta.dat"), "wb") as f:
-                    # non-negative numbers (negative ones: see test_disk_metadata_negative_positions)
-                    f.write(b"%d\n%d,%d\n%d,%d\n" % tuple((pos >> (4 * k)) % 97 * (1 + (pos & 1) * 1000)
-                                                          for k in range(5)))
+                    # small, large and negative numbers (F6)
+                    f.write(b"%d\n%d,%d\n%d,%d\n" % tuple(((pos >> (4 * k)) % 97 - (20 if pos & 2 else 0))
+                                                          * (1 + (pos & 1) * 1000) for k in range(5)))
             elif op == "meta_garbage":
                 with open(os.path.join(path, "q.diskqueue.meta.dat"), "wb") as f:
                     f.write(blob)
