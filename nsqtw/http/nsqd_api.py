@@ -376,7 +376,7 @@ class NsqdHTTPAPI:
             if opt == "nsqlookupd_tcp_addresses":
                 try:
                     value = json.loads(body)
-                except ValueError:
+                except (ValueError, RecursionError):
                     raise HTTPAPIError(400, "INVALID_VALUE") from None
                 if value is not None and (
                         not isinstance(value, list) or not all(isinstance(v, str) for v in value)):

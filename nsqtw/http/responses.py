@@ -19,6 +19,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
+from twisted.web import http as _web_http
 from twisted.web import server as _web_server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -308,9 +309,22 @@ class LimitedRequest(_web_server.Request):
         super().process()
 
 
+class GuardedHTTPChannel(_web_http.HTTPChannel):
+    """Twisted's HTTP channel, refusing a Content-Length no int64 can hold (400, as Go's server)
+    before Twisted's own parser chokes on it."""
+
+    def headerReceived(self, line: bytes) -> bool:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"content-length" and len(value.strip()) > 18:
+            self._respondToBadRequestAndDisconnect()
+            return False
+        return super().headerReceived(line)
+
+
 def limited_site(resource: Any, body_limit: Any) -> Any:
     """A quiet Site whose requests refuse oversized bodies early (see LimitedRequest)."""
     site = _web_server.Site(resource, requestFactory=LimitedRequest)
+    site.protocol = GuardedHTTPChannel
     site.body_limit = body_limit
     site.noisy = False
     site.displayTracebacks = False

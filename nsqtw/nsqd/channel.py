@@ -150,7 +150,8 @@ class Channel:
         """Hand queued messages to ready clients, up to each one's free RDY window."""
         if self.paused or self.exiting:
             return
-        ready = [c for c in self.clients.values() if c.state == STATE_SUBSCRIBED and c.in_flight < c.rdy]
+        ready = [c for c in self.clients.values()
+                 if c.state == STATE_SUBSCRIBED and c.in_flight < c.rdy and not c.blocked]
         if not ready:
             return
         avail = self.mem.depth() + self.backend.depth()

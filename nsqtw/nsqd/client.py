@@ -74,7 +74,7 @@ class ClientState:
         "rdy", "in_flight", "message_count", "finish_count", "requeue_count", "pub_counts",
         "heartbeat_interval", "output_buffer_size", "output_buffer_timeout", "sample_rate",
         "msg_timeout", "identified", "tls", "tls_details", "snappy", "deflate", "deflate_level",
-        "auth", "channel", "epochs", "touched", "_cur", "out", "_outbox", "writer", "closer",
+        "auth", "channel", "epochs", "touched", "_cur", "out", "_outbox", "writer", "closer", "blocked",
         "__weakref__",
     )
 
@@ -116,6 +116,8 @@ class ClientState:
         self._cur: Optional[Epoch] = None
         self.out: List[bytes] = []
         self._outbox = outbox
+        #: its transport's buffer is full (the client is not reading): deliver nothing more
+        self.blocked = False
         self.writer: Callable[[bytes], None] = lambda data: None
         self.closer: Callable[[], None] = lambda: None
 
@@ -142,7 +144,7 @@ class ClientState:
 
     @property
     def ready(self) -> bool:
-        return self.state == STATE_SUBSCRIBED and self.in_flight < self.rdy
+        return self.state == STATE_SUBSCRIBED and self.in_flight < self.rdy and not self.blocked
 
     def epoch(self, now: float) -> Epoch:
         ep = self._cur

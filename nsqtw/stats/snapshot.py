@@ -10,6 +10,7 @@ so ``json.dumps`` of them is byte-compatible with nsqd's answer (up to values).
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional
 
@@ -150,6 +151,7 @@ def _normalise(value: Any) -> Any:
     return value
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 _GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
                ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 
@@ -161,7 +163,10 @@ def go_json(value: Any) -> bytes:
     for char, escaped in _GO_ESCAPES:
         if char in text:
             text = text.replace(char, escaped)
-    return text.encode("utf-8", "surrogateescape")
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate from a client: Go writes U+FFFD
+        return _LONE_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape")
 
 
 def nanoseconds_to_human(v: float) -> str:

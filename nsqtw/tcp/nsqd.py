@@ -69,6 +69,7 @@ class NsqdProtocol(Protocol):
         self._interval = 0.0
         self._codec: Any = None
         self._more_call: Any = None
+        self._write_deadline: Any = None
         self._auth_pending = False
 
     # --- connection lifecycle ------------------------------------------------
@@ -95,11 +96,35 @@ class NsqdProtocol(Protocol):
     # --- IPushProducer: backpressure from our own transport ---------------------------
 
     def pauseProducing(self) -> None:
+        """The client is not reading: stop reading it and stop delivering to it; if it still
+        has not read after a heartbeat interval, close it (nsqd's write deadline)."""
         self.transport.stopReading()
+        client = self.client
+        if client is not None:
+            client.blocked = True
+            if self._write_deadline is None:
+                limit = client.heartbeat_interval or self.factory.broker.options.heartbeat_interval
+                self._write_deadline = self.clock.callLater(limit, self._write_timed_out)
 
     def resumeProducing(self) -> None:
+        if self._write_deadline is not None and self._write_deadline.active():
+            self._write_deadline.cancel()
+        self._write_deadline = None
+        client = self.client
+        if client is not None and client.blocked:
+            client.blocked = False
+            if client.channel is not None:
+                self.factory.broker.dirty.add(client.channel)
+                self.clock.callLater(0, self.factory.settle)
         if self.transport.connected and not self.transport.disconnecting:
             self.transport.startReading()
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        log.info("client({peer}) did not read for a heartbeat interval, closing",
+                 peer=self.client and self.client.remote_address)
+        self._stop_timers()
+        self.transport.abortConnection()
 
     def stopProducing(self) -> None:
         pass
@@ -118,10 +143,12 @@ class NsqdProtocol(Protocol):
             factory.settle()
 
     def _stop_timers(self) -> None:
-        for call in (self._magic_call, self._heartbeat_call, self._deadline_call, self._more_call):
+        for call in (self._magic_call, self._heartbeat_call, self._deadline_call, self._more_call,
+                     self._write_deadline):
             if call is not None and call.active():
                 call.cancel()
         self._magic_call = self._heartbeat_call = self._deadline_call = self._more_call = None
+        self._write_deadline = None
 
     # --- reads ---------------------------------------------------------------
 

@@ -300,11 +300,6 @@ async def test_http_defer_with_5000_digits_is_invalid_defer():
     assert not watch.bad, watch.describe()
 
 
-@pytest.mark.xfail(reason="F15: a Content-Length header of more than 4300 digits makes Twisted's HTTP parser "
-                          "raise ValueError (twisted/web/http.py _maybeChooseTransferDecoder: int(data)); the "
-                          "error is logged as unhandled and the connection dropped, once per request (log "
-                          "flooding); Go answers 400 Bad Request.  Upstream Twisted; nsqtw could guard it in "
-                          "its HTTP channel", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_http_content_length_with_5000_digits_is_a_clean_400():
     """Content-Length: 999...9 (5000 digits) gets a 400 (or a close) with nothing logged as unhandled."""
@@ -392,14 +387,6 @@ async def test_publisher_that_never_reads_cannot_grow_memory():
         await threads.deferToThread(proc.stop)
 
 
-@pytest.mark.xfail(reason="F12: deliveries ignore the consumer's transport backpressure (nsqtw/nsqd/channel.py "
-                          "delivers while in_flight < RDY; nsqtw/tcp/nsqd.py pauses only reading): a consumer that "
-                          "stops reading gets its whole RDY window pushed into its transport buffer (up to "
-                          "max-rdy-count x max-msg-size = 2.5 GB per connection with defaults), and after every "
-                          "msg_timeout the same messages are pushed again, until the read deadline (2 x heartbeat, "
-                          "up to 120 s as the client chooses) closes it: peak = RDY x size x 2HB/msg_timeout. "
-                          "Go's pump blocks on the full socket and its write deadline closes the client",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_consumer_that_never_reads_is_bounded():
     """RDY 50 of 32 KiB messages, msg_timeout 0.3 s, heartbeat 1 s; the consumer stops reading (and
@@ -557,9 +544,6 @@ async def test_deeply_nested_identify_is_answered_not_crashed():
     assert frames == [(FRAME_ERROR, b"E_BAD_BODY IDENTIFY failed to decode JSON body")]
 
 
-@pytest.mark.xfail(reason="F1 (HTTP): PUT /config/nsqlookupd_tcp_addresses with deeply nested JSON raises "
-                          "RecursionError in the handler (nsqtw/http/nsqd_api.py config PUT): 500 INTERNAL_ERROR "
-                          "and a logged failure instead of 400 INVALID_VALUE", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_config_put_deeply_nested_json_is_invalid_value():
     """PUT /config/nsqlookupd_tcp_addresses with [[[[... 100k deep: 400 INVALID_VALUE, nothing logged."""
@@ -592,9 +576,6 @@ async def test_identify_lone_surrogate_does_not_break_http_stats():
         await nsqd.stop()
 
 
-@pytest.mark.xfail(reason="F2 (lookupd): a V1 peer whose IDENTIFY carries a lone surrogate escape in "
-                          "broadcast_address/hostname breaks /lookup and /nodes for every consumer "
-                          "(go_json raises in nsqtw/http/lookupd_api.py answers)", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_lookupd_lone_surrogate_does_not_break_lookup():
     """A peer registering with hostname "\\ud800": GET /lookup?topic=t still answers 200 valid JSON."""
