@@ -430,6 +430,42 @@ async def test_consumer_that_never_reads_is_bounded():
         await nsqd.stop()
 
 
+@pytest.mark.xfail(reason="F17: the first RDY window is written whole, whatever the consumer reads: "
+                          "deliveries in one settle (nsqtw/nsqd/channel.py deliver) do not look at the transport "
+                          "buffer, only later ones stop once the producer is paused; RDY 500 x 64 KiB put 32.8 MB "
+                          "in one connection's buffer, and max-rdy-count x max-msg-size allows 2.5 GB per "
+                          "connection, held until the write deadline (one heartbeat, 30 s by default) closes it; "
+                          "Go's pump blocks on the socket after its 16 KiB bufio", strict=True)
+@pytest_twisted.ensureDeferred
+async def test_consumer_first_window_is_bounded_by_its_buffer_not_rdy():
+    """RDY 500 of 64 KiB messages (a 32 MiB window) to a consumer that never reads: what the broker holds
+    for it stays within a few MiB (Go: its pump blocks on the socket), not the whole RDY window."""
+    from twisted.internet import reactor
+    nsqd = await start_nsqd(mem_queue_size=1000)
+    try:
+        size = 64 * 1024
+        nsqd.broker.publish("wide", [b"w" * size] * 500, nsqd.service.now())
+        client, proto = await _connect_observed(nsqd)
+        client.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.transport.pauseProducing()  # never reads anything
+        client.send(MAGIC_V2 + cmd("SUB", "wide", "c") + cmd("RDY", 500))
+        peak = {"held": 0}
+
+        def watch() -> bool:
+            if proto.transport.connected:
+                peak["held"] = max(peak["held"], transport_buffered(proto.transport))
+            return proto.client is not None and proto.client.rdy == 500
+
+        await until(watch, 5, what="RDY 500")
+        for _ in range(20):  # a few reactor turns of deliveries
+            await task.deferLater(reactor, 0.01, lambda: None)
+            watch()
+        print("FIRST_WINDOW", json.dumps({"peak_held_bytes": peak["held"], "window_bytes": 500 * (size + 34)}))
+        assert peak["held"] <= 4 << 20
+    finally:
+        await nsqd.stop()
+
+
 # --- one client stalling every other -----------------------------------------------------------------
 
 
