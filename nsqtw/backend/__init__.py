@@ -29,8 +29,9 @@ class IBackendQueue(Interface):
         that stores everything (disk, dummy) always returns None.
         """
 
-    def read(n):  # type: ignore[no-untyped-def]
-        """Remove and return up to ``n`` messages as a list of runs."""
+    def read(n, max_bytes=0):  # type: ignore[no-untyped-def]
+        """Remove and return up to ``n`` messages as a list of runs; with ``max_bytes``,
+        stop once about that many bytes are taken (always at least one message)."""
 
     def depth():  # type: ignore[no-untyped-def]
         """Messages held."""

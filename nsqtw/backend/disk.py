@@ -637,8 +637,11 @@ class DiskQueue:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def read(self, n: int) -> List[Run]:
-        """Remove and return up to ``n`` messages, oldest first, as (at most) one run."""
+    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
+        """Remove and return up to ``n`` messages (and, with ``max_bytes``, about that many
+        bytes: at least one message), oldest first, as (at most) one run."""
+        if max_bytes:
+            n = min(n, self._read_limit(n, max_bytes))
         if self._closed or n <= 0:
             return []
         out = bytearray()
@@ -651,7 +654,7 @@ class DiskQueue:
         got = 0
         first = -1
         uniform = True
-        while got < n:
+        while got < n and not (max_bytes and got and len(out) >= max_bytes):
             rf = self.read_file_num
             wf = self.write_file_num
             if rf >= wf and self.read_pos >= self.write_pos:
@@ -679,7 +682,7 @@ class DiskQueue:
             base = self._rbuf_at
             pos = self.read_pos
             err: Optional[str] = None
-            while got < n and pos < end:
+            while got < n and pos < end and not (max_bytes and got and len(out) >= max_bytes):
                 i = pos - base
                 if i < 0 or i + 4 > len(buf):
                     buf = os.pread(fd, READ_CHUNK, pos)
@@ -744,6 +747,10 @@ class DiskQueue:
         if not offs:
             return []
         return [_run_of(bytes(out), offs, uniform)]
+
+    @staticmethod
+    def _read_limit(n: int, max_bytes: int) -> int:
+        return n  # the byte limit is applied as records are read
 
     @staticmethod
     def _frame_of(buf: bytes, i: int, size: int) -> bytes:

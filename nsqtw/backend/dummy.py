@@ -27,7 +27,7 @@ class DummyQueue:
         self.dropped += len(run[1])
         return None
 
-    def read(self, n: int) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
         return []
 
     def depth(self) -> int:

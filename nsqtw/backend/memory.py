@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from typing import Deque, List, Optional
 
@@ -51,21 +52,39 @@ class MemoryQueue:
         self._runs.appendleft(run)
         self._count += len(run[1])
 
-    def read(self, n: int) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
+        """Up to ``n`` messages (with ``max_bytes``, about that many bytes; at least one)."""
         out: List[Run] = []
         runs = self._runs
         taken = 0
+        size = 0
         while runs and taken < n:
             run = runs[0]
-            k = len(run[1])
-            if taken + k <= n:
+            offs = run[1]
+            k = len(offs)
+            want = n - taken
+            if max_bytes:
+                room = max_bytes - size
+                if room <= 0 and taken:
+                    break
+                run_bytes = run[2] - offs[0]
+                if run_bytes > room:
+                    # as many whole messages as fit (at least one)
+                    fit = bisect_right(offs, offs[0] + max(room, 0)) - 1 if not isinstance(offs, range) \
+                        else max(room, 0) // (offs.step or 1)
+                    want = min(want, max(1, fit))
+            if k <= want:
                 out.append(runs.popleft())
                 taken += k
+                size += run[2] - offs[0]
             else:
-                head, rest = split_run(run, n - taken)
+                head, rest = split_run(run, want)
                 runs[0] = rest
                 out.append(head)
-                taken = n
+                taken += want
+                size += head[2] - offs[0]
+                if max_bytes:
+                    break
         self._count -= taken
         return out
 

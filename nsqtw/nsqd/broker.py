@@ -59,7 +59,7 @@ class _RefusingQueue:
     def put(self, run: Run) -> Run:
         return run
 
-    def read(self, n: int) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
         return []
 
     def depth(self) -> int:

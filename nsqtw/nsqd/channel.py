@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Channel"]
 
 _seq = count()
+
+#: bytes delivered to one client before its output is written and its transport may push back
+DELIVERY_BYTES = 1 << 20
 _get_msgs = attrgetter("msgs")
 _get_client = attrgetter("client")
 _dict_pop = dict.pop
@@ -168,16 +171,24 @@ class Channel:
             want = client.rdy - client.in_flight
             if share < want:
                 want = share
-            runs = self.mem.read(want)
-            got = sum(len(r[1]) for r in runs) if len(runs) != 1 else len(runs[0][1])
-            if got < want and self.backend.depth():
-                more = self.backend.read(want - got)
-                runs.extend(more)
-                got += sum(len(r[1]) for r in more)
-            if not got:
-                break
-            self._send(client, runs, now)
-            avail -= got
+            # at most DELIVERY_BYTES at a time: after each such batch the client's output is
+            # written, so a client that does not read is paused (blocked) by its own transport
+            # before its whole RDY window of large messages piles up in memory
+            while want > 0 and not client.blocked:
+                runs = self.mem.read(want, DELIVERY_BYTES)
+                got = sum(len(r[1]) for r in runs) if len(runs) != 1 else len(runs[0][1])
+                if got < want and self.backend.depth():
+                    more = self.backend.read(want - got, DELIVERY_BYTES)
+                    runs.extend(more)
+                    got += sum(len(r[1]) for r in more)
+                if not got:
+                    break
+                self._send(client, runs, now)
+                avail -= got
+                want -= got
+                if want <= 0 or avail <= 0:
+                    break
+                client.flush()
             if avail <= 0:
                 break
 

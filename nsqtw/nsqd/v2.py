@@ -103,6 +103,15 @@ class _Wait(Exception):
         self.keep = keep
 
 
+class _Yield(_Wait):
+    """A big command has done its share of this reactor turn; it goes on in the next one."""
+
+
+#: most MPUB messages walked or queued per reactor turn: a 5 MiB MPUB of a million one-byte
+#: messages is legal, and must not stall every other client while it is taken in
+MPUB_TURN = 20000
+
+
 class V2Session:
     """The V2 protocol state machine for one connection (sans-IO)."""
 
@@ -121,6 +130,8 @@ class V2Session:
         self._walk: Optional["_MpubWalk"] = None
         #: commands completed so far (the glue's read deadline counts from the last one)
         self.commands = 0
+        #: a command yielded the rest of its work to the next reactor turn
+        self.busy = False
         #: ("auth" | "requery", secret) while waiting for the auth server; see resume()
         self.suspended: Optional[Tuple[str, bytes]] = None
         self._auth_result: Any = None
@@ -166,6 +177,7 @@ class V2Session:
                 self.closed = True  # flooding while its AUTH is being checked
                 return False
             return True
+        self.busy = False
         if self._wanted:
             # a large body is arriving: collect chunks, join once it is all here
             self._chunks.append(data)
@@ -200,10 +212,7 @@ class V2Session:
                 self.commands += 1
             except _Wait as w:
                 self._buf = buf[w.keep:]
-                if w.need > 65536:
-                    self._wanted = w.need
-                    self._chunks = [self._buf]
-                    self._buf = b""
+                self._waiting(w)
                 return True
             except NSQError as e:
                 self._walk = None
@@ -255,10 +264,7 @@ class V2Session:
                     self.commands += 1
                 except _Wait as w:
                     self._buf = buf[pos if w.keep is None else w.keep:]
-                    if w.need > 65536:
-                        self._wanted = w.need
-                        self._chunks = [self._buf]
-                        self._buf = b""
+                    self._waiting(w)
                     return True
                 if self.upgrade is not None:
                     # bytes after a negotiated upgrade belong to the new stream layer
@@ -273,6 +279,15 @@ class V2Session:
                 self.suspended = sus.request
                 return True
         return True
+
+    def _waiting(self, w: _Wait) -> None:
+        if isinstance(w, _Yield):
+            self.busy = True  # the glue calls feed(b"") again in the next reactor turn
+        elif w.need > 65536:
+            # a large body is arriving: collect its chunks and join them once
+            self._wanted = w.need
+            self._chunks = [self._buf]
+            self._buf = b""
 
     def _fail(self) -> bool:
         """A fatal error: nothing more is read, and nothing more is delivered to this client
@@ -546,7 +561,7 @@ class V2Session:
         if num <= 0 or num > max_messages:
             raise BadBody(f"MPUB invalid message count {num}")
         p += 4
-        if p + 4 <= end:
+        if p + 4 <= end and num <= MPUB_TURN:
             # the common case, every message the same size and all here: C builtins do it all
             first = _I32(buf, p)[0]
             if 0 < first <= self._max_msg_size:
@@ -707,14 +722,17 @@ class V2Session:
 
 
 class _MpubWalk:
-    """An MPUB's messages read one by one, across as many reads as they take.
+    """An MPUB's messages read one by one, across as many reads (and turns) as they take.
 
     Only the bytes of the message not yet complete are kept between reads;
     the walk may not run past the body size the MPUB announced, which bounds
-    what a client can make nsqd buffer to ``--max-body-size``.
+    what a client can make nsqd buffer to ``--max-body-size``.  At most
+    ``MPUB_TURN`` messages are walked, then queued, per reactor turn; all of
+    them are validated before the first is queued (all or nothing), and the
+    OK comes after the last.
     """
 
-    __slots__ = ("session", "topic", "num", "room", "bodies")
+    __slots__ = ("session", "topic", "num", "room", "bodies", "queued")
 
     def __init__(self, session: V2Session, topic: str, num: int, room: int) -> None:
         self.session = session
@@ -722,6 +740,7 @@ class _MpubWalk:
         self.num = num
         self.room = room
         self.bodies: List[bytes] = []
+        self.queued = 0
 
     def resume(self, buf: bytes, p: int, end: int, now: float) -> int:
         session = self.session
@@ -729,7 +748,11 @@ class _MpubWalk:
         bodies = self.bodies
         append = bodies.append
         num = self.num
+        budget = MPUB_TURN
         while len(bodies) < num:
+            if not budget:
+                raise _Yield(keep=p)
+            budget -= 1
             if p + 4 > end:
                 raise _Wait(p + 4 - end, keep=p)
             size = _I32(buf, p)[0]
@@ -745,4 +768,24 @@ class _MpubWalk:
             append(buf[p + 4:p + 4 + size])
             self.room -= 4 + size
             p += 4 + size
-        return session._mpub_done(self.topic, bodies, now, p, None)
+        if num <= MPUB_TURN:
+            return session._mpub_done(self.topic, bodies, now, p, None)
+        # a huge MPUB: everything is valid; queue it a turn's share at a time
+        broker = session.broker
+        try:
+            if not self.queued:
+                broker.get_topic(self.topic, now).check_room(num)
+            if self.queued < num:
+                if budget < MPUB_TURN:
+                    raise _Yield(keep=p)
+                chunk = bodies[self.queued:self.queued + MPUB_TURN]
+                broker.publish(self.topic, chunk, now)
+                self.queued += len(chunk)
+                if self.queued < num:
+                    raise _Yield(keep=p)
+        except BrokerError as e:
+            raise MPubFailed(f"MPUB failed {e}") from None
+        session.client.published(self.topic, num)
+        session._published()
+        session._respond(OK_FRAME)
+        return p

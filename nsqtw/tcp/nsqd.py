@@ -179,6 +179,8 @@ class NsqdProtocol(Protocol):
             self._magic_call.cancel()
             self._magic_call = None
             self._start_heartbeats()
+        if session.busy and self._more_call is None:
+            self._more_call = self.clock.callLater(0, self._decode_more)  # its work goes on next turn
         gen = session.take_sync_request()
         if gen is not None:
             self._wait_sync(gen)

@@ -430,12 +430,6 @@ async def test_consumer_that_never_reads_is_bounded():
         await nsqd.stop()
 
 
-@pytest.mark.xfail(reason="F17: the first RDY window is written whole, whatever the consumer reads: "
-                          "deliveries in one settle (nsqtw/nsqd/channel.py deliver) do not look at the transport "
-                          "buffer, only later ones stop once the producer is paused; RDY 500 x 64 KiB put 32.8 MB "
-                          "in one connection's buffer, and max-rdy-count x max-msg-size allows 2.5 GB per "
-                          "connection, held until the write deadline (one heartbeat, 30 s by default) closes it; "
-                          "Go's pump blocks on the socket after its 16 KiB bufio", strict=True)
 @pytest_twisted.ensureDeferred
 async def test_consumer_first_window_is_bounded_by_its_buffer_not_rdy():
     """RDY 500 of 64 KiB messages (a 32 MiB window) to a consumer that never reads: what the broker holds
@@ -533,10 +527,6 @@ async def test_deflate_bomb_does_not_stall_other_clients():
         await nsqd.stop()
 
 
-@pytest.mark.xfail(reason="F11: one MPUB of ~1M one-byte messages (legal: 5 MiB max body) is validated and "
-                          "queued in one reactor turn (nsqtw/nsqd/v2.py _mpub, nsqtw/nsqd/broker.py publish): "
-                          "every other client waits ~1.8 s for it (Go does this in the publishing client's goroutine)",
-                   strict=True)
 @pytest_twisted.ensureDeferred
 async def test_huge_mpub_does_not_stall_other_clients():
     """While one client MPUBs 1,048,575 one-byte messages, another client's PUB round trips stay under 1 s."""
