@@ -50,29 +50,13 @@ BackendFactory = Callable[[str, bool], Any]
 Listener = Callable[[str, str, Optional[str]], None]
 
 
-class _RefusingQueue:
+class _RefusingQueue(DummyQueue):
     """Overflow target when no durable backend is configured: stores nothing, refuses."""
 
     accepts_all = False
-    durable = False
 
     def put(self, run: Run) -> Run:
         return run
-
-    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
-        return []
-
-    def depth(self) -> int:
-        return 0
-
-    def empty(self) -> None:
-        pass
-
-    def delete(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def memory_only_backends(name: str, ephemeral: bool) -> Any:

@@ -13,7 +13,7 @@ from twisted.logger import Logger
 
 from ..options import split_host_port
 
-__all__ = ["ListeningService", "endpoint_description", "format_address", "split_host_port"]
+__all__ = ["ListeningService", "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
 log = Logger(namespace="nsqtw")
 
@@ -34,15 +34,20 @@ def endpoint_description(address: str, flag: str = "address") -> str:
     return f"tcp:port={port}:interface={_escape(host)}:backlog={socket.SOMAXCONN}"
 
 
+def format_peer(addr: Any) -> str:
+    """A remote address as Go's ``net.Addr.String()`` writes it (``ip:port``, ``[v6]:port``)."""
+    host = getattr(addr, "host", None)
+    port = getattr(addr, "port", None)
+    if host is None:
+        return str(getattr(addr, "name", "") or "unix")
+    if ":" in host:
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
 def format_address(port: Any) -> str:
     """The bound address of a listening port, as nsqd logs it."""
-    addr = port.getHost()
-    host = getattr(addr, "host", None)
-    if host is None:
-        return str(getattr(addr, "name", ""))
-    if ":" in host:
-        return f"[{host}]:{addr.port}"
-    return f"{host}:{addr.port}"
+    return format_peer(port.getHost())
 
 
 class ListeningService(Service):

@@ -19,21 +19,11 @@ from twisted.python.failure import Failure
 
 from ..lookupd.registry import RegistrationDB
 from ..lookupd.v1 import LookupSession, ServerInfo
+from ..service.listen import format_peer
 
 __all__ = ["LookupdProtocol", "LookupdFactory", "format_peer"]
 
 log = Logger(namespace="nsqtw.lookupd")
-
-
-def format_peer(addr: Any) -> str:
-    """A remote address as Go's ``net.Addr.String()`` writes it (``ip:port``, ``[v6]:port``)."""
-    host = getattr(addr, "host", None)
-    port = getattr(addr, "port", None)
-    if host is None:
-        return str(getattr(addr, "name", "") or "unknown")
-    if ":" in host:
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
 
 
 class LookupdProtocol(Protocol):

@@ -25,6 +25,7 @@ from ..nsqd.client import ClientState
 from ..nsqd.v2 import Features, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
+from ..service.listen import format_peer
 from .tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
@@ -35,15 +36,6 @@ log = Logger(namespace="nsqtw.nsqd")
 #: standalone allocator tuning) read buffers that never fragment the heap
 READ_SIZE = 256 * 1024
 
-
-def _address(addr: Any) -> str:
-    host = getattr(addr, "host", None)
-    port = getattr(addr, "port", None)
-    if host is None:
-        return str(getattr(addr, "name", "") or "unix")
-    if ":" in host:
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
 
 
 @implementer(IPushProducer, IHandshakeListener)
@@ -81,7 +73,7 @@ class NsqdProtocol(Protocol):
             self.transport.setTcpNoDelay(True)  # as Go's connections: small frames go out at once
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = READ_SIZE
-        client = factory.broker.new_client(_address(self.transport.getPeer()), now)
+        client = factory.broker.new_client(format_peer(self.transport.getPeer()), now)
         client.writer = self.transport.write
         client.closer = self.transport.loseConnection
         self.client = client
