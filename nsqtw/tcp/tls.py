@@ -51,7 +51,9 @@ def server_context(options: NsqdOptions) -> Optional[Any]:
         raise
     except Exception as e:
         raise ValueError(f"failed to build TLS config - {e}") from None
-    kwargs: dict = dict(privateKey=pair.privateKey.original, certificate=pair.original,
+    # cryptography objects: pyOpenSSL deprecates its own X509/PKey in its APIs
+    kwargs: dict = dict(privateKey=pair.privateKey.original.to_cryptography_key(),
+                        certificate=pair.original.to_cryptography(),
                         raiseMinimumTo=_VERSIONS.get(options.tls_min_version, TLSVersion.TLSv1_0))
     policy = options.tls_client_auth_policy
     if policy == "require-verify":
