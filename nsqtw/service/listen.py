@@ -10,6 +10,7 @@ from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from ..options import split_host_port
 
@@ -80,6 +81,14 @@ class ListeningService(Service):
             return f
 
         d.addCallbacks(listening, failed)
+        result: list = []
+        d.addBoth(lambda r: result.append(r) or r)
+        if result and isinstance(result[0], Failure):
+            # TCP and unix endpoints fail at once: make startService fail, so twistd, the
+            # drop-in commands and start_nsqd all refuse to run half bound
+            self.ready.errback(result[0])
+            self.ready.addErrback(lambda f: None)
+            result[0].raiseException()
         d.chainDeferred(self.ready)
 
     def stopService(self) -> Any:

@@ -253,8 +253,28 @@ class NsqdService(MultiService):
             self.dirlock.unlock()
             raise
         self.persist_metadata()
-        super().startService()
+        try:
+            super().startService()
+        except Exception:
+            self._abort_start()
+            raise
         self.settle()
+
+    def _abort_start(self) -> None:
+        """A listener could not bind: close what did, release the data path, stay stopped."""
+        self.running = 0
+        for svc in list(self):
+            port = getattr(svc, "port", None)
+            if port is not None:
+                port.stopListening()
+                svc.port = None
+            if svc.running and svc is not self.sync_worker:
+                try:
+                    svc.stopService()
+                except Exception:
+                    pass
+        self.sync_worker.stopService()
+        self.dirlock.unlock()
 
     def stopService(self) -> defer.Deferred:
         """nsqd's Exit: stop listening, close every client, write everything held to disk."""
