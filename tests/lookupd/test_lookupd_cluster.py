@@ -130,24 +130,24 @@ class Cluster:
         self.daemons.append(daemon)
         return daemon
 
-    async def nsqlookupd(self, name: str, tcp_port: int = 0) -> Tuple[Daemon, int, int]:
+    async def nsqlookupd(self, name: str, tcp_port: int = 0, *flags: str) -> Tuple[Daemon, int, int]:
         """``twistd -n nsqlookupd`` on 127.0.0.1; (process, tcp port, http port)."""
         daemon = self.spawn(name, [str(BIN / "twistd"), "-n", "--pidfile=", "--logfile=-", "nsqlookupd",
                                    f"--tcp-address=127.0.0.1:{tcp_port}", "--http-address=127.0.0.1:0",
-                                   "--broadcast-address=127.0.0.1"])
+                                   "--broadcast-address=127.0.0.1", *flags])
         (tcp,) = await daemon.wait_for(_LISTEN.format(label="TCP"))
         (http,) = await daemon.wait_for(_LISTEN.format(label="HTTP"))
         return daemon, int(tcp.group(1)), int(http.group(1))
 
-    async def nsqd(self, name: str, lookupd_tcp_port: int) -> Tuple[Daemon, int, int]:
+    async def nsqd(self, name: str, lookupd_tcp_port: int, *flags: str, data_name: str = "") -> Tuple[Daemon, int, int]:
         """An nsqd process registered with the given nsqlookupd; (process, tcp port, http port)."""
-        data = self.tmp_path / name / "data"
-        data.mkdir(parents=True)
+        data = self.tmp_path / (data_name or name) / "data"
+        data.mkdir(parents=True, exist_ok=True)
         daemon = self.spawn(name, [sys.executable, str(HERE / "cluster_runner.py"), "nsqd",
                                    "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                                    "--https-address=", "--broadcast-address=127.0.0.1",
                                    f"--lookupd-tcp-address=127.0.0.1:{lookupd_tcp_port}",
-                                   f"--data-path={data}"])
+                                   f"--data-path={data}", *flags])
         (ready,) = await daemon.wait_for(_READY.pattern)
         return daemon, int(ready.group(1)), int(ready.group(2))
 
@@ -207,3 +207,83 @@ async def test_two_nsqd_one_nsqlookupd_cluster(cluster) -> None:
     assert len((await get(lk, "/lookup?topic=events"))[1]["producers"]) == 2
     body = (await get(lk, "/lookup?topic=orders"))[1]
     assert body["channels"] == ["billing"] and [p["tcp_port"] for p in body["producers"]] == [n1_tcp]
+
+
+async def _lookup_ports(lk: str, topic: str) -> set:
+    code, body, _ = await get(lk, f"/lookup?topic={topic}")
+    return {p["tcp_port"] for p in body["producers"]} if code == 200 else set()
+
+
+async def _until(check: Any, timeout: float, what: str) -> None:
+    from twisted.internet import reactor, task
+
+    deadline = reactor.seconds() + timeout
+    while not await check():
+        if reactor.seconds() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await task.deferLater(reactor, 0.2, lambda: None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_consumer_through_lookupd_survives_a_dead_node(cluster) -> None:
+    """Two nsqd processes and a twistd nsqlookupd; a Consumer that knows only nsqlookupd receives
+    every message; nsqd1 hangs (SIGSTOP): it leaves /lookup after --inactive-producer-timeout and
+    the consumer keeps going on nsqd2; nsqd1 is then killed (SIGKILL) and restarted on its data:
+    it is rediscovered and its disk backlog delivered."""
+    from nsqtw.client import Config, Consumer
+
+    lookupd, lk_tcp, lk_http = await cluster.nsqlookupd("nsqlookupd", 0, "--inactive-producer-timeout=20s")
+    lk = f"127.0.0.1:{lk_http}"
+    n1, n1_tcp, n1_http = await cluster.nsqd("nsqd1", lk_tcp, "--mem-queue-size=0")
+    n2, n2_tcp, n2_http = await cluster.nsqd("nsqd2", lk_tcp)
+    for http, tag in ((n1_http, b"one"), (n2_http, b"two")):
+        body = b"\n".join(tag + b"-%d" % i for i in range(50))
+        assert (await get(f"127.0.0.1:{http}", "/mpub?topic=events", method="POST", data=body))[0] == 200
+
+    async def both_listed() -> bool:
+        return await _lookup_ports(lk, "events") == {n1_tcp, n2_tcp}
+
+    await _until(both_listed, 30, "both nodes in /lookup")
+    got: List[bytes] = []
+    consumer = Consumer("events", "c", lambda m: got.append(m.body),
+                        Config(max_in_flight=20, lookupd_poll_interval=0.5, lookupd_poll_jitter=0.0))
+    try:
+        await consumer.connect_to_nsqlookupd(lk)
+        expected = {b"one-%d" % i for i in range(50)} | {b"two-%d" % i for i in range(50)}
+
+        async def all_first() -> bool:
+            return expected <= set(got)
+
+        await _until(all_first, 30, "every message of both nodes")
+
+        # a backlog on nsqd1's disk, then nsqd1 hangs: gone from /lookup after the inactive timeout
+        consumer.change_max_in_flight(0)
+        body = b"\n".join(b"backlog-%d" % i for i in range(30))
+        assert (await get(f"127.0.0.1:{n1_http}", "/mpub?topic=events", method="POST", data=body))[0] == 200
+        n1.transport.signalProcess("STOP")
+        consumer.change_max_in_flight(20)
+
+        async def only_n2() -> bool:
+            return await _lookup_ports(lk, "events") == {n2_tcp}
+
+        await _until(only_n2, 60, "the hung node to leave /lookup")
+        body = b"\n".join(b"meanwhile-%d" % i for i in range(30))
+        assert (await get(f"127.0.0.1:{n2_http}", "/mpub?topic=events", method="POST", data=body))[0] == 200
+
+        async def meanwhile() -> bool:
+            return {b"meanwhile-%d" % i for i in range(30)} <= set(got)
+
+        await _until(meanwhile, 30, "the surviving node's messages")
+
+        # nsqd1 is killed and restarted on its data directory: rediscovered, backlog delivered
+        n1.transport.signalProcess("KILL")
+        await n1.ended
+        n1b, n1b_tcp, _ = await cluster.nsqd("nsqd1-again", lk_tcp, "--mem-queue-size=0", data_name="nsqd1")
+
+        async def backlog() -> bool:
+            return {b"backlog-%d" % i for i in range(30)} <= set(got)
+
+        await _until(backlog, 60, "the restarted node's disk backlog")
+        assert n1b_tcp in await _lookup_ports(lk, "events")
+    finally:
+        await consumer.stop()
