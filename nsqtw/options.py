@@ -345,6 +345,20 @@ def default_hostname() -> str:
     return socket.gethostname()
 
 
+def require_positive_durations(*pairs: Tuple[str, float]) -> None:
+    """Refuse a zero or negative duration, naming its flag."""
+    for name, value in pairs:
+        if value <= 0:
+            raise OptionError(f"--{name} must be a positive duration (got {format_duration(value)})")
+
+
+def require_at_least(minimum: int, *pairs: Tuple[str, int]) -> None:
+    """Refuse a count below ``minimum`` (0 or 1), naming its flag."""
+    for name, value in pairs:
+        if value < minimum:
+            raise OptionError(f"--{name} must be {'>= 0' if minimum == 0 else '> 0'} (got {value})")
+
+
 def _check_address(flag: str, value: str, allow_empty: bool = True, allow_unix: bool = True) -> None:
     if value == "" and allow_empty:
         return
@@ -492,15 +506,16 @@ class NsqdOptions:
                 raise OptionError(f"invalid E2E processing latency percentile: {p:g} (--e2e-processing-latency-percentile must be in (0,1])")
         if self.auth_http_request_method.lower() not in ("get", "post"):
             raise OptionError(f"--auth-http-request-method must be get or post, not {self.auth_http_request_method!r}")
-        for name, value in (
+        require_at_least(
+            0,
             ("mem-queue-size", self.mem_queue_size),
             ("max-channel-consumers", self.max_channel_consumers),
             ("broadcast-tcp-port", self.broadcast_tcp_port),
             ("broadcast-http-port", self.broadcast_http_port),
-        ):
-            if value < 0:
-                raise OptionError(f"--{name} must be >= 0 (got {value})")
-        for name, value in (
+            ("max-rdy-count", self.max_rdy_count),
+        )
+        require_at_least(
+            1,
             ("max-msg-size", self.max_msg_size),
             ("max-body-size", self.max_body_size),
             ("max-bytes-per-file", self.max_bytes_per_file),
@@ -509,12 +524,8 @@ class NsqdOptions:
             ("queue-scan-worker-pool-max", self.queue_scan_worker_pool_max),
             ("max-output-buffer-size", self.max_output_buffer_size),
             ("statsd-udp-packet-size", self.statsd_udp_packet_size),
-        ):
-            if value < 1:
-                raise OptionError(f"--{name} must be > 0 (got {value})")
-        if self.max_rdy_count < 0:
-            raise OptionError(f"--max-rdy-count must be >= 0 (got {self.max_rdy_count})")
-        for name, value in (
+        )
+        require_positive_durations(
             ("msg-timeout", self.msg_timeout),
             ("max-msg-timeout", self.max_msg_timeout),
             ("max-heartbeat-interval", self.max_heartbeat_interval),
@@ -522,9 +533,7 @@ class NsqdOptions:
             ("statsd-interval", self.statsd_interval),
             ("e2e-processing-latency-window-time", self.e2e_processing_latency_window_time),
             ("stats-export-interval", self.stats_export_interval),
-        ):
-            if value <= 0:
-                raise OptionError(f"--{name} must be a positive duration (got {format_duration(value)})")
+        )
         if self.max_req_timeout < 0:
             raise OptionError("--max-req-timeout must not be negative")
         if self.msg_timeout > self.max_msg_timeout:

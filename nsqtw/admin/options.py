@@ -18,8 +18,8 @@ from typing import Any, List
 import attr
 
 from ..options import (
-    BOOL, DURATION, INT, LOG_LEVEL, LOG_LEVELS, STR, STRLIST, OptionError, format_duration,
-    option_fields, opt, split_host_port,
+    BOOL, DURATION, INT, LOG_LEVEL, LOG_LEVELS, STR, STRLIST, OptionError, option_fields,
+    opt, require_positive_durations, split_host_port,
 )
 
 __all__ = ["AdminOptions", "normalize_base_path", "split_upstream"]
@@ -157,14 +157,12 @@ class AdminOptions:
             split_host_port(self.http_address, "http-address")
         elif not (self.http_address and "/" in self.http_address):
             raise OptionError(f"--http-address {self.http_address!r}: expected <addr>:<port> or a unix socket path")
-        for name, value in (
+        require_positive_durations(
             ("http-client-connect-timeout", self.http_client_connect_timeout),
             ("http-client-request-timeout", self.http_client_request_timeout),
             ("history-interval", self.history_interval),
             ("refresh-interval", self.refresh_interval),
-        ):
-            if value <= 0:
-                raise OptionError(f"--{name} must be a positive duration (got {format_duration(value)})")
+        )
         if self.history_size < 2:
             raise OptionError(f"--history-size must be >= 2 (got {self.history_size})")
         if not self.acl_http_header:
