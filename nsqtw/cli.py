@@ -148,6 +148,10 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     reactor.run(installSignalHandlers=False)
+    lost = getattr(service, "lost_at_shutdown", 0)
+    if lost:  # a clean stop on a full disk: never a silent success
+        fatal(f"{lost} messages could not be written to disk at shutdown and are lost", log_prefix)
+        status["code"] = 1
     return status["code"]
 
 

@@ -353,6 +353,12 @@ class DiskQueue:
         return self._closed
 
     @property
+    def put_count(self) -> int:
+        """Messages written since the queue was opened (tells how much of a failed ``put``
+        was stored, see :mod:`nsqtw.nsqd.backlog`)."""
+        return self._put_seq
+
+    @property
     def pending_hints(self) -> Dict[bytes, float]:
         return dict(self._hints)
 

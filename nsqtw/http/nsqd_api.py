@@ -82,7 +82,7 @@ class NsqdHTTPAPI:
     @app.route("/ping", methods=["GET"])
     def ping(self, request: IRequest) -> bytes:
         self._guard(request)
-        health = self._broker.health
+        health = self._broker.health_status()
         if health != "OK":
             return plain(request, health, 500)
         return plain(request, health)

@@ -24,6 +24,7 @@ from ..backend.dummy import DummyQueue
 from ..backend.runs import Run, run_of_frame
 from ..errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
 from ..options import NsqdOptions
+from .backlog import HeldBacklog
 from .channel import Channel
 from .client import ClientState
 from .guid import GUIDFactory
@@ -82,6 +83,8 @@ class Broker:
         self.listeners: List[Listener] = []
         self.backend_factory: BackendFactory = backend_factory or memory_only_backends
         self.health = "OK"
+        #: messages the disk refused, held in memory until it accepts writes again
+        self.backlog = HeldBacklog()
         self.exiting = False
         self.loading = False
         self._client_ids = count(1)
@@ -111,6 +114,11 @@ class Broker:
     def busy(self) -> bool:
         """True while a topic backlog still has messages to move (settle again soon)."""
         return bool(self.pumping)
+
+    def health_status(self) -> str:
+        """What ``/ping`` and ``/stats`` report: unhealthy while messages the disk refused
+        are held in memory, else the result of the last publish (nsqd's health)."""
+        return self.backlog.health() or self.health
 
     # --- clients --------------------------------------------------------------
 
@@ -202,6 +210,7 @@ class Broker:
         ch.backend.delete()
         topic.channels.pop(name, None)
         self.dirty.discard(ch)
+        self.backlog.forget(ch)
 
     def channels(self) -> List[Channel]:
         return [ch for t in self.topics.values() for ch in t.channels.values()]

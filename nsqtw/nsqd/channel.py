@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
-from ..errors import FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
+from ..errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
 from ..protocol.message import requeue_frame
 from ..protocol.names import is_ephemeral
 from .client import STATE_SUBSCRIBED, ClientState, Epoch
@@ -112,12 +112,16 @@ class Channel:
         if frames:
             self._store_back(run_of_frames(frames))
 
+    def accept(self, run: Run) -> None:
+        """A run the broker already acknowledged (a topic's backlog moved on): never refused;
+        what the disk refuses is held in memory (see :mod:`.backlog`)."""
+        self.message_count += len(run[1])
+        self._store_back(run)
+
     def _store_back(self, run: Run) -> None:
         rest = self.mem.put(run)
         if rest is not None:
-            rest = self.backend.put(rest)
-            if rest is not None:
-                self.mem.force_put(rest)
+            self.broker.backlog.put_back(self, rest)
         if self.clients:
             self.broker.dirty.add(self)
 
@@ -276,24 +280,29 @@ class Channel:
     def requeue(self, client: ClientState, mid: bytes, delay: float, now: float) -> None:
         if self.exiting:
             raise ReqFailed(f"REQ {_id_text(mid)} failed exiting")
-        ep = self.inflight.pop(mid, None)
+        ep = self.inflight.get(mid)
         if ep is None:
             raise ReqFailed(f"REQ {_id_text(mid)} failed ID not in flight")
         if ep.client is not client:
-            self.inflight[mid] = ep
             raise ReqFailed(f"REQ {_id_text(mid)} failed client does not own message")
-        frame = requeue_frame(ep.msgs.pop(mid))
+        frame = requeue_frame(ep.msgs[mid])
+        if delay > 0:
+            heapq.heappush(self.deferred, (now + delay, next(_seq), frame))
+        else:
+            run = run_of_frame(frame)
+            if self.mem.put(run) is not None:
+                try:  # the disk cannot take it: refuse the REQ, the message stays in flight
+                    self.broker.backlog.put_back(self, run, hold=False)
+                except BackendError as e:
+                    raise ReqFailed(f"REQ {_id_text(mid)} failed {e}") from None
+        del self.inflight[mid]
+        del ep.msgs[mid]
         if not ep.msgs:
             ep.msgs = {}
         client.in_flight -= 1
         client.requeue_count += 1
         self.requeue_count += 1
-        if delay > 0:
-            heapq.heappush(self.deferred, (now + delay, next(_seq), frame))
-            self.broker.dirty.add(self)
-        else:
-            self._store_back(run_of_frame(frame))
-            self.broker.dirty.add(self)
+        self.broker.dirty.add(self)
 
     def touch(self, client: ClientState, mid: bytes, now: float) -> None:
         ep = self.inflight.get(mid)

@@ -127,12 +127,12 @@ class Topic:
         for run in self.mem.read(limit):
             moved += run_count(run)
             for ch in channels:
-                ch.put(run)
+                ch.accept(run)
         if moved < limit and self.backend.depth():
             for run in self.backend.read(limit - moved):
                 moved += run_count(run)
                 for ch in channels:
-                    ch.put(run)
+                    ch.accept(run)
         return bool(self.mem.depth() or self.backend.depth())
 
     # --- channels -----------------------------------------------------------

@@ -20,6 +20,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
+from ..errors import BackendError
 from ..nsqd.broker import Broker, Event
 from ..nsqd.scan import ChannelSampler, scan_channels
 from ..nsqd.v2 import Features
@@ -30,6 +31,9 @@ from .listen import ListeningService
 __all__ = ["NsqdService", "build_nsqd"]
 
 log = Logger(namespace="nsqtw.nsqd")
+
+#: seconds between attempts to write messages the disk refused (see nsqtw.nsqd.backlog)
+HELD_RETRY_INTERVAL = 1.0
 
 
 class _LoopService(Service):
@@ -129,6 +133,9 @@ class NsqdService(MultiService):
                                                    "https-address", endpoint=endpoint)
             self.https_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
+        #: messages that could not be written at a clean shutdown (the disk refused them)
+        self.lost_at_shutdown = 0
+        _LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
         from ..stats.memory import release_free_memory
         _LoopService(reactor, 1.0, release_free_memory, "memory-trim").setServiceParent(self)
         if options.stats_export_path:
@@ -175,6 +182,12 @@ class NsqdService(MultiService):
         scan_channels(self._sampler.channels(now), now, self.rng,
                       opts.queue_scan_selection_count, opts.queue_scan_dirty_percent)
         self.settle()
+
+    def retry_held(self) -> None:
+        """Write the messages held in memory since the disk refused them, if it accepts now."""
+        if self.broker.backlog.channels:
+            self.broker.backlog.retry()
+            self.settle()
 
     def _on_event(self, event: str, topic: str, channel: Optional[str]) -> None:
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
@@ -313,22 +326,30 @@ class NsqdService(MultiService):
 
     def _flush_queues(self) -> List[defer.Deferred]:
         """Write every topic's and channel's memory queue, in-flight and deferred messages to
-        their backends and close them (nsqd's Topic/Channel exit without deletion)."""
-        from ..backend.runs import run_of_frames
+        their backends and close them (nsqd's Topic/Channel exit without deletion).
 
+        What the disk refuses (a full disk) is counted in ``lost_at_shutdown`` and logged
+        as critical; the command-line nsqd then exits with status 1."""
+        from ..backend.runs import run_of_frames
+        store = self.broker.backlog.store_all
         closing: List[defer.Deferred] = []
+        lost = 0
         for topic in list(self.broker.topics.values()):
             for ch in list(topic.channels.values()):
                 backend = ch.backend
                 try:
                     for run in ch.mem.drain():
-                        backend.put(run)
+                        lost += store(backend, run)
                     inflight = ch.in_flight_frames()
                     if inflight:
-                        backend.put(run_of_frames(inflight))
+                        lost += store(backend, run_of_frames(inflight))
                     deferred = ch.deferred_items()
                     if deferred and hasattr(backend, "put_deferred"):
-                        backend.put_deferred(deferred)
+                        try:
+                            backend.put_deferred(deferred)
+                        except BackendError as e:
+                            self.broker.backlog.error = str(e)
+                            lost += len(deferred)
                 except Exception:
                     log.failure("failed to flush channel {t}:{c} to disk", t=topic.name, c=ch.name)
                 ch.exiting = True
@@ -338,14 +359,22 @@ class NsqdService(MultiService):
             backend = topic.backend
             try:
                 for run in topic.mem.drain():
-                    backend.put(run)
+                    lost += store(backend, run)
                 if topic.deferred and hasattr(backend, "put_deferred"):
-                    backend.put_deferred(sorted(topic.deferred, key=lambda item: item[0]))
+                    try:
+                        backend.put_deferred(sorted(topic.deferred, key=lambda item: item[0]))
+                    except BackendError as e:
+                        self.broker.backlog.error = str(e)
+                        lost += len(topic.deferred)
             except Exception:
                 log.failure("failed to flush topic {t} to disk", t=topic.name)
             topic.exiting = True
             topic.deferred = []
             closing.append(defer.maybeDeferred(backend.close))
+        if lost:
+            self.lost_at_shutdown += lost
+            log.critical("failed to write {n} messages to disk at shutdown (the disk refused them: "
+                         "{err}); they are LOST", n=lost, err=self.broker.backlog.error or "see above")
         return closing
 
 

@@ -67,7 +67,7 @@ def client_stats(client: ClientState, topic_filter: str = "") -> Dict[str, Any]:
 
 
 def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: float) -> Dict[str, Any]:
-    return {
+    out = {
         "channel_name": ch.name,
         "depth": ch.depth(),
         "backend_depth": ch.backend.depth(),
@@ -82,6 +82,12 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
         "paused": ch.paused,
         "e2e_processing_latency": ch.e2e_result(now),
     }
+    # nsqtw only, and only while it is not zero (so the document keeps Go's shape otherwise):
+    # messages held in memory because the disk refused them (see nsqtw.nsqd.backlog)
+    held = ch.broker.backlog.held_count(ch)
+    if held:
+        out["held_count"] = held
+    return out
 
 
 def _topic_stats(topic: Topic, channels: List[Dict[str, Any]], broker: Broker, now: float) -> Dict[str, Any]:
@@ -123,7 +129,7 @@ def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = 
                 t, [_channel_stats(c, include_clients, topic, now) for c in chans], broker, now))
     doc: Dict[str, Any] = {
         "version": NSQ_VERSION,
-        "health": broker.health,
+        "health": broker.health_status(),
         "start_time": int(broker.start_time),
         "topics": topics,
     }
