@@ -995,7 +995,10 @@ class DiskQueue:
         self.error = f.value
         log.failure("DISKQUEUE({name}) failed to sync", f, name=self.name)
         self._need_sync = True  # retried on the next operation
-        self._fire_waiters(seq, f)
+        # every waiter fails, also those whose writes came after this sync was submitted:
+        # nothing would start another sync for them (a full disk fails it again anyway), and
+        # a publisher told E_PUB_FAILED may retry, while one left waiting hangs
+        self._fire_waiters(self._put_seq, f)
 
     def _fire_waiters(self, seq: int, f: Optional[Failure]) -> None:
         if not self._waiters:
