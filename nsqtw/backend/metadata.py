@@ -40,6 +40,9 @@ __all__ = [
     "write_metadata",
     "metadata_from_broker",
     "write_file_atomically",
+    "metadata_snapshot",
+    "write_snapshot",
+    "MetadataWriter",
 ]
 
 METADATA_FILE = "nsqd.dat"
@@ -222,3 +225,97 @@ def iter_queue_names(md: Metadata) -> Iterable[str]:
         yield t.name
         for c in t.channels:
             yield f"{t.name}:{c.name}"
+
+
+# --- coalesced rewrites ----------------------------------------------------------
+
+#: what :func:`metadata_snapshot` takes: ``[(topic, paused, [(channel, paused), ...]), ...]``
+Snapshot = List[Tuple[str, bool, List[Tuple[str, bool]]]]
+
+
+def metadata_snapshot(broker: Any) -> Snapshot:
+    """The names and paused flags :func:`metadata_from_broker` needs, as plain tuples (cheap,
+    taken on the reactor thread; :func:`write_snapshot` builds and encodes the rest)."""
+    return [(t.name, t.paused, [(c.name, c.paused) for c in list(t.channels.values())])
+            for t in list(broker.topics.values())]
+
+
+def snapshot_metadata(snap: Snapshot) -> Metadata:
+    topics = []
+    for name, paused, chans in snap:
+        if is_ephemeral(name):
+            continue
+        topics.append(TopicMetadata(name, bool(paused), tuple(
+            ChannelMetadata(c, bool(p)) for c, p in chans if not is_ephemeral(c))))
+    return Metadata(tuple(topics))
+
+
+def write_snapshot(data_path: str, snap: Snapshot) -> None:
+    """Encode and persist a :func:`metadata_snapshot` (blocking; runs on the sync thread)."""
+    write_metadata(data_path, snapshot_metadata(snap))
+
+
+class MetadataWriter:
+    """``nsqd.dat`` rewrites, coalesced: at most one in flight, and every change made while
+    one is in flight is folded into the single next one.
+
+    Creating N topics therefore costs as many rewrites as the disk can do meanwhile, not N
+    (each rewrite is a snapshot of every topic, so one per change made creation O(count)).
+    ``snapshot`` runs on the caller's thread when a rewrite starts, ``write(snapshot)`` is
+    handed to ``submit`` (the sync worker).  Sans-IO: no reactor here.
+    """
+
+    def __init__(self, snapshot: Callable[[], Any], write: Callable[[Any], None],
+                 submit: Callable[[Callable[[], Any]], Any]) -> None:
+        self._snapshot = snapshot
+        self._write = write
+        self._submit = submit
+        self._in_flight = False
+        self._pending: List[Any] = []
+        self._wanted = False
+        #: rewrites started so far
+        self.writes = 0
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight
+
+    def request(self) -> Any:
+        """Ask for a rewrite covering every change made so far; returns a Deferred that fires
+        (None, or the write's failure) once such a rewrite has finished."""
+        from twisted.internet.defer import Deferred
+
+        d: Deferred = Deferred()
+        self._pending.append(d)
+        self._wanted = True
+        if not self._in_flight:
+            self._start()
+        return d
+
+    def _start(self) -> None:
+        waiters, self._pending = self._pending, []
+        self._wanted = False
+        self._in_flight = True
+        self.writes += 1
+        try:
+            snap = self._snapshot()
+        except Exception:
+            from twisted.internet.defer import fail
+            d = fail()
+        else:
+            d = self._submit(lambda: self._write(snap))
+        d.addBoth(self._done, waiters)
+
+    def _done(self, result: Any, waiters: List[Any]) -> None:
+        from twisted.python.failure import Failure
+
+        self._in_flight = False
+        if isinstance(result, Failure):
+            log.failure("failed to persist metadata", result)
+        for d in waiters:
+            if isinstance(result, Failure):
+                d.errback(result)
+            else:
+                d.callback(None)
+        if self._wanted:
+            self._start()

@@ -88,6 +88,10 @@ class NsqdService(MultiService):
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
         self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+        from ..backend.metadata import MetadataWriter, metadata_snapshot, write_snapshot
+        self.metadata_writer = MetadataWriter(partial(metadata_snapshot, self.broker),
+                                              partial(write_snapshot, self.data_path),
+                                              self.sync_worker.submit)
         from ..tcp.tls import server_context
         try:
             self.tls_context = server_context(options)
@@ -197,12 +201,11 @@ class NsqdService(MultiService):
                 self.persist_metadata()
 
     def persist_metadata(self) -> defer.Deferred:
-        """Rewrite nsqd.dat (on create, delete, pause, unpause and exit), off the reactor thread."""
-        from ..backend.metadata import metadata_from_broker, write_metadata
-
-        snapshot = metadata_from_broker(self.broker)
-        d = self.sync_worker.submit(partial(write_metadata, self.data_path, snapshot))
-        d.addErrback(lambda f: log.failure("failed to persist metadata", f))
+        """Rewrite nsqd.dat (on create, delete, pause, unpause and exit), off the reactor thread;
+        coalesced (see :class:`~nsqtw.backend.metadata.MetadataWriter`).  Fires once a rewrite
+        covering every change so far is done; a failure is logged by the writer."""
+        d = self.metadata_writer.request()
+        d.addErrback(lambda f: None)
         return d
 
     def sync_barrier(self) -> defer.Deferred:
@@ -243,7 +246,7 @@ class NsqdService(MultiService):
 
     def startService(self) -> None:
         """Lock the data path, load nsqd.dat and the queues, then start listening."""
-        from ..backend.metadata import load_metadata
+        from ..backend.metadata import MetadataError, load_metadata, metadata_from_broker, write_metadata
 
         self.dirlock.lock()
         broker = self.broker
@@ -262,10 +265,14 @@ class NsqdService(MultiService):
                             ch.pause()
             finally:
                 broker.loading = False
+            # as Go's nsqd, refuse to start when nsqd.dat cannot be written (read-only data path)
+            try:
+                write_metadata(self.data_path, metadata_from_broker(broker))
+            except OSError as e:
+                raise MetadataError(f"failed to persist metadata - {e}") from None
         except Exception:
             self.dirlock.unlock()
             raise
-        self.persist_metadata()
         try:
             super().startService()
         except Exception:
