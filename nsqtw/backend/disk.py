@@ -292,8 +292,11 @@ class DiskQueue:
                  sync_timeout: float = 2.0,
                  worker: Optional[SyncWorker] = None,
                  deferred_sink: Optional[Callable[[float, bytes], None]] = None,
-                 min_msg_size: int = MIN_MESSAGE_LENGTH) -> None:
+                 min_msg_size: int = MIN_MESSAGE_LENGTH,
+                 listing: Optional["DirListing"] = None) -> None:
         self.name = name
+        #: where a queue without metadata looks for data files (None: list the directory)
+        self.listing = listing
         self.data_path = data_path
         self.max_bytes_per_file = max_bytes_per_file
         self.min_record = min_msg_size
@@ -396,6 +399,10 @@ class DiskQueue:
             self.worker.wake(self)  # record the recovery before anything else happens
 
     def _existing_data_files(self) -> List[int]:
+        if self.listing is not None:
+            # the factory's one listing of the data path (a directory of N queues listed for
+            # each new queue made creating N queues cost O(N^2)); files still there only
+            return [n for n in self.listing.data_files(self.name) if os.path.exists(self.file_name(n))]
         pat = re.compile(_DATA_RE_TMPL % re.escape(self.name))
         nums = []
         try:
@@ -1036,11 +1043,47 @@ def _run_of(blob: bytes, offs: List[int], uniform: bool) -> Run:
     return (blob, offs, len(blob))
 
 
+_ANY_DATA_FILE = re.compile(r"\A(.+)\.diskqueue\.(\d{6,})\.dat\Z")
+
+
+class DirListing:
+    """The data files every queue had when the data path was first listed (once, lazily).
+
+    A queue opened later without metadata is either new (its files, if any, were all
+    there at that listing: nsqd holds the data path's lock) or was deleted and made again
+    by this process (its files are removed, so :meth:`DiskQueue._existing_data_files`
+    keeps only those that still exist).
+    """
+
+    __slots__ = ("path", "_files")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._files: Optional[Dict[str, List[int]]] = None
+
+    def data_files(self, name: str) -> List[int]:
+        if self._files is None:
+            files: Dict[str, List[int]] = {}
+            try:
+                names = os.listdir(self.path)
+            except OSError:
+                names = []
+            for fn in names:
+                m = _ANY_DATA_FILE.match(fn)
+                if m:
+                    files.setdefault(m.group(1), []).append(int(m.group(2)))
+            for nums in files.values():
+                nums.sort()
+            self._files = files
+        return self._files.get(name, [])
+
+
 def disk_backends(options: Any, worker: SyncWorker, data_path: Optional[str] = None) -> Callable[[str, bool], Any]:
     """The broker's backend factory: a DiskQueue per durable name, a DummyQueue per ephemeral one."""
     from .dummy import DummyQueue
 
     path = data_path if data_path is not None else (options.data_path or os.getcwd())
+    listing = DirListing(path)
 
     def factory(name: str, ephemeral: bool) -> Any:
         if ephemeral:
@@ -1050,6 +1093,7 @@ def disk_backends(options: Any, worker: SyncWorker, data_path: Optional[str] = N
                          max_msg_size=options.max_msg_size,
                          sync_every=options.sync_every,
                          sync_timeout=options.sync_timeout,
-                         worker=worker)
+                         worker=worker,
+                         listing=listing)
 
     return factory

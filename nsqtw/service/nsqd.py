@@ -91,7 +91,7 @@ class NsqdService(MultiService):
         from ..backend.metadata import MetadataWriter, metadata_snapshot, write_snapshot
         self.metadata_writer = MetadataWriter(partial(metadata_snapshot, self.broker),
                                               partial(write_snapshot, self.data_path),
-                                              self.sync_worker.submit)
+                                              self.sync_worker.submit, clock=reactor)
         from ..tcp.tls import server_context
         try:
             self.tls_context = server_context(options)
@@ -200,11 +200,11 @@ class NsqdService(MultiService):
             if not topic.endswith("#ephemeral") and not (channel or "").endswith("#ephemeral"):
                 self.persist_metadata()
 
-    def persist_metadata(self) -> defer.Deferred:
+    def persist_metadata(self, urgent: bool = False) -> defer.Deferred:
         """Rewrite nsqd.dat (on create, delete, pause, unpause and exit), off the reactor thread;
         coalesced (see :class:`~nsqtw.backend.metadata.MetadataWriter`).  Fires once a rewrite
         covering every change so far is done; a failure is logged by the writer."""
-        d = self.metadata_writer.request()
+        d = self.metadata_writer.request(urgent)
         d.addErrback(lambda f: None)
         return d
 
@@ -314,7 +314,7 @@ class NsqdService(MultiService):
         for svc in reversed(list(self)):
             if svc is not self.sync_worker:
                 waits.append(defer.maybeDeferred(svc.stopService))
-        closing = self.persist_metadata()
+        closing = self.persist_metadata(urgent=True)
         waits.append(closing)
         waits.extend(self._flush_queues())
         d = defer.DeferredList(waits, consumeErrors=True)

@@ -79,3 +79,73 @@ def test_a_failed_rewrite_reaches_its_waiters_and_the_next_one_still_runs(tmp_pa
     assert len(errors) == 1 and errors[0].check(OSError)
     worker.run_one()
     assert d2.called and calls == [0, 1]
+
+
+def test_snapshot_encoding_is_byte_identical_to_go_shape_encoding():
+    from nsqtw.backend.metadata import encode_metadata, encode_snapshot, metadata_from_broker
+
+    broker = Broker(NsqdOptions(), 0.0)
+    assert encode_snapshot(metadata_snapshot(broker)) == encode_metadata(metadata_from_broker(broker))
+    a = broker.get_topic("a")
+    a.get_channel("c1", 0.0).pause()
+    a.get_channel("c2#ephemeral", 0.0)
+    broker.get_topic("b#ephemeral").get_channel("x", 0.0)
+    broker.get_topic("only.topic_-1").pause()
+    snap = metadata_snapshot(broker)
+    assert encode_snapshot(snap) == encode_metadata(metadata_from_broker(broker))
+    assert b'"channels":null' in encode_snapshot(snap) and b"ephemeral" not in encode_snapshot(snap)
+
+
+def test_rewrites_are_spaced_by_their_own_duration_on_the_injected_clock(tmp_path):
+    from twisted.internet import task
+
+    from nsqtw.backend.metadata import GAP_FACTOR
+
+    clock = task.Clock()
+    worker = ManualWorker()
+    w = MetadataWriter(lambda: None, lambda snap: None, worker.submit, clock=clock)
+    w.request()
+    clock.advance(0.1)  # the rewrite takes 100 ms
+    worker.run_one()
+    w.request()
+    assert not worker.jobs  # waits GAP_FACTOR x 100 ms
+    clock.advance(0.1 * GAP_FACTOR - 0.01)
+    assert not worker.jobs
+    w.request()  # folded into the same waiting rewrite
+    clock.advance(0.02)
+    assert len(worker.jobs) == 1
+    worker.run_one()
+    assert w.writes == 2
+    stop = w.request(urgent=True)  # shutdown does not wait
+    assert len(worker.jobs) == 1
+    worker.run_one()
+    assert stop.called
+
+
+def test_factory_queue_without_metadata_recovers_files_from_the_one_listing(tmp_path):
+    """The factory lists the data path once (not once per new queue); a queue whose metadata
+    is missing still finds its data files there, and skips files gone since."""
+    import os
+
+    from dq_helpers import entry, record
+
+    from nsqtw.backend.disk import SyncWorker, disk_backends
+
+    for name in ("lost", "gone"):
+        with open(tmp_path / f"{name}.diskqueue.000003.dat", "wb") as f:
+            f.write(b"".join(entry(record(i)) for i in range(5)))
+    factory = disk_backends(NsqdOptions(data_path=str(tmp_path)), SyncWorker(None, threaded=False))
+    fresh = factory("fresh", False)  # lists the directory
+    assert fresh.depth() == 0
+    os.unlink(tmp_path / "gone.diskqueue.000003.dat")
+    calls = []
+    real = os.listdir
+    os.listdir = lambda *a: calls.append(a) or real(*a)
+    try:
+        lost = factory("lost", False)
+        gone = factory("gone", False)
+        others = [factory(f"n{i}", False) for i in range(20)]
+    finally:
+        os.listdir = real
+    assert calls == []
+    assert lost.depth() == 5 and gone.depth() == 0 and all(q.depth() == 0 for q in others)
