@@ -75,7 +75,8 @@ class Channel:
         self.timeout_count = 0
         opts = broker.options
         self.e2e: Optional[Quantile] = (
-            Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now)
+            Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now,
+                     rng=broker.rng)  # the broker's: a Random of its own is 2.5 KB per channel
             if opts.e2e_processing_latency_percentiles else None)
         self._rr = 0
 
