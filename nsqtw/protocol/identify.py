@@ -5,7 +5,9 @@ the server's negotiated answer.
 Go matches JSON keys to struct fields case-insensitively, ignores unknown
 keys, leaves a field alone for ``null``, and refuses a value of the wrong
 type (a float for an int, a string for a bool) with an unmarshal error, which
-nsqd reports as ``E_BAD_BODY IDENTIFY failed to decode JSON body``.
+nsqd reports as ``E_BAD_BODY IDENTIFY failed to decode JSON body``.  Unlike Go,
+``client_id``, ``hostname`` and ``user_agent`` are kept to 256 UTF-8 bytes
+(:data:`MAX_STORED_TEXT`; longer values are accepted and cut).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Dict, Optional
 
 import attr
 
-__all__ = ["IdentifyRequest", "parse_identify", "IdentifyDecodeError"]
+__all__ = ["IdentifyRequest", "parse_identify", "IdentifyDecodeError", "MAX_STORED_TEXT", "cap_text"]
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -44,6 +46,20 @@ class IdentifyRequest:
     sample_rate: int = 0
     user_agent: Optional[str] = None
     msg_timeout: int = 0
+
+
+#: nsqtw keeps at most this many UTF-8 bytes of ``client_id``, ``hostname`` and
+#: ``user_agent`` (Go's nsqd keeps them whole, so a 4 MB user_agent is copied into every
+#: /stats answer); longer values are accepted and cut at a character boundary
+MAX_STORED_TEXT = 256
+CAPPED_FIELDS = frozenset(("client_id", "hostname", "user_agent"))
+
+
+def cap_text(value: str, limit: int = MAX_STORED_TEXT) -> str:
+    data = value.encode("utf-8")
+    if len(data) <= limit:
+        return value
+    return data[:limit].decode("utf-8", "ignore")
 
 
 _FIELDS: Dict[str, Any] = {
@@ -88,6 +104,8 @@ def parse_identify(body: bytes) -> IdentifyRequest:
             if not isinstance(value, str):
                 raise IdentifyDecodeError(f"cannot unmarshal {type(value).__name__} into field {name}")
             value = _LONE_SURROGATE.sub("\ufffd", value)  # as Go's decoder does
+            if len(value) > MAX_STORED_TEXT // 4 and name in CAPPED_FIELDS:
+                value = cap_text(value)
         elif kind is bool:
             if not isinstance(value, bool):
                 raise IdentifyDecodeError(f"cannot unmarshal {type(value).__name__} into field {name}")

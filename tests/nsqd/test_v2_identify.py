@@ -296,3 +296,28 @@ def test_snappy_and_deflate_together_fail():
     w = h.connect()
     assert w.send(identify(feature_negotiation=True, snappy=True, deflate=True)) is False
     assert w.error() == b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression"
+
+
+def test_identify_text_fields_are_kept_to_256_bytes():
+    """A 1 MB user_agent is accepted but nsqtw keeps (and /stats shows) its first 256 bytes; a cut
+    never splits a UTF-8 character; short values are kept whole."""
+    h = Harness()
+    w = h.connect()
+    w.send(identify(user_agent="u" * (1 << 20), hostname="é" * 200, client_id="c" * 256))
+    w.ok()
+    c = w.client
+    assert c.user_agent == "u" * 256
+    assert c.hostname == "é" * 128 and len(c.hostname.encode()) == 256
+    assert c.client_id == "c" * 256
+    w.send(cmd("SUB", "t", "c"))
+    w.ok()
+    client = stats_of(h)["topics"][0]["channels"][0]["clients"][0]
+    assert client["user_agent"] == "u" * 256
+    w2 = h.connect()
+    w2.send(identify(hostname="h" + "€" * 85))  # 1 + 255 bytes: kept whole
+    w2.ok()
+    assert w2.client.hostname == "h" + "€" * 85
+    w3 = h.connect()
+    w3.send(identify(user_agent="x" + "€" * 86))  # 259 bytes: the last character goes whole
+    w3.ok()
+    assert w3.client.user_agent == "x" + "€" * 85
