@@ -180,6 +180,28 @@ def test_fsync_failure_errbacks_waiters(tmp_path, monkeypatch):
     assert ok == [None] and q.error is None
 
 
+def test_failed_sync_fails_waiters_that_came_while_it_was_in_flight(tmp_path):
+    """A waiter added while a sync is in flight must not hang when that sync fails (a full disk):
+    nothing else would start a sync for it, so it fails too and its publisher can retry."""
+    w = ManualWorker()
+    q = DiskQueue("t", str(tmp_path), worker=w, sync_every=1000)
+    q.put(run_of([frame(1)]))
+    d1 = q.flush_and_sync()
+    q.put(run_of([frame(2)]))
+    d2 = q.flush_and_sync()
+    assert len(w.queue) == 1
+    failures: List[Any] = []
+    d1.addErrback(failures.append)
+    d2.addErrback(failures.append)
+    _, job = w.queue.pop(0)
+    job.errback(OSError(errno.ENOSPC, "No space left on device"))
+    assert len(failures) == 2 and all(f.check(BackendError) for f in failures)
+    ok: List[Any] = []
+    q.flush_and_sync().addCallback(ok.append)  # a later sync is tried again
+    w.run_all()
+    assert ok == [None]
+
+
 def test_data_fsynced_before_metadata(tmp_path, monkeypatch):
     """The data file is fsynced while the metadata still has its old content (never ahead of the data)."""
     q = open_queue(tmp_path, sync_every=1)
