@@ -29,7 +29,7 @@ from twisted.internet import defer
 from .options import NsqdOptions
 from .reactor import resolve_reactor
 
-__all__ = ["start_nsqd", "NsqdHandle", "start_nsqlookupd", "LookupdHandle"]
+__all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "LookupdHandle"]
 
 
 @attr.s(eq=False)
@@ -86,7 +86,17 @@ class NsqdHandle:
                 shutil.rmtree(self._tempdir, ignore_errors=True)
             return result
 
-        return d.addBoth(cleanup)
+        def lost(result: Any) -> Any:
+            n = getattr(self.service, "lost_at_shutdown", 0)
+            if n:  # the disk refused them (full): never a silent success
+                raise MessagesLost(f"{n} messages could not be written to disk at shutdown and are lost")
+            return result
+
+        return d.addBoth(cleanup).addCallback(lost)
+
+
+class MessagesLost(Exception):
+    """A clean stop could not write everything it held to disk (see README: when the disk fills)."""
 
 
 def scratch_dir() -> str:

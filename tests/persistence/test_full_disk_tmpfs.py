@@ -203,3 +203,19 @@ def test_clean_stop_on_a_full_tmpfs_exits_1_and_says_what_it_lost(small_tmpfs):
             proc.wait()
     assert proc.returncode == 1, err
     assert "3 messages could not be written to disk at shutdown and are lost" in err
+
+
+@pytest.mark.e2e
+@pytest_twisted.ensureDeferred
+async def test_embedded_stop_on_a_full_tmpfs_raises(small_tmpfs):
+    from nsqtw.embed import MessagesLost
+
+    nsqd = await start_nsqd(data_path=small_tmpfs, mem_queue_size=100)
+    pub = await connect_raw(nsqd.tcp_port)
+    pub.send(mpub_command("t", [b"a", b"b"]))
+    assert await pub.response() == b"OK"
+    await pub.close()
+    await nsqd.service.metadata_writer.request()  # nsqd.dat written (frees the old file's page)
+    fill(small_tmpfs)
+    with pytest.raises(MessagesLost, match="2 messages could not be written"):
+        await nsqd.stop()
