@@ -10,7 +10,8 @@ Starts nsqd (``python -m nsqtw.cli``) as a subprocess, then:
   message's publish-to-delivery latency;
 * the *creator* (this process) creates ``--topics`` topics with one channel
   each over HTTP (``POST /topic/create`` then ``POST /channel/create``, one
-  keep-alive connection), timing every block of 1,000.
+  keep-alive connection; ``--via sub``: a SUB on a new connection per pair, kept
+  open), timing every block of 1,000.
 
 Printed (never asserted): seconds per 1,000 creations and how flat they are
 (slowest block / fastest block), the bystander's p50 / p99 / max latencies
@@ -19,6 +20,7 @@ with the growth per topic+channel pair.
 
     python bench/bench_create_scaling.py                  # 10,000 topics, one channel each
     python bench/bench_create_scaling.py --topics 3000 --json
+    python bench/bench_create_scaling.py --via sub       # each pair by SUB on its own connection
 
 Issue 13's targets: time per 1,000 flat within 20 %, bystander p99 under
 50 ms, an idle topic under 10 KB and an idle channel under 15 KB.
@@ -40,7 +42,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_connections import rss_kib, spawn_nsqd  # noqa: E402
+from bench_connections import raise_fd_limit, rss_kib, spawn_nsqd  # noqa: E402
 
 _I32 = struct.Struct(">i")
 _TS = struct.Struct(">d")
@@ -119,17 +121,24 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         by.start()
         time.sleep(1.0)  # the bystander's baseline
         conn = http.client.HTTPConnection("127.0.0.1", http_port)
+        subs: List[socket.socket] = []
         rss = [("start", rss_kib(proc.pid))]
         blocks: List[Tuple[float, float]] = []
         t0 = time.monotonic()
         block_start = t0
         for i in range(args.topics):
-            for path in (f"/topic/create?topic=t{i:05d}", f"/channel/create?topic=t{i:05d}&channel=c"):
-                conn.request("POST", path)
-                resp = conn.getresponse()
-                resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"{path}: {resp.status}")
+            if args.via == "sub":  # a new connection per pair, kept open (its channel stays used)
+                s = socket.create_connection(("127.0.0.1", tcp))
+                s.sendall(b"  V2SUB t%05d c\n" % i)
+                assert _read_frame(s, bytearray()) == (0, b"OK")
+                subs.append(s)
+            else:
+                for path in (f"/topic/create?topic=t{i:05d}", f"/channel/create?topic=t{i:05d}&channel=c"):
+                    conn.request("POST", path)
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"{path}: {resp.status}")
             if (i + 1) % args.block == 0 or i + 1 == args.topics:
                 now = time.monotonic()
                 blocks.append((block_start, now))
@@ -138,6 +147,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         conn.close()
         time.sleep(1.0)  # the bystander after the creation
         rss.append(("end", rss_kib(proc.pid)))
+        for s in subs:
+            s.close()
         stop.set()
         rtts, e2e = recv.recv()
         by.join(10)
@@ -181,15 +192,21 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=10000)
     ap.add_argument("--block", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=200.0, help="bystander publishes per second")
+    ap.add_argument("--via", choices=("http", "sub"), default="http",
+                    help="create each pair over HTTP (one keep-alive connection) or by SUB on a new "
+                         "TCP connection kept open (RSS then includes the connections)")
     ap.add_argument("--dir", default=None, help="where the data directory goes (default: $TMPDIR)")
     ap.add_argument("--nsqd-arg", action="append", help="extra nsqd flag (repeatable)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.via == "sub":
+        raise_fd_limit(args.topics + 200)
     res = run(args)
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    print(f"created {res['topics']} topics with one channel each (HTTP, one connection)")
+    how = "HTTP, one connection" if args.via == "http" else "SUB, one connection each"
+    print(f"created {res['topics']} topics with one channel each ({how})")
     for i, b in enumerate(res["blocks"]):
         print(f"  block {i + 1:3d}: {b['seconds']:6.2f} s per {res['block']}   bystander e2e p99 "
               f"{b['e2e_p99_ms']:7.1f} ms  PUB p99 {b['pub_p99_ms']:7.1f} ms  ({b['samples']} msgs)")
