@@ -34,6 +34,7 @@ __all__ = ["Broker", "Event"]
 _SIZE = struct.Struct(">i").pack
 _MID = struct.Struct(">iqH").pack  # frame type, timestamp, attempts
 _add = operator.add
+_ONE = range(0, 1)
 
 
 class Event:
@@ -257,6 +258,23 @@ class Broker:
         run, nbytes = self.make_run(bodies, now, uniform)
         try:
             topic.put(run, nbytes)
+        except BackendError as e:
+            self.health = f"NOK - {e}"
+            raise
+        if self.health != "OK":
+            self.health = "OK"
+        return topic
+
+    def publish_one(self, topic_name: str, body: bytes, now: float) -> Topic:
+        """:meth:`publish` of one body (a PUB): the same checks and effects, fewer steps."""
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            topic = self.get_topic(topic_name, now)
+        topic.check_room(1)
+        ts = int(now * 1e9)
+        frame = b"".join((_SIZE(len(body) + 30), _MID(2, ts, 1), self.guid.new_id(ts), body))
+        try:
+            topic.put((frame, _ONE, len(frame)), len(body))
         except BackendError as e:
             self.health = f"NOK - {e}"
             raise

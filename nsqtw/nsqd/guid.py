@@ -38,6 +38,25 @@ class GUIDFactory:
         self.last_ts = -1
         self.seq = 0
 
+    def new_id(self, now_ns: int) -> bytes:
+        """One fresh ID (``new_ids(1, now_ns)[0]``)."""
+        ts = now_ns >> 20
+        if ts <= self.last_ts:
+            ts = self.last_ts
+            seq = self.seq
+        else:
+            if ts < TWEPOCH:
+                return self.new_ids(1, now_ns)[0]
+            seq = 0
+        out = _HEX(((ts - TWEPOCH) << 22) | self.node_part | seq)
+        seq += 1
+        if seq == _SEQ_LIMIT:
+            ts += 1
+            seq = 0
+        self.last_ts = ts
+        self.seq = seq
+        return out
+
     def new_ids(self, count: int, now_ns: int) -> List[bytes]:
         """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``."""
         ts = max(now_ns >> 20, TWEPOCH)  # a clock before 2012 (a test's task.Clock) still mints valid IDs
