@@ -78,7 +78,7 @@ class SpinningEPollReactor(EPollReactor):
         for fd, event in events:
             selectable = selectables.get(fd)
             if selectable is not None:
-                log.callWithLogger(selectable, drdw, selectable, fd, event)
+                drdw(selectable, fd, event)
 
     doIteration = doPoll
 
