@@ -57,8 +57,9 @@ class GUIDFactory:
         self.seq = seq
         return out
 
-    def new_ids(self, count: int, now_ns: int) -> List[bytes]:
-        """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``."""
+    def new_ids(self, count: int, now_ns: int, prefix: bytes = b"") -> List[bytes]:
+        """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``;
+        with ``prefix``, each ID comes with those bytes in front (one object per message)."""
         ts = max(now_ns >> 20, TWEPOCH)  # a clock before 2012 (a test's task.Clock) still mints valid IDs
         if ts <= self.last_ts:
             ts = self.last_ts
@@ -69,8 +70,8 @@ class GUIDFactory:
         base = ((ts - TWEPOCH) << 22) | node
         if seq + count <= _SEQ_LIMIT:
             # same pseudo-millisecond: a fixed 13-digit prefix and the sequence's 3 digits
-            prefix = _HEX(base)[:13]
-            out = list(map(prefix.__add__, _SEQ_HEX[seq:seq + count]))
+            head = prefix + _HEX(base)[:13]
+            out = list(map(head.__add__, _SEQ_HEX[seq:seq + count]))
             seq += count
         else:
             ranges = []
@@ -84,6 +85,8 @@ class GUIDFactory:
                     seq = 0
                     base = ((ts - TWEPOCH) << 22) | node
             out = list(map(_HEX, chain.from_iterable(ranges)))
+            if prefix:
+                out = list(map(prefix.__add__, out))
         if seq == _SEQ_LIMIT:
             ts += 1
             seq = 0
