@@ -55,8 +55,9 @@ class LazyFactory:
     what serves it (say the HTTP API, whose web framework takes a while to import) is built
     when the first connection arrives, or by :meth:`build` in a later reactor turn."""
 
-    def __init__(self, build: Callable[[], Any]) -> None:
+    def __init__(self, build: Callable[[], Any], prefix: str = "Site") -> None:
         self._build: Optional[Callable[[], Any]] = build
+        self._prefix = prefix
         self._factory: Any = None
         self.noisy = False
 
@@ -81,7 +82,7 @@ class LazyFactory:
         return factory.buildProtocol(addr)
 
     def logPrefix(self) -> str:
-        return self._factory.logPrefix() if self._factory is not None else "LazyFactory"
+        return self._prefix  # what twisted.web's Site calls itself in "... starting on <port>"
 
 
 def _listen(reactor: Any, address: str, factory: Any, flag: str) -> defer.Deferred:
