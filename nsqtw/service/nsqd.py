@@ -32,6 +32,12 @@ __all__ = ["NsqdService", "build_nsqd"]
 log = Logger(namespace="nsqtw.nsqd")
 
 
+def _import_http_api() -> None:
+    """The HTTP API's imports (klein, werkzeug, twisted.web): the slow part of building it."""
+    import nsqtw.http.nsqd_api  # noqa: F401
+    import nsqtw.http.responses  # noqa: F401
+
+
 class _LoopService(Service):
     """A LoopingCall on the injected clock that runs while the service runs; a failing
     step is logged and the loop goes on."""
@@ -112,7 +118,8 @@ class NsqdService(MultiService):
         if options.http_address:
             # the HTTP API (klein, werkzeug, twisted.web) is built just after start-up, or at the
             # first request: the TCP port must not wait for its imports
-            site = LazyFactory(partial(self._http_site, options.tls_required == TLS_REQUIRED))
+            site = LazyFactory(partial(self._http_site, options.tls_required == TLS_REQUIRED),
+                               warm=_import_http_api)
             self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
             self.http_listener.setServiceParent(self)
         if self.tls_context is not None and options.https_address:
@@ -121,7 +128,8 @@ class NsqdService(MultiService):
             host, port = split_host_port(options.https_address, "https-address")
             endpoint = SSL4ServerEndpoint(reactor, port, self.tls_context, interface=host or "0.0.0.0")
             self.https_listener = ListeningService(reactor, options.https_address,
-                                                   LazyFactory(partial(self._http_site, False)), "HTTPS",
+                                                   LazyFactory(partial(self._http_site, False),
+                                                               warm=_import_http_api), "HTTPS",
                                                    "https-address", endpoint=endpoint)
             self.https_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
