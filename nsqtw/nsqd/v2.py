@@ -117,6 +117,20 @@ def _bodies_struct(size: int, num: int) -> struct.Struct:
     return st
 
 
+def _cut_mpub_message(data: bytes, p: int, i: int) -> NSQError:
+    """nsqd's error for an MPUB whose stream ended inside message ``i`` or a later one
+    (``data[p:]`` holds what arrived of message ``i`` onwards)."""
+    end = len(data)
+    while True:
+        if p + 4 > end:
+            return BadMessage(f"MPUB failed to read message({i}) body size")
+        size = _I32(data, p)[0]
+        if size <= 0 or p + 4 + size > end:
+            return BadMessage("MPUB failed to read message body")
+        p += 4 + size
+        i += 1
+
+
 class _Suspend(Exception):
     """The command needs an answer from outside (the auth server) before it can run."""
 
@@ -309,6 +323,49 @@ class V2Session:
                 self.suspended = sus.request
                 return True
         return True
+
+    def eof(self) -> None:
+        """The client shut its sending side (a half-close, or EOF): as nsqd, answer a command
+        whose size or body it cut short with nsqd's fatal error (queued like any answer), and
+        read nothing more.  A cut inside a command line, or between commands, gets no answer."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.suspended is not None or not self._magic:
+            return
+        data = b"".join(self._chunks) if self._wanted else self._buf
+        self._chunks = []
+        self._wanted = 0
+        self._buf = b""
+        walk, self._walk = self._walk, None
+        err: Optional[NSQError] = None
+        if walk is not None:
+            err = _cut_mpub_message(data, 0, len(walk.bodies))
+        else:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return  # nsqd: "failed to read command" at EOF closes without a frame
+            line = data[:nl]
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            name = line.split(b" ")[0]
+            rest = len(data) - nl - 1
+            if name in (b"PUB", b"DPUB"):
+                cmd = b2s(name)
+                err = BadMessage(f"{cmd} failed to read message body size" if rest < 4
+                                 else f"{cmd} failed to read message body")
+            elif name in (b"IDENTIFY", b"AUTH"):
+                cmd = b2s(name)
+                err = BadBody(f"{cmd} failed to read body size" if rest < 4 else f"{cmd} failed to read body")
+            elif name == b"MPUB":
+                if rest < 4:
+                    err = BadBody("MPUB failed to read body size")
+                elif rest < 8:
+                    err = BadBody("MPUB failed to read message count")
+                else:
+                    err = _cut_mpub_message(data, nl + 9, 0)
+        if err is not None:
+            self._respond(encode_frame(FRAME_ERROR, err.wire()))
 
     def _waiting(self, w: _Wait) -> None:
         if isinstance(w, _Yield):

@@ -16,7 +16,9 @@ from typing import Any, Callable, Optional, Set
 
 from twisted.internet import defer
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
-from twisted.internet.interfaces import IHandshakeListener, IPushProducer, IReactorTime
+from twisted.internet.interfaces import (
+    IHalfCloseableProtocol, IHandshakeListener, IPushProducer, IReactorTime,
+)
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -118,7 +120,7 @@ def direct_writer(transport: Any) -> Callable[[bytes], None]:
 
 
 
-@implementer(IPushProducer, IHandshakeListener)
+@implementer(IPushProducer, IHandshakeListener, IHalfCloseableProtocol)
 class NsqdProtocol(Protocol):
     """One V2 client connection.
 
@@ -143,6 +145,7 @@ class NsqdProtocol(Protocol):
         self._more_call: Any = None
         self._write_deadline: Any = None
         self._auth_pending = False
+        self._eof_pending = False
 
     # --- connection lifecycle ------------------------------------------------
 
@@ -215,6 +218,27 @@ class NsqdProtocol(Protocol):
             factory.broker.client_gone(self.client, self.clock.seconds())
             factory.settle()
 
+    # --- IHalfCloseableProtocol: the client stopped sending --------------------------
+
+    def readConnectionLost(self) -> None:
+        """EOF from the client (a half-close): nsqd answers a command cut inside its body with
+        its fatal error (``E_BAD_MESSAGE PUB failed to read message body``...) before it closes;
+        answers still held for an fsync go out first."""
+        session = self.session
+        if session is None:
+            self._close()
+            return
+        if session.busy or self._more_call is not None:
+            self._eof_pending = True  # what was read is still being worked through: after it
+            return
+        session.eof()
+        self.factory.broker.flush()
+        if not session.holding:
+            self._close()
+
+    def writeConnectionLost(self) -> None:
+        pass  # nsqtw never half-closes its own side
+
     def _stop_timers(self) -> None:
         for call in (self._magic_call, self._heartbeat_call, self._deadline_call, self._more_call,
                      self._write_deadline):
@@ -265,6 +289,10 @@ class NsqdProtocol(Protocol):
             self.factory.settle()
         else:
             broker.flush()  # nothing to deliver: just write the answers
+        if self._eof_pending and not session.busy and self._more_call is None:
+            self._eof_pending = False
+            self.readConnectionLost()
+            return
         if not keep:
             if session.holding:
                 self.transport.pauseProducing()  # answer the held publishes first, then close
