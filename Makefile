@@ -45,7 +45,7 @@ system-deps:
 # nsqd (4150/4151), nsqlookupd (4160/4161) and nsqadmin (4171) in one process
 run: install
 	mkdir -p $(DATA)
-	$(BIN)/twistd --nodaemon --pidfile= nsqtw \
+	$(BIN)/twistd --reactor=nsqtw --nodaemon --pidfile= nsqtw \
 		--tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --https-address=127.0.0.1:4152 \
 		--broadcast-address=127.0.0.1 --data-path=$(DATA) \
 		--lookupd-tcp-listen=127.0.0.1:4160 --lookupd-http-listen=127.0.0.1:4161 \
@@ -54,7 +54,7 @@ run: install
 # nsqd alone, as `twistd nsqd`
 run-nsqd: install
 	mkdir -p $(DATA)
-	$(BIN)/twistd --nodaemon --pidfile= nsqd \
+	$(BIN)/twistd --reactor=nsqtw --nodaemon --pidfile= nsqd \
 		--tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 \
 		--https-address=127.0.0.1:4152 --data-path=$(DATA)
 

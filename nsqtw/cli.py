@@ -85,6 +85,8 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
     except Exception:  # pragma: no cover - never a reason not to start
         pass
 
+    from .spinreactor import install_if_unset
+    install_if_unset()  # the epoll reactor that polls briefly before sleeping (NSQTW_SPIN_US)
     from twisted.internet import reactor
 
     from .service.listen import format_address

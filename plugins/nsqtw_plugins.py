@@ -5,3 +5,8 @@ nsqd = ServiceMaker("nsqtw nsqd", "nsqtw.tap.nsqd", "NSQ daemon (TCP V2 + HTTP) 
 nsqlookupd = ServiceMaker("nsqtw nsqlookupd", "nsqtw.tap.nsqlookupd", "NSQ lookup daemon on Twisted.", "nsqlookupd")
 nsqadmin = ServiceMaker("nsqtw nsqadmin", "nsqtw.tap.nsqadmin", "NSQ admin web UI on Twisted.", "nsqadmin")
 nsqtw = ServiceMaker("nsqtw all-in-one", "nsqtw.tap.allinone", "nsqd + nsqlookupd + nsqadmin in one process.", "nsqtw")
+
+# `twistd --reactor=nsqtw ...`: the epoll reactor that polls briefly before sleeping (nsqtw.spinreactor)
+from twisted.application.reactors import Reactor  # noqa: E402
+
+nsqtw_reactor = Reactor("nsqtw", "nsqtw.spinreactor", "epoll, polling up to NSQTW_SPIN_US (50) us before sleeping.")

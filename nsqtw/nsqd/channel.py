@@ -86,9 +86,9 @@ class Channel:
         return self.mem.depth() + self.backend.depth()
 
     def put(self, run: Run) -> None:
-        """A run from the topic (counted in ``message_count``)."""
-        self.message_count += len(run[1])
+        """A run from the topic (counted in ``message_count`` once stored)."""
         self._store(run)
+        self.message_count += len(run[1])
 
     def put_deferred(self, frame: bytes, deliver_at: float) -> None:
         self.message_count += 1

@@ -38,8 +38,28 @@ class GUIDFactory:
         self.last_ts = -1
         self.seq = 0
 
-    def new_ids(self, count: int, now_ns: int) -> List[bytes]:
-        """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``."""
+    def new_id(self, now_ns: int) -> bytes:
+        """One fresh ID (``new_ids(1, now_ns)[0]``)."""
+        ts = now_ns >> 20
+        if ts <= self.last_ts:
+            ts = self.last_ts
+            seq = self.seq
+        else:
+            if ts < TWEPOCH:
+                return self.new_ids(1, now_ns)[0]
+            seq = 0
+        out = _HEX(((ts - TWEPOCH) << 22) | self.node_part | seq)
+        seq += 1
+        if seq == _SEQ_LIMIT:
+            ts += 1
+            seq = 0
+        self.last_ts = ts
+        self.seq = seq
+        return out
+
+    def new_ids(self, count: int, now_ns: int, prefix: bytes = b"") -> List[bytes]:
+        """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``;
+        with ``prefix``, each ID comes with those bytes in front (one object per message)."""
         ts = max(now_ns >> 20, TWEPOCH)  # a clock before 2012 (a test's task.Clock) still mints valid IDs
         if ts <= self.last_ts:
             ts = self.last_ts
@@ -50,8 +70,8 @@ class GUIDFactory:
         base = ((ts - TWEPOCH) << 22) | node
         if seq + count <= _SEQ_LIMIT:
             # same pseudo-millisecond: a fixed 13-digit prefix and the sequence's 3 digits
-            prefix = _HEX(base)[:13]
-            out = list(map(prefix.__add__, _SEQ_HEX[seq:seq + count]))
+            head = prefix + _HEX(base)[:13]
+            out = list(map(head.__add__, _SEQ_HEX[seq:seq + count]))
             seq += count
         else:
             ranges = []
@@ -65,6 +85,8 @@ class GUIDFactory:
                     seq = 0
                     base = ((ts - TWEPOCH) << 22) | node
             out = list(map(_HEX, chain.from_iterable(ranges)))
+            if prefix:
+                out = list(map(prefix.__add__, out))
         if seq == _SEQ_LIMIT:
             ts += 1
             seq = 0

@@ -81,20 +81,40 @@ class Topic:
             raise QueueFull(f"topic {self.name} is full")
 
     def put(self, run: Run, nbytes: int) -> None:
+        """Store a run (to every channel while flowing, else in the topic's own queue); counted
+        in ``message_count`` only for what was stored, as nsqd counts (a refused write, say a
+        full disk, is not a message of the topic)."""
         n = len(run[1])
-        self.message_count += n
-        self.message_bytes += nbytes
         if self.flowing() and not self.mem.depth() and not self.backend.depth():
-            for ch in self.channels.values():
-                ch.put(run)
+            stored = False
+            try:
+                for ch in self.channels.values():
+                    ch.put(run)
+                    stored = True
+            finally:
+                if stored:
+                    self.message_count += n
+                    self.message_bytes += nbytes
             return
         rest = self.mem.put(run)
         if rest is not None:
-            rest = self.backend.put(rest)
-            if rest is not None:
+            try:
+                left = self.backend.put(rest)
+            except Exception:
+                self._count(n - len(rest[1]), n, nbytes)  # the head that went to memory stays
+                raise
+            if left is not None:
+                self._count(n - len(left[1]), n, nbytes)
                 raise QueueFull(f"topic {self.name} is full")
+        self.message_count += n
+        self.message_bytes += nbytes
         if self.flowing():
             self.broker.pumping.add(self)
+
+    def _count(self, stored: int, n: int, nbytes: int) -> None:
+        if stored > 0:
+            self.message_count += stored
+            self.message_bytes += nbytes * stored // n
 
     def put_deferred(self, frame: bytes, nbytes: int, deliver_at: float) -> None:
         self.message_count += 1

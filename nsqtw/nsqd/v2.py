@@ -21,7 +21,7 @@ import json
 import re
 import struct
 from itertools import repeat
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import attr
 
@@ -50,6 +50,10 @@ _FIN_IDS = re.compile(rb"FIN ([^\n\r ]{16})\n")
 _DIGITS = re.compile(rb"[0-9]*\Z")
 _I32 = struct.Struct(">i").unpack_from
 _bget = bytes.__getitem__
+
+#: names already validated (raw bytes -> str): a publisher names the same few topics again
+#: and again; bounded, cleared when full
+_VALID_NAMES: Dict[bytes, str] = {}
 
 _BODY_COMMANDS = frozenset((b"PUB", b"MPUB", b"DPUB", b"IDENTIFY", b"AUTH"))
 
@@ -85,6 +89,46 @@ def base10(data: bytes) -> Optional[int]:
         chunk = data[i:i + 18]
         n = (n * 10 ** len(chunk) + int(chunk)) & 0xFFFFFFFFFFFFFFFF
     return n
+
+
+def _uniform(buf: bytes, p: int, stop: int, stride: int, num: int) -> bool:
+    """True if the 4-byte size fields at ``p, p + stride, ...`` (``num`` of them) are equal."""
+    for k in range(4):
+        column = buf[p + k:stop:stride]
+        if column.count(column[0]) != num:
+            return False
+    return True
+
+
+#: unpackers of uniform MPUB bodies, by (size, count); a batch of more messages is sliced instead
+#: (bounds what a client's odd batch shapes can make the cache hold)
+_STRUCTS: Dict[Tuple[int, int], struct.Struct] = {}
+_STRUCT_MAX = 1000
+
+
+def _bodies_struct(size: int, num: int) -> struct.Struct:
+    """``num`` messages of ``size`` bytes, each after its 4-byte size: unpacks to the bodies."""
+    key = (size, num)
+    st = _STRUCTS.get(key)
+    if st is None:
+        if len(_STRUCTS) >= 64:
+            _STRUCTS.clear()
+        st = _STRUCTS[key] = struct.Struct(">" + f"4x{size}s" * num)
+    return st
+
+
+def _cut_mpub_message(data: bytes, p: int, i: int) -> NSQError:
+    """nsqd's error for an MPUB whose stream ended inside message ``i`` or a later one
+    (``data[p:]`` holds what arrived of message ``i`` onwards)."""
+    end = len(data)
+    while True:
+        if p + 4 > end:
+            return BadMessage(f"MPUB failed to read message({i}) body size")
+        size = _I32(data, p)[0]
+        if size <= 0 or p + 4 + size > end:
+            return BadMessage("MPUB failed to read message body")
+        p += 4 + size
+        i += 1
 
 
 class _Suspend(Exception):
@@ -280,6 +324,49 @@ class V2Session:
                 return True
         return True
 
+    def eof(self) -> None:
+        """The client shut its sending side (a half-close, or EOF): as nsqd, answer a command
+        whose size or body it cut short with nsqd's fatal error (queued like any answer), and
+        read nothing more.  A cut inside a command line, or between commands, gets no answer."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.suspended is not None or not self._magic:
+            return
+        data = b"".join(self._chunks) if self._wanted else self._buf
+        self._chunks = []
+        self._wanted = 0
+        self._buf = b""
+        walk, self._walk = self._walk, None
+        err: Optional[NSQError] = None
+        if walk is not None:
+            err = _cut_mpub_message(data, 0, len(walk.bodies))
+        else:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return  # nsqd: "failed to read command" at EOF closes without a frame
+            line = data[:nl]
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            name = line.split(b" ")[0]
+            rest = len(data) - nl - 1
+            if name in (b"PUB", b"DPUB"):
+                cmd = b2s(name)
+                err = BadMessage(f"{cmd} failed to read message body size" if rest < 4
+                                 else f"{cmd} failed to read message body")
+            elif name in (b"IDENTIFY", b"AUTH"):
+                cmd = b2s(name)
+                err = BadBody(f"{cmd} failed to read body size" if rest < 4 else f"{cmd} failed to read body")
+            elif name == b"MPUB":
+                if rest < 4:
+                    err = BadBody("MPUB failed to read body size")
+                elif rest < 8:
+                    err = BadBody("MPUB failed to read message count")
+                else:
+                    err = _cut_mpub_message(data, nl + 9, 0)
+        if err is not None:
+            self._respond(encode_frame(FRAME_ERROR, err.wire()))
+
     def _waiting(self, w: _Wait) -> None:
         if isinstance(w, _Yield):
             self.busy = True  # the glue calls feed(b"") again in the next reactor turn
@@ -390,9 +477,15 @@ class V2Session:
             raise Unauthorized(f"AUTH failed for {cmd} on {go_quote(topic)} {go_quote(channel)}")
 
     def _topic_name(self, raw: bytes, cmd: str, code: type = BadTopic, prefix: str = "") -> str:
+        name = _VALID_NAMES.get(raw)
+        if name is not None:
+            return name
         name = b2s(raw)
         if not is_valid_name(name):
             raise code(f"{prefix}{cmd} topic name {go_quote(name)} is not valid")
+        if len(_VALID_NAMES) >= 4096:
+            _VALID_NAMES.clear()
+        _VALID_NAMES[raw] = name
         return name
 
     def _message_id(self, raw: bytes) -> bytes:
@@ -490,24 +583,34 @@ class V2Session:
     # command line, and returns the offset past its body (or raises _Wait)
 
     def _pub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+        # the most common command of all (one message per round trip): kept flat
         if len(params) < 2:
             raise Invalid("PUB insufficient number of parameters")
-        topic_name = self._topic_name(params[1], "PUB")
-        size = self._size(buf, start, end)
+        topic_name = _VALID_NAMES.get(params[1]) or self._topic_name(params[1], "PUB")
+        if start + 4 > end:
+            raise _Wait()
+        size = _I32(buf, start)[0]
         if size <= 0:
             raise BadMessage(f"PUB invalid message body size {size}")
         if size > self._max_msg_size:
             raise BadMessage(f"PUB message too big {size} > {self._max_msg_size}")
         stop = start + 4 + size
-        self._need(stop, end)
-        self._check_auth("PUB", topic_name, "", now)
+        if stop > end:
+            raise _Wait(stop - end)
+        if self.authorizer is not None:
+            self._check_auth("PUB", topic_name, "", now)
         try:
-            self.broker.publish(topic_name, [buf[start + 4:stop]], now)
+            self.broker.publish_one(topic_name, buf[start + 4:stop], now)
         except BrokerError as e:
             raise PubFailed(f"PUB failed {e}") from None
-        self.client.published(topic_name, 1)
-        self._published()
-        self._respond(OK_FRAME)
+        counts = self.client.pub_counts
+        counts[topic_name] = counts.get(topic_name, 0) + 1
+        if self.sync_publish:
+            self._published()
+        if self._held is None:
+            self.client.send(OK_FRAME)
+        else:
+            self._respond(OK_FRAME)
         return stop
 
     def _dpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
@@ -567,11 +670,15 @@ class V2Session:
             if 0 < first <= self._max_msg_size:
                 stride = first + 4
                 stop = p + num * stride
-                if stop <= end and stop - p <= body_size - 4 and set(map(
-                        _bget, repeat(buf), map(slice, range(p, stop, stride), range(p + 4, stop, stride)))
-                ) == {buf[p:p + 4]}:
-                    bodies = list(map(_bget, repeat(buf), map(slice, range(p + 4, stop, stride),
-                                                              range(stride + p, stop + stride, stride))))
+                # every size field equal to the first: each of its 4 bytes, taken with a stride
+                # of one message, is one repeated byte
+                if stop <= end and stop - p <= body_size - 4 and \
+                        _uniform(buf, p, stop, stride, num):
+                    if num <= _STRUCT_MAX:
+                        bodies: Sequence[bytes] = _bodies_struct(first, num).unpack_from(buf, p)
+                    else:
+                        bodies = list(map(_bget, repeat(buf), map(slice, range(p + 4, stop, stride),
+                                                                  range(stride + p, stop + stride, stride))))
                     return self._mpub_done(topic_name, bodies, now, stop, first)
         # otherwise walk the messages one by one, as nsqd does; the walk keeps the messages read
         # so far, so an MPUB arriving in many small reads is not re-parsed from its start
@@ -582,7 +689,7 @@ class V2Session:
             self._walk = walk
             raise
 
-    def _mpub_done(self, topic_name: str, bodies: List[bytes], now: float, stop: int,
+    def _mpub_done(self, topic_name: str, bodies: Sequence[bytes], now: float, stop: int,
                    uniform: Optional[int]) -> int:
         try:
             self.broker.publish(topic_name, bodies, now, uniform)

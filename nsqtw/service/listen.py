@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import socket
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from twisted.application.service import Service
 from twisted.internet import defer
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import split_host_port
 
-__all__ = ["ListeningService", "endpoint_description", "format_address", "format_peer", "split_host_port"]
+__all__ = ["ListeningService", "LazyFactory", "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
 log = Logger(namespace="nsqtw")
 
@@ -51,8 +50,88 @@ def format_address(port: Any) -> str:
     return format_peer(port.getHost())
 
 
+class LazyFactory:
+    """A server factory built on first use: the port is bound (and logged) at start, while
+    what serves it (say the HTTP API, whose web framework takes 60-100 ms to import) is built
+    when the first connection arrives, or as soon as ``warm`` (the slow imports) has run.
+
+    ``warm`` runs in a short-lived thread started with the listener: the imports proceed while
+    the reactor waits for its first connections (it holds the GIL only between their reads),
+    so a client of the TCP port is answered at once instead of after the HTTP imports.  Without
+    ``warm`` the factory is built in the reactor turn after start-up."""
+
+    def __init__(self, build: Callable[[], Any], prefix: str = "Site",
+                 warm: Optional[Callable[[], Any]] = None) -> None:
+        self._build: Optional[Callable[[], Any]] = build
+        self._prefix = prefix
+        self._warm = warm
+        self._factory: Any = None
+        self.noisy = False
+
+    def build(self) -> Any:
+        if self._factory is None and self._build is not None:
+            build, self._build = self._build, None
+            self._factory = build()
+        return self._factory
+
+    def doStart(self) -> None:
+        pass
+
+    def warm_up(self, reactor: Any) -> None:
+        """Start building it off the start-up path (see the class docstring)."""
+        warm, self._warm = self._warm, None
+        if warm is None or not hasattr(reactor, "callFromThread"):
+            reactor.callLater(0, self.build)
+            return
+        import threading
+
+        def run() -> None:
+            try:
+                warm()
+            except BaseException:  # pragma: no cover - the build in the reactor reports it
+                pass
+            reactor.callFromThread(self.build)
+
+        threading.Thread(target=run, name="nsqtw-warm-up", daemon=True).start()
+
+    def doStop(self) -> None:
+        if self._factory is not None:
+            self._factory.doStop()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        factory = self._factory
+        if factory is None:
+            factory = self.build()
+            factory.doStart()
+        return factory.buildProtocol(addr)
+
+    def logPrefix(self) -> str:
+        return self._prefix  # what twisted.web's Site calls itself in "... starting on <port>"
+
+
+def _listen(reactor: Any, address: str, factory: Any, flag: str) -> defer.Deferred:
+    """Listen as the endpoint strings of :func:`endpoint_description` would, without importing
+    the endpoints machinery (it pulls in TLS and much more, and start-up time counts)."""
+    try:
+        if ":" not in address and "/" in address:
+            port = reactor.listenUNIX(address, factory, backlog=socket.SOMAXCONN)
+        else:
+            host, num = split_host_port(address, flag)
+            if host in ("", "*"):
+                host = "0.0.0.0"
+            port = reactor.listenTCP(num, factory, backlog=socket.SOMAXCONN, interface=host)
+    except Exception:
+        return defer.fail()
+    if isinstance(factory, LazyFactory):
+        factory.doStart()
+        factory.warm_up(reactor)
+    return defer.succeed(port)
+
+
 class ListeningService(Service):
-    """Listen on ``address`` while running; ``port`` is the bound port, ``ready`` fires with it."""
+    """Listen on ``address`` while running; ``port`` is the bound port, ``ready`` fires with it.
+
+    ``factory`` may be a :class:`LazyFactory`."""
 
     def __init__(self, reactor: Any, address: str, factory: Any, label: str, flag: str,
                  endpoint: Any = None) -> None:
@@ -67,8 +146,11 @@ class ListeningService(Service):
 
     def startService(self) -> None:
         super().startService()
-        endpoint = self.endpoint or serverFromString(self.reactor, endpoint_description(self.address, self.flag))
-        d = endpoint.listen(self.factory)
+        if self.endpoint is not None:
+            factory = self.factory.build() if isinstance(self.factory, LazyFactory) else self.factory
+            d = self.endpoint.listen(factory)
+        else:
+            d = _listen(self.reactor, self.address, self.factory, self.flag)
 
         def listening(port: IListeningPort) -> IListeningPort:
             self.port = port

@@ -26,7 +26,7 @@ from ..nsqd.scan import ChannelSampler, scan_channels
 from ..nsqd.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError
 from ..tcp.nsqd import NsqdFactory
-from .listen import ListeningService
+from .listen import LazyFactory, ListeningService
 
 __all__ = ["NsqdService", "build_nsqd"]
 
@@ -34,6 +34,12 @@ log = Logger(namespace="nsqtw.nsqd")
 
 #: seconds between attempts to write messages the disk refused (see nsqtw.nsqd.backlog)
 HELD_RETRY_INTERVAL = 1.0
+
+
+def _import_http_api() -> None:
+    """The HTTP API's imports (klein, werkzeug, twisted.web): the slow part of building it."""
+    import nsqtw.http.nsqd_api  # noqa: F401
+    import nsqtw.http.responses  # noqa: F401
 
 
 class _LoopService(Service):
@@ -118,22 +124,20 @@ class NsqdService(MultiService):
         self.http_listener: Optional[ListeningService] = None
         self.https_listener: Optional[ListeningService] = None
         if options.http_address:
-            from ..http.nsqd_api import NsqdHTTPAPI
-            from ..http.responses import RouterResource, limited_site
-            api = NsqdHTTPAPI(self, tls_only_http=options.tls_required == TLS_REQUIRED)
-            site = limited_site(RouterResource(api.app), self._body_limit)
+            # the HTTP API (klein, werkzeug, twisted.web) is built just after start-up, or at the
+            # first request: the TCP port must not wait for its imports
+            site = LazyFactory(partial(self._http_site, options.tls_required == TLS_REQUIRED),
+                               warm=_import_http_api)
             self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
             self.http_listener.setServiceParent(self)
         if self.tls_context is not None and options.https_address:
             from twisted.internet.endpoints import SSL4ServerEndpoint
-            from ..http.nsqd_api import NsqdHTTPAPI
-            from ..http.responses import RouterResource
             from .listen import split_host_port
             host, port = split_host_port(options.https_address, "https-address")
-            from ..http.responses import limited_site
-            secure_site = limited_site(RouterResource(NsqdHTTPAPI(self).app), self._body_limit)
             endpoint = SSL4ServerEndpoint(reactor, port, self.tls_context, interface=host or "0.0.0.0")
-            self.https_listener = ListeningService(reactor, options.https_address, secure_site, "HTTPS",
+            self.https_listener = ListeningService(reactor, options.https_address,
+                                                   LazyFactory(partial(self._http_site, False),
+                                                               warm=_import_http_api), "HTTPS",
                                                    "https-address", endpoint=endpoint)
             self.https_listener.setServiceParent(self)
         _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
@@ -148,10 +152,17 @@ class NsqdService(MultiService):
         if options.statsd_address:
             from ..stats.statsd import StatsdService
             StatsdService(self).setServiceParent(self)
-        from .lookup_peers import LookupPeersService
-        self.lookup_peers = LookupPeersService(self)
-        self.lookup_peers.setServiceParent(self)
+        # built only when there is an nsqlookupd to talk to (now, or after PUT /config)
+        self.lookup_peers: Any = None
+        if options.lookupd_tcp_addresses:
+            self._lookup_peers_service()
         self._stopping: Optional[defer.Deferred] = None
+
+    def _http_site(self, tls_only_http: bool) -> Any:
+        from ..http.nsqd_api import NsqdHTTPAPI
+        from ..http.responses import RouterResource, limited_site
+        api = NsqdHTTPAPI(self, tls_only_http=tls_only_http)
+        return limited_site(RouterResource(api.app), self._body_limit)
 
     # --- what the glue asks of the node ------------------------------------------
 
@@ -219,7 +230,16 @@ class NsqdService(MultiService):
     def set_lookupd_addresses(self, addresses: List[str]) -> None:
         """PUT /config/nsqlookupd_tcp_addresses: drop removed peers, connect new ones."""
         self.set_options(lookupd_tcp_addresses=list(addresses))
-        self.lookup_peers.set_addresses(list(addresses))
+        if self.lookup_peers is None and not addresses:
+            return
+        self._lookup_peers_service().set_addresses(list(addresses))
+
+    def _lookup_peers_service(self) -> Any:
+        if self.lookup_peers is None:
+            from .lookup_peers import LookupPeersService
+            self.lookup_peers = LookupPeersService(self)
+            self.lookup_peers.setServiceParent(self)
+        return self.lookup_peers
 
     # --- addresses ------------------------------------------------------------
 

@@ -18,7 +18,6 @@ the same parser without ``--config`` (``config_flag=False``).
 from __future__ import annotations
 
 import sys
-import tomllib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
 import attr
@@ -128,6 +127,8 @@ def parse_go_flags(cls: type, argv: List[str], *, config_flag: bool = True,
 
 
 def load_config_file(path: str) -> Dict[str, Any]:
+    import tomllib  # only when a --config file is given (start-up time counts)
+
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

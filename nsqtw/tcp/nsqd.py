@@ -11,10 +11,14 @@ nsqd's read deadline does).
 
 from __future__ import annotations
 
+from errno import EWOULDBLOCK
 from typing import Any, Callable, Optional, Set
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IHandshakeListener, IPushProducer, IReactorTime
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+from twisted.internet.interfaces import (
+    IHalfCloseableProtocol, IHandshakeListener, IPushProducer, IReactorTime,
+)
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -37,8 +41,86 @@ log = Logger(namespace="nsqtw.nsqd")
 READ_SIZE = 256 * 1024
 
 
+_READ_BUF = bytearray(READ_SIZE)
+_READ_VIEW = memoryview(_READ_BUF)
 
-@implementer(IPushProducer, IHandshakeListener)
+
+def install_fast_read(transport: Any, protocol: Any) -> bool:
+    """Read a plain TCP transport with ``recv_into`` one preallocated buffer.
+
+    Twisted's ``doRead`` is ``socket.recv(bufferSize)``: with a large
+    ``bufferSize`` every read, however small, allocates that much and
+    shrinks it again (and above glibc's mmap threshold, maps and unmaps it).
+    Reading into one reused buffer and copying out only what arrived costs
+    one small allocation.  Errors, EOF and EAGAIN are answered as Twisted's
+    ``Connection.doRead`` answers them.  Undone by :func:`remove_fast_read`
+    before TLS starts (TLS reads through its own protocol layer).
+    """
+    sock = getattr(transport, "socket", None)
+    if sock is None or not hasattr(transport, "_dataReceived"):
+        return False
+    recv_into = sock.recv_into
+    view = _READ_VIEW
+    data_received = protocol.dataReceived
+
+    def doRead() -> Any:
+        try:
+            n = recv_into(view)
+        except OSError as se:
+            if se.args[0] == EWOULDBLOCK:
+                return None
+            return CONNECTION_LOST
+        if not n:
+            return CONNECTION_DONE
+        data_received(view[:n].tobytes())
+        return None
+
+    transport.doRead = doRead
+    return True
+
+
+def remove_fast_read(transport: Any) -> None:
+    if "doRead" in getattr(transport, "__dict__", {}):
+        del transport.doRead
+
+
+def direct_writer(transport: Any) -> Callable[[bytes], None]:
+    """``transport.write`` that sends at once when nothing is waiting in the transport's buffer.
+
+    Twisted's ``write`` only buffers: the bytes go out in the next reactor
+    iteration, after two ``epoll`` modifications (start and stop writing), so
+    every request/answer round trip costs two polls.  Here, when the plain TCP
+    transport has nothing buffered, the answer is sent with one ``send()``
+    right away (as asyncio's transports do); what the socket does not take,
+    and every write while anything is still buffered, goes through
+    ``transport.write`` so order and backpressure stay Twisted's.  A TLS
+    transport, or one that is not a plain socket, gets ``transport.write``.
+    """
+    sock = getattr(transport, "socket", None)
+    fallback = transport.write
+    if sock is None or not hasattr(transport, "_tempDataLen") or not hasattr(transport, "dataBuffer"):
+        return fallback
+    send = sock.send
+
+    def write(data: bytes) -> None:
+        t = transport
+        if t._tempDataLen or t.offset != len(t.dataBuffer) or t.TLS or not t.connected \
+                or t.disconnecting:
+            fallback(data)
+            return
+        try:
+            sent = send(data)
+        except OSError:  # EAGAIN, or an error that the transport's own write reports
+            fallback(data)
+            return
+        if sent < len(data):
+            fallback(data[sent:])
+
+    return write
+
+
+
+@implementer(IPushProducer, IHandshakeListener, IHalfCloseableProtocol)
 class NsqdProtocol(Protocol):
     """One V2 client connection.
 
@@ -63,6 +145,7 @@ class NsqdProtocol(Protocol):
         self._more_call: Any = None
         self._write_deadline: Any = None
         self._auth_pending = False
+        self._eof_pending = False
 
     # --- connection lifecycle ------------------------------------------------
 
@@ -73,8 +156,9 @@ class NsqdProtocol(Protocol):
             self.transport.setTcpNoDelay(True)  # as Go's connections: small frames go out at once
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = READ_SIZE
+        install_fast_read(self.transport, self)
         client = factory.broker.new_client(format_peer(self.transport.getPeer()), now)
-        client.writer = self.transport.write
+        client.writer = direct_writer(self.transport)
         client.closer = self.transport.loseConnection
         self.client = client
         self.session = V2Session(factory.broker, client, features=factory.features,
@@ -134,6 +218,27 @@ class NsqdProtocol(Protocol):
             factory.broker.client_gone(self.client, self.clock.seconds())
             factory.settle()
 
+    # --- IHalfCloseableProtocol: the client stopped sending --------------------------
+
+    def readConnectionLost(self) -> None:
+        """EOF from the client (a half-close): nsqd answers a command cut inside its body with
+        its fatal error (``E_BAD_MESSAGE PUB failed to read message body``...) before it closes;
+        answers still held for an fsync go out first."""
+        session = self.session
+        if session is None:
+            self._close()
+            return
+        if session.busy or self._more_call is not None:
+            self._eof_pending = True  # what was read is still being worked through: after it
+            return
+        session.eof()
+        self.factory.broker.flush()
+        if not session.holding:
+            self._close()
+
+    def writeConnectionLost(self) -> None:
+        pass  # nsqtw never half-closes its own side
+
     def _stop_timers(self) -> None:
         for call in (self._magic_call, self._heartbeat_call, self._deadline_call, self._more_call,
                      self._write_deadline):
@@ -173,12 +278,21 @@ class NsqdProtocol(Protocol):
             self._start_heartbeats()
         if session.busy and self._more_call is None:
             self._more_call = self.clock.callLater(0, self._decode_more)  # its work goes on next turn
-        gen = session.take_sync_request()
-        if gen is not None:
-            self._wait_sync(gen)
+        if session._want_sync:
+            gen = session.take_sync_request()
+            if gen is not None:
+                self._wait_sync(gen)
         if session.suspended is not None and not self._auth_pending:
             self._ask_auth_server(session.suspended[1])
-        self.factory.settle()
+        broker = self.factory.broker
+        if broker.dirty or broker.pumping:
+            self.factory.settle()
+        else:
+            broker.flush()  # nothing to deliver: just write the answers
+        if self._eof_pending and not session.busy and self._more_call is None:
+            self._eof_pending = False
+            self.readConnectionLost()
+            return
         if not keep:
             if session.holding:
                 self.transport.pauseProducing()  # answer the held publishes first, then close
@@ -204,7 +318,9 @@ class NsqdProtocol(Protocol):
             # the TLS layer must read the handshake whatever its buffers say: register
             # again as producer once the handshake is done (handshakeCompleted)
             transport.unregisterProducer()
+            remove_fast_read(transport)
             transport.startTLS(self.factory.tls_context)
+            client.writer = transport.write  # from now on through the TLS layer
             client.tls = True
             client.tls_details = lambda: tls_details(transport)
             client.send(OK_FRAME)
@@ -218,7 +334,7 @@ class NsqdProtocol(Protocol):
             client.deflate = True
             client.deflate_level = upgrade.deflate_level
         if codec is not None:
-            write = transport.write
+            write = client.writer
             encode = codec.encode
             client.writer = lambda data: write(encode(data))
             self._codec = codec

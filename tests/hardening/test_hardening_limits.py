@@ -141,7 +141,7 @@ async def test_magic_timeout_end_to_end():
 
 def _record_requests(nsqd: Any) -> List[Any]:
     """Wrap the HTTP site's request factory to keep every request (to look at what it buffered)."""
-    site = nsqd.service.http_listener.factory
+    site = nsqd.service.http_listener.factory.build()  # the HTTP site is built lazily (LazyFactory)
     seen: List[Any] = []
     base = site.requestFactory
 

@@ -1,0 +1,288 @@
+"""The speed paths: immediate sends, reads into one buffer, the spinning reactor, the flat PUB
+and MPUB paths, the lazily built HTTP API and lookup peers.  Each behaves exactly as the slower
+path it replaces; these tests pin that down (figures belong to bench/ and perf-vs-go)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from typing import Any, List
+
+import pytest
+import pytest_twisted
+import treq
+
+from nsqtw.nsqd.broker import Broker
+from nsqtw.nsqd.guid import GUIDFactory
+from nsqtw.nsqd.v2 import V2Session
+from nsqtw.options import NsqdOptions
+from nsqtw.tcp.nsqd import direct_writer, install_fast_read, remove_fast_read
+
+NOW = 1.7e9
+
+
+# --- direct_writer ---------------------------------------------------------------------------
+
+class _Sock:
+    def __init__(self, take: Any = None, error: Any = None) -> None:
+        self.take = take  # how many bytes each send accepts (None: all)
+        self.error = error
+        self.sent: List[bytes] = []
+
+    def send(self, data: bytes) -> int:
+        if self.error is not None:
+            raise self.error
+        n = len(data) if self.take is None else min(self.take, len(data))
+        self.sent.append(bytes(data[:n]))
+        return n
+
+
+class _Transport:
+    """The attributes of Twisted's tcp.Connection that direct_writer reads."""
+
+    def __init__(self, sock: _Sock) -> None:
+        self.socket = sock
+        self._tempDataLen = 0
+        self.dataBuffer = b""
+        self.offset = 0
+        self.TLS = False
+        self.connected = True
+        self.disconnecting = False
+        self.written: List[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+        self._tempDataLen += len(data)
+
+
+def test_direct_writer_sends_at_once_when_nothing_is_buffered() -> None:
+    sock = _Sock()
+    t = _Transport(sock)
+    write = direct_writer(t)
+    write(b"OK-frame")
+    assert sock.sent == [b"OK-frame"] and t.written == []
+
+
+def test_direct_writer_hands_the_rest_of_a_short_send_to_the_transport_and_keeps_order() -> None:
+    sock = _Sock(take=3)
+    t = _Transport(sock)
+    write = direct_writer(t)
+    write(b"abcdef")
+    write(b"ghi")  # the transport holds bytes now: this one must queue behind them
+    assert sock.sent == [b"abc"]
+    assert t.written == [b"def", b"ghi"]
+
+
+@pytest.mark.parametrize("attr,value", [("TLS", True), ("connected", False), ("disconnecting", True)])
+def test_direct_writer_leaves_tls_and_closing_transports_to_twisted(attr: str, value: Any) -> None:
+    sock = _Sock()
+    t = _Transport(sock)
+    setattr(t, attr, value)
+    direct_writer(t)(b"x")
+    assert sock.sent == [] and t.written == [b"x"]
+
+
+def test_direct_writer_falls_back_on_eagain_and_errors() -> None:
+    for err in (BlockingIOError(errno.EAGAIN, "again"), ConnectionResetError(errno.ECONNRESET, "reset")):
+        t = _Transport(_Sock(error=err))
+        direct_writer(t)(b"data")
+        assert t.written == [b"data"]
+
+
+def test_direct_writer_is_plain_write_without_a_socket() -> None:
+    from twisted.internet.testing import StringTransport
+
+    t = StringTransport()
+    assert direct_writer(t) == t.write
+
+
+# --- install_fast_read --------------------------------------------------------------------------
+
+class _Proto:
+    def __init__(self) -> None:
+        self.got: List[bytes] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.got.append(data)
+
+
+class _ReadTransport:
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+
+    def _dataReceived(self, data: bytes) -> None:  # marks a tcp.Connection
+        raise AssertionError("not used")
+
+
+def test_fast_read_delivers_what_arrived_then_eof() -> None:
+    from twisted.internet.main import CONNECTION_DONE
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        t = _ReadTransport(a)
+        proto = _Proto()
+        assert install_fast_read(t, proto)
+        assert t.doRead() is None and proto.got == []  # nothing there yet: EAGAIN is no error
+        b.sendall(b"PUB t\n")
+        assert t.doRead() is None
+        b.sendall(b"\x00" * 70000)
+        while sum(map(len, proto.got)) < 6 + 70000:
+            t.doRead()
+        assert b"".join(proto.got) == b"PUB t\n" + b"\x00" * 70000
+        assert all(type(chunk) is bytes for chunk in proto.got)  # copies, not views of the buffer
+        b.close()
+        assert t.doRead() is CONNECTION_DONE
+        remove_fast_read(t)
+        assert "doRead" not in t.__dict__
+    finally:
+        a.close()
+
+
+# --- the spinning reactor -----------------------------------------------------------------------
+
+def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> None:
+    from nsqtw.spinreactor import SpinningEPollReactor
+
+    r = SpinningEPollReactor(spin_seconds=30.0)  # a spin that, unbounded, would hang this test
+    a, b = socket.socketpair()
+    try:
+        seen: List[int] = []
+
+        class Reader:
+            def fileno(self) -> int:
+                return a.fileno()
+
+            def doRead(self) -> None:
+                seen.append(len(a.recv(100)))
+
+            def logPrefix(self) -> str:
+                return "reader"
+
+            def connectionLost(self, reason: Any) -> None:
+                pass
+
+        reader = Reader()
+        r.addReader(reader)
+        b.send(b"hello")
+        r.doPoll(1.0)
+        assert seen == [5]
+        assert r._active  # activity: the next poll may spin
+        r.doPoll(0.01)  # spins at most the timeout, then returns with nothing
+        assert seen == [5] and not r._active
+        b.send(b"!")
+        r.doPoll(None)
+        assert seen == [5, 1]
+        r.removeReader(reader)
+    finally:
+        a.close()
+        b.close()
+        r._poller.close()
+
+
+def test_spin_is_configurable_and_off_with_zero(monkeypatch: Any) -> None:
+    from nsqtw.spinreactor import DEFAULT_SPIN_US, SpinningEPollReactor
+
+    monkeypatch.setenv("NSQTW_SPIN_US", "0")
+    r = SpinningEPollReactor()
+    assert r.spin_seconds == 0
+    r._poller.close()
+    monkeypatch.setenv("NSQTW_SPIN_US", "junk")
+    r = SpinningEPollReactor()
+    assert r.spin_seconds == DEFAULT_SPIN_US / 1e6
+    r._poller.close()
+
+
+# --- the flat PUB and MPUB paths ------------------------------------------------------------------
+
+def test_new_id_follows_new_ids_sequence() -> None:
+    a, b = GUIDFactory(7), GUIDFactory(7)
+    ns = int(NOW * 1e9)
+    singles = [a.new_id(ns) for _ in range(5000)]  # crosses a 4096 sequence rollover
+    batch = b.new_ids(5000, ns)
+    assert singles == batch
+    assert len(set(singles)) == 5000
+
+
+def test_new_ids_with_prefix_puts_the_prefix_before_each_id() -> None:
+    a, b = GUIDFactory(3), GUIDFactory(3)
+    ns = int(NOW * 1e9)
+    for count in (1, 200, 4500):
+        assert a.new_ids(count, ns, b"HEAD") == [b"HEAD" + i for i in b.new_ids(count, ns)]
+
+
+def _session(**opts: Any) -> Any:
+    broker = Broker(NsqdOptions(**opts), NOW)
+    client = broker.new_client("127.0.0.1:1", NOW)
+    session = V2Session(broker, client)
+    session.feed(b"  V2", NOW)
+    return broker, client, session
+
+
+def _frames(broker: Broker, topic: str) -> List[bytes]:
+    from nsqtw.backend.runs import run_frames
+
+    return [f for run in broker.topics[topic].mem.drain() for f in run_frames(run)]
+
+
+def test_pub_frames_match_what_mpub_of_one_would_queue() -> None:
+    b1, c1, s1 = _session()
+    s1.feed(b"PUB t\n" + struct.pack(">i", 3) + b"abc", NOW)
+    b2, c2, s2 = _session()
+    s2.feed(b"MPUB t\n" + struct.pack(">ii", 11, 1) + struct.pack(">i", 3) + b"abc", NOW)
+    (f1,), (f2,) = _frames(b1, "t"), _frames(b2, "t")
+    assert f1 == f2  # same size, type, timestamp, attempts, first ID of the node, body
+    assert c1.out == c2.out == [struct.pack(">ii", 6, 0) + b"OK"]
+    assert b1.topics["t"].message_count == 1 and c1.pub_counts == {"t": 1}
+
+
+def test_uniform_mpub_queues_every_body_in_order() -> None:
+    broker, client, session = _session()
+    bodies = [b"%05d" % i for i in range(300)]
+    payload = b"".join(struct.pack(">i", 5) + body for body in bodies)
+    session.feed(b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), 300) + payload, NOW)
+    frames = _frames(broker, "t")
+    assert [f[34:] for f in frames] == bodies
+    assert len({f[18:34] for f in frames}) == 300
+    assert all(struct.unpack(">i", f[:4])[0] == 35 and len(f) == 39 for f in frames)
+
+
+def test_mpub_whose_sizes_differ_in_one_byte_is_walked_and_checked() -> None:
+    broker, client, session = _session()
+    bodies = [b"aaaa", b"bbbb", b"ccccc"]  # the last size differs only in its low byte
+    payload = b"".join(struct.pack(">i", len(x)) + x for x in bodies)
+    session.feed(b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), 3) + payload, NOW)
+    assert [f[34:] for f in _frames(broker, "t")] == bodies
+
+
+def test_pub_with_an_invalid_topic_name_still_fails_after_a_valid_one_was_cached() -> None:
+    broker, client, session = _session()
+    session.feed(b"PUB good\n" + struct.pack(">i", 1) + b"x", NOW)
+    session.feed(b"PUB bad!\n" + struct.pack(">i", 1) + b"x", NOW)
+    assert b"E_BAD_TOPIC PUB topic name \"bad!\" is not valid" in client.out[-1]
+
+
+# --- lazily built parts -----------------------------------------------------------------------------
+
+@pytest_twisted.ensureDeferred
+async def test_http_api_answers_though_built_after_start(nsqd: Any) -> None:
+    from nsqtw.service.listen import LazyFactory
+
+    factory = nsqd.service.http_listener.factory
+    assert isinstance(factory, LazyFactory)
+    resp = await treq.get(f"http://127.0.0.1:{nsqd.http_port}/ping")
+    assert resp.code == 200 and await resp.text() == "OK"
+    assert factory.build() is factory.build()  # built once
+
+
+@pytest_twisted.ensureDeferred
+async def test_lookup_peers_are_built_when_an_address_is_configured(nsqd: Any) -> None:
+    assert nsqd.service.lookup_peers is None  # none configured: nothing built, nothing imported
+    resp = await treq.put(f"http://127.0.0.1:{nsqd.http_port}/config/nsqlookupd_tcp_addresses",
+                          data=b'["127.0.0.1:1"]')
+    assert resp.code == 200
+    peers = nsqd.service.lookup_peers
+    assert peers is not None and peers.running and list(peers.peers) == ["127.0.0.1:1"]
+    resp = await treq.put(f"http://127.0.0.1:{nsqd.http_port}/config/nsqlookupd_tcp_addresses", data=b"[]")
+    assert resp.code == 200 and peers.peers == {}
