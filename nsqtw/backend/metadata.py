@@ -280,9 +280,9 @@ def write_snapshot(data_path: str, snap: Snapshot) -> None:
 
 
 #: a rewrite waits at least this many times as long as the previous one took after it
-#: finished (so rewriting nsqd.dat takes at most about a fifth of the sync thread's time
+#: finished (so rewriting nsqd.dat takes at most about a tenth of the sync thread's time
 #: however many topics there are), but never longer than MAX_GAP seconds
-GAP_FACTOR = 4.0
+GAP_FACTOR = 10.0
 MAX_GAP = 1.0
 
 
