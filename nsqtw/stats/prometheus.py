@@ -150,6 +150,8 @@ def render_metrics(stats_doc: Mapping[str, Any], *, labels: Optional[Mapping[str
             cl: Labels = (("topic", t["topic_name"]), ("channel", c["channel_name"]))
             for name, kind, key, help_text in _CHANNEL:
                 fam.add(name, kind, help_text, cl, c[key])
+            fam.add("nsq_channel_held", "gauge", "Messages held in memory because the disk refused "
+                    "them (written out when it accepts writes again).", cl, c.get("held_count", 0))
             _e2e(fam, "nsq_channel", "channel", cl, c.get("e2e_processing_latency"))
     for t in topics:
         for c in t.get("channels") or []:

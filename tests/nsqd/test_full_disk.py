@@ -133,6 +133,9 @@ def test_disconnect_while_full_holds_then_writes_out():
     assert held(h) == 20
     assert h.broker.health_status().startswith("NOK - 20 messages held in memory")
     assert stats_of(h)["health"].startswith("NOK")
+    from nsqtw.stats.prometheus import render_metrics
+    page = render_metrics(stats_of(h)).decode()
+    assert 'nsq_channel_held{topic="t",channel="c"} 20' in page and "nsq_healthy 0" in page
     assert h.broker.backlog.retry() == 20  # still full: nothing changes
     assert held(h) == 20
     disk.full = False
