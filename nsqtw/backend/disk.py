@@ -535,13 +535,20 @@ class DiskQueue:
         n = size - 4
         if stride != size + 4 or stop - start != stride * len(offs) or n < self.min_record or n > self.max_record:
             return None
-        heads = set(map(_bytes_get, repeat(blob), map(slice, range(start, stop, stride),
-                                                      range(start + 8, stop, stride))))
-        attempts = set(map(_bytes_get, repeat(blob), map(slice, range(start + 16, stop, stride),
-                                                         range(start + 18, stop, stride))))
-        if len(heads) != 1 or len(attempts) != 1:
+        # which of the first 18 bytes (size, type, timestamp, attempts) are the same in every
+        # frame: each byte position, taken with a stride of one frame, is one repeated byte
+        count = len(offs)
+        same = [col.count(col[0]) == count for col in map(
+            _bytes_get, repeat(blob), map(slice, range(start, start + 18), repeat(stop), repeat(stride)))]
+        if not all(same[:8]) or not all(same[16:18]):
             return None
-        att = _U16.pack((_U16.unpack(attempts.pop())[0] - 1) & 0xFFFF)
+        att = _U16.pack((_unpack_u16(blob, start + 16)[0] - 1) & 0xFFFF)
+        if all(same[8:16]):
+            # a fresh MPUB: one timestamp, so every record starts with the same 14 bytes
+            prefix = _I32.pack(n) + blob[start + 8:start + 16] + att
+            return b"".join(chain.from_iterable(zip(repeat(prefix), map(
+                _bytes_get, repeat(blob), map(slice, range(start + 18, stop, stride),
+                                              range(start + stride, stop + stride, stride))))))
         return b"".join(chain.from_iterable(zip(
             repeat(_I32.pack(n)),
             map(_bytes_get, repeat(blob), map(slice, range(start + 8, stop, stride), range(start + 16, stop, stride))),

@@ -50,3 +50,13 @@ def test_mixed_attempts_fall_back_to_the_general_path(tmp_path):
     q.close()
     assert _written(tmp_path, "a", run, False) == _written(tmp_path, "b", run, True)
     assert len(run_frames(run)) == 6
+
+
+def test_one_timestamp_run_bytes_match_the_general_path(tmp_path):
+    """A fresh MPUB shares one timestamp: the one-prefix encoding writes the same bytes."""
+    frames = [encode_message_frame(b"%016x" % i, 1_700_000_000_000_000_000, 1, bytes([65 + i % 26]) * 120)
+              for i in range(300)]
+    run = run_of_frames(frames)
+    data = _written(tmp_path, "fast", run, False)
+    assert data == _written(tmp_path, "slow", run, True)
+    assert len(data) == 300 * (4 + 26 + 120)
