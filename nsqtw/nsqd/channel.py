@@ -21,7 +21,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend.memory import MemoryQueue
-from ..backend.runs import Run, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
+from ..backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
 from ..errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
 from ..protocol.message import requeue_frame
 from ..protocol.names import is_ephemeral
@@ -204,15 +204,15 @@ class Channel:
         sample = client.sample_rate
         total = 0
         for run in runs:
-            frames = run_frames(run)
             if sample:
-                frames = self._sample(frames, sample)
+                frames = self._sample(run_frames(run), sample)
                 if not frames:
                     continue
                 data = b"".join(frames)
+                ids = run_ids(frames)
             else:
+                frames, ids = frames_and_ids(run)
                 data = run_bytes(run)
-            ids = run_ids(frames)
             msgs.update(zip(ids, frames))
             inflight.update(dict.fromkeys(ids, ep))
             client.send(data)

@@ -286,3 +286,22 @@ async def test_lookup_peers_are_built_when_an_address_is_configured(nsqd: Any) -
     assert peers is not None and peers.running and list(peers.peers) == ["127.0.0.1:1"]
     resp = await treq.put(f"http://127.0.0.1:{nsqd.http_port}/config/nsqlookupd_tcp_addresses", data=b"[]")
     assert resp.code == 200 and peers.peers == {}
+
+
+def test_frames_and_ids_match_the_sliced_frames_and_ids_for_every_run_shape() -> None:
+    from nsqtw.backend.runs import frames_and_ids, run_frames, run_ids, run_of_frames, split_run
+
+    broker = Broker(NsqdOptions(), NOW)
+    for n in (1, 2, 3, 100, 255, 256, 257, 700, 2500):
+        run, _ = broker.make_run([b"%06d" % i + b"b" * 50 for i in range(n)], NOW)
+        cases = [run]
+        if n > 3:
+            head, rest = split_run(run, n // 3)
+            cases += [head, rest]
+        for r in cases:
+            frames, ids = frames_and_ids(r)
+            assert list(frames) == run_frames(r)
+            assert list(ids) == run_ids(run_frames(r))
+    mixed = run_of_frames([f for f in run_frames(broker.make_run([b"a", b"bb", b"ccc"], NOW)[0])])
+    frames, ids = frames_and_ids(mixed)
+    assert frames == run_frames(mixed) and ids == run_ids(frames)
