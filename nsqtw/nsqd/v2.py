@@ -46,7 +46,6 @@ __all__ = ["V2Session", "Features", "MAX_LINE"]
 MAX_LINE = 16 * 1024
 
 _FIN_RUN = re.compile(rb"(?:FIN [^\n\r ]{16}\n)+")
-_FIN_IDS = re.compile(rb"FIN ([^\n\r ]{16})\n")
 _DIGITS = re.compile(rb"[0-9]*\Z")
 _I32 = struct.Struct(">i").unpack_from
 _bget = bytes.__getitem__
@@ -89,6 +88,25 @@ def base10(data: bytes) -> Optional[int]:
         chunk = data[i:i + 18]
         n = (n * 10 ** len(chunk) + int(chunk)) & 0xFFFFFFFFFFFFFFFF
     return n
+
+
+#: unpackers of k back-to-back ``FIN <id>\n`` lines' IDs (k a power of two up to 256)
+_FIN_STRUCTS = [struct.Struct("4x16sx" * (1 << i)) for i in range(9)]
+
+
+def _fin_ids(buf: bytes, pos: int, stop: int) -> List[bytes]:
+    """The IDs of the FIN lines ``buf[pos:stop]`` (already matched by ``_FIN_RUN``: 21 bytes
+    each), cut by ``struct`` in C."""
+    n = (stop - pos) // 21
+    ids: List[bytes] = []
+    i = 8
+    while n:
+        while (1 << i) > n:
+            i -= 1
+        ids.extend(_FIN_STRUCTS[i].unpack_from(buf, pos))
+        pos += 21 << i
+        n -= 1 << i
+    return ids
 
 
 def _uniform(buf: bytes, p: int, stop: int, stride: int, num: int) -> bool:
@@ -278,7 +296,7 @@ class V2Session:
                     m = _FIN_RUN.match(buf, pos)
                     if m is not None:
                         stop = m.end()
-                        ids = _FIN_IDS.findall(buf, pos, stop)
+                        ids = _fin_ids(buf, pos, stop)
                         pos = stop
                         for err in client.channel.finish_many(client, ids, now):
                             self._respond(encode_frame(FRAME_ERROR, err.wire()))

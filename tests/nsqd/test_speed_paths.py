@@ -305,3 +305,17 @@ def test_frames_and_ids_match_the_sliced_frames_and_ids_for_every_run_shape() ->
     mixed = run_of_frames([f for f in run_frames(broker.make_run([b"a", b"bb", b"ccc"], NOW)[0])])
     frames, ids = frames_and_ids(mixed)
     assert frames == run_frames(mixed) and ids == run_ids(frames)
+
+
+def test_fin_ids_are_cut_as_the_regular_expression_finds_them() -> None:
+    import os
+    import re
+
+    from nsqtw.nsqd.v2 import _FIN_RUN, _fin_ids
+
+    for n in (1, 2, 7, 100, 256, 300, 1000):
+        ids = [os.urandom(8).hex().encode() for _ in range(n)]
+        buf = b"RDY 1\n" + b"".join(b"FIN " + i + b"\n" for i in ids) + b"NOP\n"
+        m = _FIN_RUN.match(buf, 6)
+        assert m is not None
+        assert _fin_ids(buf, 6, m.end()) == ids == re.findall(rb"FIN ([^\n\r ]{16})\n", buf)
