@@ -11,7 +11,11 @@ iteration that handled I/O, it polls without blocking for up to
 ``spin_seconds`` (50 µs by default) before it blocks.  An idle broker never
 spins (the first empty poll after quiet sleeps as usual), timed calls are
 never delayed (the spin never outlasts the reactor's timeout), and every
-event is dispatched exactly as ``EPollReactor`` dispatches it.
+event goes through ``EPollReactor``'s own ``_doReadOrWrite`` (errors and
+disconnections handled as there), called directly rather than inside
+``twisted.python.log.callWithLogger``: that wrapper only sets the legacy log
+context (the ``system`` prefix of old-style ``log.msg`` lines, which nsqtw's
+Go-style log lines do not show) and cost about a tenth of each round trip.
 
 ``nsqd``, ``nsqlookupd`` and ``nsqadmin`` (the drop-in commands) install it;
 ``twistd --reactor=nsqtw`` selects it under twistd; ``NSQTW_SPIN_US=0``
@@ -27,7 +31,6 @@ from time import perf_counter
 from typing import Any, Optional
 
 from twisted.internet.epollreactor import EPollReactor
-from twisted.python import log
 
 __all__ = ["SpinningEPollReactor", "install", "install_if_unset", "DEFAULT_SPIN_US"]
 
