@@ -485,6 +485,11 @@ class NsqdOptions:
                                  help="[nsqtw] directory for hourly JSON Lines snapshots of /stats (empty disables)")
     stats_export_interval: float = opt(10.0, flag="stats-export-interval", kind=DURATION,
                                        help="[nsqtw] duration between /stats snapshots written to --stats-export-path")
+    peek_enabled: bool = opt(False, flag="peek-enabled", kind=BOOL,
+                             help="[nsqtw] serve GET /topic/peek and /channel/peek: queued, in-flight and "
+                                  "deferred messages, bodies included, to whoever reaches the HTTP port")
+    peek_max_body_size: int = opt(4096, flag="peek-max-body-size", kind=INT,
+                                  help="[nsqtw] most body bytes /topic/peek and /channel/peek show of a message")
     # internal knobs NSQ does not expose as flags ------------------------------------
     client_timeout: float = opt(60.0, flag=None, kind=DURATION)
     queue_scan_interval: float = opt(0.1, flag=None, kind=DURATION)
@@ -509,6 +514,7 @@ class NsqdOptions:
         require_at_least(
             0,
             ("mem-queue-size", self.mem_queue_size),
+            ("peek-max-body-size", self.peek_max_body_size),
             ("max-channel-consumers", self.max_channel_consumers),
             ("broadcast-tcp-port", self.broadcast_tcp_port),
             ("broadcast-http-port", self.broadcast_http_port),

@@ -768,6 +768,55 @@ class DiskQueue:
             return []
         return [_run_of(bytes(out), offs, uniform)]
 
+    def peek(self, n: int, max_body: int) -> List[Tuple[bytes, int, Optional[float]]]:
+        """The next ``n`` records as they would be delivered, changing nothing: positions,
+        buffers, depth, hints and metadata stay as they are.  Each is ``(head, body_size,
+        due)``: ``head`` is the frame (attempts as delivered) with at most ``max_body`` bytes
+        of its body, ``due`` the time a deferred record is still waiting for (else None).
+
+        Reads only what ``n`` needs (a record's first ``30 + max_body`` bytes; larger records
+        are skipped over by their size), so its cost is bounded by ``n``, not by the backlog.
+        A record that looks corrupt ends the peek (the reader will quarantine it)."""
+        out: List[Tuple[bytes, int, Optional[float]]] = []
+        if self._closed or n <= 0:
+            return out
+        lo, hi = self.min_record, self.max_record
+        hints = self._hints
+        rf, pos = self.read_file_num, self.read_pos
+        while len(out) < n and (rf < self.write_file_num or (rf == self.write_file_num and pos < self.write_pos)):
+            try:
+                fd = os.open(self.file_name(rf), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return out
+            try:
+                end = self.write_pos if rf == self.write_file_num else os.fstat(fd).st_size
+                buf = b""
+                base = pos
+                while len(out) < n and pos < end:
+                    i = pos - base
+                    if i + 4 > len(buf):
+                        buf, base, i = os.pread(fd, READ_CHUNK, pos), pos, 0
+                        if len(buf) < 4:
+                            return out
+                    size = _unpack_i32(buf, i)[0]
+                    if size < lo or size > hi:
+                        return out
+                    want = min(size, 26 + max_body)
+                    if i + 4 + want > len(buf):
+                        buf, base, i = os.pread(fd, max(READ_CHUNK, 4 + want), pos), pos, 0
+                        if len(buf) < 4 + want:
+                            return out
+                    head = bytearray(_pack_frame_head(size + 4, 2))
+                    head += buf[i + 4:i + 4 + want]
+                    _pack_u16_into(head, 16, (_unpack_u16(head, 16)[0] + 1) & 0xFFFF)
+                    due = hints.get(bytes(head[18:34])) if hints else None
+                    out.append((bytes(head), size - 26, due))
+                    pos += 4 + size
+            finally:
+                os.close(fd)
+            rf, pos = rf + 1, 0
+        return out
+
     @staticmethod
     def _read_limit(n: int, max_bytes: int) -> int:
         return n  # the byte limit is applied as records are read

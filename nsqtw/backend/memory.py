@@ -9,7 +9,7 @@ from typing import Deque, List, Optional
 from zope.interface import implementer
 
 from . import IBackendQueue
-from .runs import Run, split_run
+from .runs import Run, run_frames, split_run
 
 __all__ = ["MemoryQueue"]
 
@@ -86,6 +86,18 @@ class MemoryQueue:
                 if max_bytes:
                     break
         self._count -= taken
+        return out
+
+    def peek(self, n: int) -> List[bytes]:
+        """The first ``n`` frames, oldest first, changing nothing."""
+        out: List[bytes] = []
+        for run in self._runs:
+            want = n - len(out)
+            if want <= 0:
+                break
+            if len(run[1]) > want:
+                run = split_run(run, want)[0]
+            out.extend(run_frames(run))
         return out
 
     def depth(self) -> int:

@@ -21,6 +21,8 @@ from twisted.web.iweb import IRequest
 from .. import NSQ_VERSION
 from ..errors import BrokerError, ChannelNotFound, HTTPAPIError, TopicNotFound
 from ..options import LOG_LEVELS, config_value
+from ..nsqd.peek import DEFAULT_N, MAX_N, peek_channel, peek_topic
+from ..nsqd.peek import STATES as PEEK_STATES
 from ..protocol.names import is_valid_name
 from ..stats.snapshot import broker_stats, render_text
 from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["NsqdHTTPAPI"]
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
+_PEEK_N = re.compile(r"[0-9]{1,9}\Z")
 _GO_INT = re.compile(r"[+-]?[0-9]{1,19}\Z")  # strconv.ParseInt(s, 10, 64); longer is out of range
 
 
@@ -364,6 +367,49 @@ class NsqdHTTPAPI:
         request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
         request.setHeader(b"Content-Length", b"4")
         return b"null"
+
+    # --- peek (nsqtw; off unless --peek-enabled) ------------------------------------------
+
+    def _peek_args(self, request: IRequest, params: Dict[str, List[str]]) -> int:
+        """403 PEEK_DISABLED unless enabled; ``n`` (default 20, at most 1000) else 400 INVALID_N."""
+        if not self.node.options.peek_enabled:
+            raise HTTPAPIError(403, "PEEK_DISABLED")
+        raw = first(params, "n")
+        if raw is None:
+            return DEFAULT_N
+        if _PEEK_N.match(raw) is None or not 0 < int(raw) <= MAX_N:
+            raise HTTPAPIError(400, "INVALID_N")
+        return int(raw)
+
+    @app.route("/channel/peek", methods=["GET"])
+    def channel_peek(self, request: IRequest) -> bytes:
+        self._guard(request)
+        params = query(request)
+        n = self._peek_args(request, params)
+        topic, channel = topic_channel_args(params)
+        state = first(params, "state") or "all"
+        if state != "all" and state not in PEEK_STATES:
+            raise HTTPAPIError(400, "INVALID_STATE")
+        try:
+            ch = self._broker.find_channel(topic, channel)
+        except TopicNotFound:
+            raise HTTPAPIError(404, "TOPIC_NOT_FOUND") from None
+        except ChannelNotFound:
+            raise HTTPAPIError(404, "CHANNEL_NOT_FOUND") from None
+        states = PEEK_STATES if state == "all" else (state,)
+        return v1(request, peek_channel(ch, states, n, self.node.options.peek_max_body_size, self.node.now()))
+
+    @app.route("/topic/peek", methods=["GET"])
+    def topic_peek(self, request: IRequest) -> bytes:
+        self._guard(request)
+        params = query(request)
+        n = self._peek_args(request, params)
+        name = self._topic_param(params)
+        try:
+            topic = self._broker.find_topic(name)
+        except TopicNotFound:
+            raise HTTPAPIError(404, "TOPIC_NOT_FOUND") from None
+        return v1(request, peek_topic(topic, n, self.node.options.peek_max_body_size, self.node.now()))
 
     @app.route("/config/<string:opt>", methods=["GET", "PUT"])
     def config(self, request: IRequest, opt: str) -> bytes:
