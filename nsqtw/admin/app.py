@@ -351,6 +351,39 @@ class AdminHTTPAPI:
         except UpstreamError as e:
             raise self._upstream(e) from None
 
+    # --- peek (nsqtw): every nsqd's queued, in-flight and deferred messages, merged ----------------
+
+    def _peek_params(self, request: IRequest) -> Tuple[int, str]:
+        params = query(request)
+        raw = first(params, "n") or "20"
+        if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 1000:
+            raise HTTPAPIError(400, "INVALID_N")
+        state = first(params, "state") or "all"
+        if state not in ("all", "queued", "in_flight", "deferred"):
+            raise HTTPAPIError(400, "INVALID_STATE")
+        return int(raw), state
+
+    @app.route("/api/topics/<topic>/<channel>/peek", methods=["GET"])
+    async def api_channel_peek(self, request: IRequest, topic: str, channel: str) -> bytes:
+        if not (is_valid_name(topic) and is_valid_name(channel)):
+            raise HTTPAPIError(400, "INVALID_TOPIC_OR_CHANNEL")
+        n, state = self._peek_params(request)
+        try:
+            return v1(request, await self._ci.peek(topic, channel, n, state))
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
+    @app.route("/api/topic-peek/<topic>", methods=["GET"])
+    async def api_topic_peek(self, request: IRequest, topic: str) -> bytes:
+        """A topic's own queue (what waits before it has channels)."""
+        if not is_valid_name(topic):
+            raise HTTPAPIError(400, "INVALID_TOPIC")
+        n, _ = self._peek_params(request)
+        try:
+            return v1(request, await self._ci.peek(topic, None, n))
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+
     @app.route("/api/nodes", methods=["GET"])
     async def api_nodes(self, request: IRequest) -> bytes:
         try:

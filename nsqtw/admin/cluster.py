@@ -950,3 +950,62 @@ class ClusterInfo:
         errors += errs
         errors += await self._producers_post(producers, "topic/delete", topic=topic)
         return errors
+
+    # --- peek (nsqtw) -----------------------------------------------------------
+
+    async def peek(self, topic: str, channel: Optional[str], n: int, state: str = "all") -> Dict[str, Any]:
+        """What every nsqd producing ``topic`` has queued, in flight and deferred for ``channel``
+        (or in the topic's own queue when ``channel`` is None), merged: each message carries its
+        ``node``; each node says whether it answered and, when not, why (a node started without
+        ``--peek-enabled`` says so).  Queued messages come oldest first, in-flight ones by when
+        they were published, deferred ones by due time."""
+        producers, errors = await self.topic_producers(topic)
+        path = "channel/peek" if channel is not None else "topic/peek"
+        params = {"topic": topic, "n": str(n)}
+        if channel is not None:
+            params.update(channel=channel, state=state)
+
+        async def one(p: Producer) -> Dict[str, Any]:
+            url = _url(p.base_url, path, **params)
+            node: Dict[str, Any] = {"node": p.http_address, "ok": False}
+            try:
+                code, _, content = await self.upstream._call("GET", url, None, None)
+            except FetchError as e:
+                node["error"] = str(e)
+                return node
+            try:
+                doc = json.loads(content) if content else {}
+            except ValueError:
+                doc = {}
+            if code == 200 and isinstance(doc, dict):
+                node.update(ok=True, doc=doc)
+            elif code == 403 and doc.get("message") == "PEEK_DISABLED":
+                node["error"] = "peek is off on this nsqd (start it with --peek-enabled)"
+            elif code == 404:
+                node["error"] = f"not on this node ({doc.get('message', code)})"
+            else:
+                node["error"] = f"got response {code} {doc.get('message', '')}".strip()
+            return node
+
+        answers = list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
+        order = {"queued": 0, "in_flight": 1, "deferred": 2}
+        messages: List[Dict[str, Any]] = []
+        truncated = False
+        nodes = []
+        for a in answers:
+            doc = a.pop("doc", None)
+            if doc is not None:
+                for m in doc.get("messages") or []:
+                    m["node"] = a["node"]
+                    messages.append(m)
+                truncated = truncated or bool(doc.get("truncated"))
+                a.update(depth=doc.get("depth"), in_flight_count=doc.get("in_flight_count"),
+                         deferred_count=doc.get("deferred_count"))
+            nodes.append(a)
+        messages.sort(key=lambda m: (order.get(m.get("state", ""), 3),
+                                     m.get("deliver_at") or 0 if m.get("state") == "deferred" else m.get("timestamp", 0)))
+        if len(messages) > n:
+            truncated = True
+            messages = messages[:n]
+        return {"topic": topic, "channel": channel, "nodes": nodes, "messages": messages, "truncated": truncated,
+                "message": warning_message(errors)}

@@ -313,6 +313,9 @@ def topic_page(ctx: PageContext, topic: str, stats: Dict[str, Any], history: Dic
             el("tbody", *rows))))
 
     parts.append(_channels_table(ctx, topic, channels, history.get("channels") or {}))
+    if nodes and not channels:
+        # before it has channels, a topic keeps its messages in its own queue: show those
+        parts.append(peek_panel(ctx, ctx.url(f"/api/topic-peek/{q(topic)}"), states=False))
     title = f"Topic {topic}"
     return Page(title, "topic", join(parts), api=ctx.url(f"/api/topics/{q(topic)}"),
                 history=ctx.url(f"/api/history/{q(topic)}"), nav="topics")
@@ -422,9 +425,31 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: Dict[str, An
         parts.append(el("section", el("h2", "Channel"),
                         _grid(el("thead", e2e_head, head), el("tbody", *rows))))
     parts.append(_clients_table(ctx, stats.get("clients") or []))
+    if nodes:
+        parts.append(peek_panel(ctx, ctx.url(f"/api/topics/{q(topic)}/{q(channel)}/peek"), states=True))
     return Page(f"Channel {topic}/{channel}", "channel", join(parts),
                 api=ctx.url(f"/api/topics/{q(topic)}/{q(channel)}"),
                 history=ctx.url(f"/api/history/{q(topic)}/{q(channel)}"), nav="topics")
+
+
+def peek_panel(ctx: PageContext, api: str, states: bool) -> Markup:
+    """The Messages panel: what nsqd's peek lists, loaded when asked (never on its own)."""
+    state_picker = el("select", *(el("option", label, value=value) for value, label in (
+        ("all", "all states"), ("queued", "queued"), ("in_flight", "in flight"), ("deferred", "deferred"))),
+        class_="peek-state", aria_label="state") if states else ""
+    return el(
+        "section",
+        el("h2", "Messages"),
+        el("div", el("button", "Load messages", type="button", class_="btn primary peek-load"), " ",
+           state_picker, " ",
+           el("label", "show ", el("input", type="number", min="1", max="1000", value="20", class_="peek-n",
+                                   aria_label="how many"), " at most"),
+           class_="actions"),
+        el("p", "Bodies as nsqd's peek shows them (JSON pretty-printed, text as text, anything else as hex). "
+                "Nothing changes for consumers.", class_="hint"),
+        el("div", class_="peek-out", role="region", aria_live="polite"),
+        el("script", src=ctx.url("/static/peek.js"), defer="defer"),
+        class_="peek", data_peek=api)
 
 
 def client_key(c: Dict[str, Any]) -> str:
