@@ -12,4 +12,14 @@ __version__ = "0.1.0"
 #: the NSQ release whose behaviour nsqtw reproduces (reported in /info, /stats, IDENTIFY)
 NSQ_VERSION = "1.3.0"
 
-__all__ = ["__version__", "NSQ_VERSION"]
+#: what Go's binaries print as "built w/go1.19.8": one token without spaces, so the version line
+#: matches what harnesses parse (``^[a-z]+ v\d+\.\d+\.\d+(-[a-z]+)? \(built w/[a-z0-9.-]+\)``)
+BUILT_WITH = f"nsqtw-{__version__}"
+
+
+def version_line(prog: str) -> str:
+    """``nsqd v1.3.0 (built w/nsqtw-0.1.0)``: Go's ``version.String(prog)`` shape."""
+    return f"{prog} v{NSQ_VERSION} (built w/{BUILT_WITH})"
+
+
+__all__ = ["__version__", "NSQ_VERSION", "BUILT_WITH", "version_line"]

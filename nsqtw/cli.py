@@ -11,7 +11,8 @@ Scripts and test harnesses that start NSQ's binaries can start these instead:
   (deprecated no-op flags such as ``--worker-id`` are accepted with a
   warning, as Go accepts them); unknown flags fail with Go's ``flag
   provided but not defined`` and exit code 2, a bad value with exit code 1;
-* ``--version`` prints ``nsqd v1.3.0 (built w/nsqtw 0.1.0)`` on stdout;
+* ``--version`` prints ``nsqd v1.3.0 (built w/nsqtw-0.1.0)`` on stdout (Go's shape: one
+  token after ``built w/``);
 * logs on stderr in Go's layout (``[nsqd] 2024/05/01 10:00:00.123456 INFO:
   TCP: listening on 127.0.0.1:4150``), naming the real bound addresses when
   given port 0 (also ``HTTP:`` and, with a TLS certificate, ``HTTPS:``);
@@ -31,7 +32,7 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from . import NSQ_VERSION, __version__
+from . import version_line as _version_line
 from .options import OptionError
 
 __all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
@@ -43,7 +44,7 @@ _DEPRECATED: Dict[str, Dict[str, str]] = {
 
 
 def version_line(prog: str) -> str:
-    return f"{prog} v{NSQ_VERSION} (built w/nsqtw {__version__})"
+    return _version_line(prog)
 
 
 def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[Any, Any], Any],
@@ -82,6 +83,8 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
     try:  # a standalone daemon: keep read buffers out of the heap (as twistd's allinone does)
         from .stats.memory import tune_allocator
         tune_allocator()
+        from .service.listen import enable_warm_up_threads
+        enable_warm_up_threads()  # a process of our own: slow imports may run in a thread
     except Exception:  # pragma: no cover - never a reason not to start
         pass
 

@@ -13,7 +13,7 @@ from twisted.python.failure import Failure
 
 from ..options import split_host_port
 
-__all__ = ["ListeningService", "LazyFactory", "endpoint_description", "format_address", "format_peer", "split_host_port"]
+__all__ = ["ListeningService", "LazyFactory", "enable_warm_up_threads", "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
 log = Logger(namespace="nsqtw")
 
@@ -50,6 +50,19 @@ def format_address(port: Any) -> str:
     return format_peer(port.getHost())
 
 
+#: standalone daemons import slow modules in a warm-up thread; embedded brokers never do, since an
+#: application's (or pytest's) import hooks need not be thread-safe: CPython 3.11's ``ast`` keeps
+#: its recursion depth per interpreter, and pytest rewriting two modules at once in two threads
+#: fails with "AST constructor recursion depth mismatch"
+_WARM_UP_THREADS = False
+
+
+def enable_warm_up_threads() -> None:
+    """Called by the drop-in commands and the twistd plugins (a process of nsqtw's own)."""
+    global _WARM_UP_THREADS
+    _WARM_UP_THREADS = True
+
+
 class LazyFactory:
     """A server factory built on first use: the port is bound (and logged) at start, while
     what serves it (say the HTTP API, whose web framework takes 60-100 ms to import) is built
@@ -80,7 +93,7 @@ class LazyFactory:
     def warm_up(self, reactor: Any) -> None:
         """Start building it off the start-up path (see the class docstring)."""
         warm, self._warm = self._warm, None
-        if warm is None or not hasattr(reactor, "callFromThread"):
+        if warm is None or not _WARM_UP_THREADS or not hasattr(reactor, "callFromThread"):
             reactor.callLater(0, self.build)
             return
         import threading

@@ -18,7 +18,7 @@ from twisted.application.service import MultiService
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from .. import NSQ_VERSION
+from .. import version_line
 from ..lookupd.options import LookupdOptions
 from ..lookupd.registry import RegistrationDB
 from ..tcp.lookupd import LookupdFactory
@@ -80,7 +80,7 @@ class LookupdService(MultiService):
     # --- lifecycle ------------------------------------------------------------------------
 
     def startService(self) -> None:
-        log.info("nsqlookupd v{version} (built w/nsqtw)", version=NSQ_VERSION)
+        log.info("{version}", version=version_line("nsqlookupd"))
         super().startService()
 
     def stopService(self) -> defer.Deferred:

@@ -14,7 +14,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional
 
-from .. import NSQ_VERSION
+from .. import NSQ_VERSION, version_line
 from ..nsqd.broker import Broker
 from ..nsqd.channel import Channel
 from ..nsqd.client import ClientState
@@ -216,7 +216,7 @@ def render_text(doc: Dict[str, Any], now: float, start_time: float) -> str:
     """nsqd's ``printStats``."""
     lines: List[str] = []
     w = lines.append
-    w(f"nsqd v{NSQ_VERSION} (built w/nsqtw)\n")
+    w(version_line("nsqd") + "\n")
     started = datetime.fromtimestamp(int(start_time), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     w(f"start_time {started}\n")
     w(f"uptime {go_duration_text(max(0.0, now - start_time))}\n")

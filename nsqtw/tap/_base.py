@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 from twisted.python import usage
 
-from .. import NSQ_VERSION, __version__
+from .. import version_line
 from ..options import OptionError
 from .flags import HelpRequested, VersionRequested, options_from_argv, usage_text
 
@@ -32,7 +32,7 @@ class GoFlagOptions(usage.Options):
             sys.stdout.write(self.getUsage())
             sys.exit(0)
         except VersionRequested:
-            sys.stdout.write(f"{self.prog} v{NSQ_VERSION} (built w/nsqtw {__version__})\n")
+            sys.stdout.write(version_line(self.prog) + "\n")
             sys.exit(0)
         except OptionError as e:
             raise usage.UsageError(str(e)) from None

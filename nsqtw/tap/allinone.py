@@ -74,4 +74,6 @@ def makeService(options: Options) -> IService:
     from ..service.allinone import build_allinone
     from ..stats.memory import tune_allocator
     tune_allocator()
+    from ..service.listen import enable_warm_up_threads
+    enable_warm_up_threads()
     return build_allinone(options.config, resolve_reactor(), **options.addresses)

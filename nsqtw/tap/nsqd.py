@@ -22,4 +22,6 @@ def makeService(options: Options) -> IService:
     from ..service.nsqd import build_nsqd
     from ..stats.memory import tune_allocator
     tune_allocator()
+    from ..service.listen import enable_warm_up_threads
+    enable_warm_up_threads()
     return build_nsqd(options.config, resolve_reactor())

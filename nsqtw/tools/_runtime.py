@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
 
-from .. import NSQ_VERSION, __version__
+from .. import NSQ_VERSION, __version__, version_line
 from ..options import OptionError
 
 __all__ = [
@@ -151,7 +151,7 @@ def parse_app_options(options_class: Any, argv: List[str], prog: str,
         err.write(usage_text(options_class, prog, config_flag=False))
         return None, ExitCode.OK
     except VersionRequested:
-        out.write(f"{prog} v{NSQ_VERSION}\n")
+        out.write(version_line(prog) + "\n")
         return None, ExitCode.OK
     except FlagSyntaxError as e:
         err.write(f"{e}\n")
