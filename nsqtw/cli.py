@@ -142,7 +142,7 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
         try:
             service.startService()
         except Exception as e:
-            fatal(str(e), log_prefix)
+            fatal(f"failed to instantiate {prog} - {e}", log_prefix)
             status["code"] = 1
             reactor.stop()
             return

@@ -26,3 +26,40 @@ async def test_http_port_in_use_fails_start_and_releases_everything(tmp_path):
         await nsqd.stop()
     finally:
         blocker.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("daemon,flag", [("nsqd", "--tcp-address"), ("nsqd", "--http-address"),
+                                         ("nsqlookupd", "--tcp-address"), ("nsqadmin", "--http-address")])
+def test_taken_port_prints_one_fatal_line_and_exits_1(tmp_path, daemon, flag):
+    """As Go's daemons: `FATAL: failed to instantiate nsqd - listen (127.0.0.1:P) failed - listen tcp
+    127.0.0.1:P: bind: address already in use`, exit code 1, no traceback (issue 14 item 6)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    taken = blocker.getsockname()[1]
+    args = [f"{flag}=127.0.0.1:{taken}"]
+    if daemon == "nsqd":
+        args += [f"--data-path={tmp_path}", "--https-address="]
+        args += ["--http-address=127.0.0.1:0"] if flag != "--http-address" else ["--tcp-address=127.0.0.1:0"]
+    elif daemon == "nsqlookupd":
+        args += ["--http-address=127.0.0.1:0"]
+    else:
+        args += ["--nsqd-http-address=127.0.0.1:1"]
+    try:
+        out = subprocess.run([sys.executable, "-m", "nsqtw.cli", daemon, *args],
+                             cwd=str(Path(__file__).resolve().parents[1]), capture_output=True, text=True, timeout=60)
+    finally:
+        blocker.close()
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    fatal = [line for line in lines if "FATAL" in line]
+    assert fatal == [line for line in lines if f"listen (127.0.0.1:{taken})" in line]
+    assert len(fatal) == 1, out.stderr
+    assert fatal[0].endswith(f"FATAL: failed to instantiate {daemon} - listen (127.0.0.1:{taken}) failed - "
+                             f"listen tcp 127.0.0.1:{taken}: bind: address already in use")
+    assert "Traceback" not in out.stderr and "Unhandled" not in out.stderr and "ERROR" not in out.stderr

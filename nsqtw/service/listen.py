@@ -13,7 +13,7 @@ from twisted.python.failure import Failure
 
 from ..options import split_host_port
 
-__all__ = ["ListeningService", "LazyFactory", "enable_warm_up_threads", "endpoint_description", "format_address", "format_peer", "split_host_port"]
+__all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads", "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
 log = Logger(namespace="nsqtw")
 
@@ -141,6 +141,26 @@ def _listen(reactor: Any, address: str, factory: Any, flag: str) -> defer.Deferr
     return defer.succeed(port)
 
 
+class ListenError(Exception):
+    """A listener could not bind; its text is nsqd's (``listen (<addr>) failed - listen tcp
+    <addr>: bind: address already in use``)."""
+
+    def __init__(self, address: str, cause: BaseException) -> None:
+        self.address = address
+        self.cause = cause
+        super().__init__(f"listen ({address}) failed - {_go_listen_error(address, cause)}")
+
+
+def _go_listen_error(address: str, cause: BaseException) -> str:
+    """Go's ``net.OpError`` text for a failed listen."""
+    err = getattr(cause, "socketError", None) or cause
+    text = getattr(err, "strerror", None) or str(err)
+    text = text[:1].lower() + text[1:] if text else text
+    if ":" not in address and "/" in address:
+        return f"listen unix {address}: bind: {text}"
+    return f"listen tcp {address}: bind: {text}"
+
+
 class ListeningService(Service):
     """Listen on ``address`` while running; ``port`` is the bound port, ``ready`` fires with it.
 
@@ -171,16 +191,17 @@ class ListeningService(Service):
             return port
 
         def failed(f: Any) -> Any:
-            log.error("{label}: listen ({address}) failed - {err}", label=self.label,
-                      address=self.address, err=f.getErrorMessage())
-            return f
+            # nsqd's words: "listen (127.0.0.1:4150) failed - listen tcp 127.0.0.1:4150: bind: ..."
+            return Failure(ListenError(self.address, f.value))
 
         d.addCallbacks(listening, failed)
         result: list = []
         d.addBoth(lambda r: result.append(r) or r)
         if result and isinstance(result[0], Failure):
             # TCP and unix endpoints fail at once: make startService fail, so twistd, the
-            # drop-in commands and start_nsqd all refuse to run half bound
+            # drop-in commands and start_nsqd all refuse to run half bound; the failure is
+            # reported once, by whoever started the service (no "Unhandled error in Deferred")
+            d.addErrback(lambda f: None)
             self.ready.errback(result[0])
             self.ready.addErrback(lambda f: None)
             result[0].raiseException()
