@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes
 
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -76,7 +76,9 @@ def parse_query(raw: str) -> Dict[str, List[str]]:
 def query(request: IRequest) -> Dict[str, List[str]]:
     """Query-string parameters only (nsqd never reads form bodies); a query Go's
     ParseQuery refuses is 400 INVALID_REQUEST, as nsqd answers."""
-    raw = urlsplit(request.uri.decode("latin-1")).query
+    # Go's server parses the request target with url.ParseRequestURI, which knows no fragment: a
+    # raw "#" (GET /stats?topic=t#ephemeral) is part of the query, never cut off as urlsplit would
+    raw = request.uri.decode("latin-1").partition("?")[2]
     try:
         return parse_query(raw)
     except ValueError:
