@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import quote_plus
 
 import attr
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from .. import NSQ_VERSION
@@ -47,6 +47,57 @@ log = Logger(namespace="nsqtw.tools.nsq_to_http")
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MODES = ("hostpool", "round-robin", "epsilon-greedy")
+
+
+#: seconds between two new connections to one host: ``-n`` handlers starting at once must not
+#: open ``-n`` connections in the same instant, or a server with a small listen backlog (Python's
+#: ``http.server`` has 5) drops the overflow after the client already sent its request, and those
+#: requests hang until the timeout; paced, each connection is accepted before the next is opened,
+#: and the pool then reuses them
+CONNECT_SPACING = 0.002
+
+
+class PacedEndpointFactory:
+    """Twisted's standard client endpoints (TCP, TLS for https), with new connections to one
+    host:port opened one at a time, ``CONNECT_SPACING`` apart."""
+
+    def __init__(self, reactor: Any, connect_timeout: float, spacing: float = CONNECT_SPACING) -> None:
+        from twisted.web.client import BrowserLikePolicyForHTTPS
+
+        self.reactor = reactor
+        self.connect_timeout = connect_timeout
+        self.spacing = spacing
+        self.tls_policy = BrowserLikePolicyForHTTPS()
+        self._next: Dict[Tuple[bytes, int], float] = {}
+
+    def endpointForURI(self, uri: Any) -> Any:
+        from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+
+        host = uri.host.decode("ascii") if isinstance(uri.host, bytes) else uri.host
+        endpoint: Any = HostnameEndpoint(self.reactor, host, uri.port, timeout=self.connect_timeout)
+        if uri.scheme == b"https":
+            endpoint = wrapClientTLS(self.tls_policy.creatorForNetloc(uri.host, uri.port), endpoint)
+        return _PacedEndpoint(self, (uri.host, uri.port), endpoint)
+
+    def delay(self, key: Tuple[bytes, int]) -> float:
+        """How long a new connection to ``key`` waits (and book its slot)."""
+        now = self.reactor.seconds()
+        at = max(now, self._next.get(key, 0.0))
+        self._next[key] = at + self.spacing
+        return at - now
+
+
+class _PacedEndpoint:
+    def __init__(self, factory: PacedEndpointFactory, key: Tuple[bytes, int], endpoint: Any) -> None:
+        self.factory = factory
+        self.key = key
+        self.endpoint = endpoint
+
+    def connect(self, protocol_factory: Any) -> defer.Deferred:
+        wait = self.factory.delay(self.key)
+        if wait <= 0:
+            return self.endpoint.connect(protocol_factory)
+        return task.deferLater(self.factory.reactor, wait, self.endpoint.connect, protocol_factory)
 
 
 def parse_headers(values: List[str]) -> Dict[str, str]:
@@ -243,7 +294,8 @@ class ToHttp(ConsumerApp):
             from twisted.web.client import Agent, HTTPConnectionPool
             pool = HTTPConnectionPool(self.reactor, persistent=True)
             pool.maxPersistentPerHost = self.options.num_publishers
-            agent = Agent(self.reactor, connectTimeout=self.options.http_client_connect_timeout, pool=pool)
+            endpoints = PacedEndpointFactory(self.reactor, self.options.http_client_connect_timeout)
+            agent = Agent.usingEndpointFactory(self.reactor, endpoints, pool=pool)
             self._http_client = HTTPClient(agent)
             self._pool = pool
         return self._http_client

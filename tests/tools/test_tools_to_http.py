@@ -182,3 +182,97 @@ async def test_sample_zero_forwards_nothing(nsqd):
         assert nsqd.broker.topics["sampled"].channels["nsq_to_http"].depth() == 0
     finally:
         await port.stopListening()
+
+
+class _Recorder:
+    """What a Python ``http.server.ThreadingHTTPServer`` (HTTP/1.1, listen backlog 5, answering
+    200 at once) received, from its handler threads."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.posts: List[bytes] = []
+        self.gets: List[str] = []
+
+
+def _threading_server(rec: _Recorder) -> Any:
+    import http.server
+    import threading
+    from urllib.parse import parse_qs, urlsplit
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with rec.lock:
+                rec.posts.append(body)
+            self._answer()
+
+        def do_GET(self) -> None:
+            with rec.lock:
+                rec.gets.extend(parse_qs(urlsplit(self.path).query).get("m", []))
+            self._answer()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    assert server.request_queue_size == 5  # the stdlib default this test is about
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.e2e
+@pytest_twisted.ensureDeferred
+async def test_post_and_get_at_once_into_a_threading_http_server_deliver_each_message_once(nsqd):
+    """200 messages with --post and 50 with --get at the same time, -n 100 (Go's default), into one
+    stdlib ThreadingHTTPServer: every message arrives once and none is requeued (issue 14 item 4;
+    before, a burst of -n new connections overflowed the server's backlog of 5 and the requests
+    sent on the dropped ones hung until the timeout)."""
+    rec = _Recorder()
+    server = _threading_server(rec)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    posts = [b"post-%03d" % i for i in range(200)]
+    gets = [b"get-%02d" % i for i in range(50)]
+    publish(nsqd, "to_post", posts)
+    publish(nsqd, "to_get", gets)
+    apps = [
+        ToHttp(tool_options(ToHttpOptions, "--topic=to_post", f"--nsqd-tcp-address={nsqd.tcp_address}",
+                            f"--post={base}/in", "--http-client-request-timeout=5s")),
+        ToHttp(tool_options(ToHttpOptions, "--topic=to_get", f"--nsqd-tcp-address={nsqd.tcp_address}",
+                            f"--get={base}/get?m=%s", "--http-client-request-timeout=5s")),
+    ]
+    try:
+        for app in apps:
+            await within(app.start())
+        await wait_for(lambda: len(rec.posts) >= 200 and len(rec.gets) >= 50, timeout=20,
+                       what="every message forwarded")
+        with rec.lock:
+            assert sorted(rec.posts) == posts and sorted(rec.gets) == [g.decode() for g in gets]
+        assert [app.failed for app in apps] == [0, 0]
+        assert [app.consumers[0].messages_requeued for app in apps] == [0, 0]
+    finally:
+        for app in apps:
+            await within(app.stop())
+        server.shutdown()
+        server.server_close()
+
+
+def test_new_connections_to_one_host_are_paced() -> None:
+    from nsqtw.tools.to_http import PacedEndpointFactory
+
+    clock = task.Clock()
+    f = PacedEndpointFactory(clock, 2.0, spacing=0.002)
+    waits = [f.delay((b"h", 1)) for _ in range(4)]
+    assert waits == pytest.approx([0.0, 0.002, 0.004, 0.006])
+    assert f.delay((b"other", 1)) == 0.0  # per host
+    clock.advance(1.0)
+    assert f.delay((b"h", 1)) == 0.0  # a quiet host connects at once
