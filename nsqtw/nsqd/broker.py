@@ -266,6 +266,11 @@ class Broker:
         topic = self.get_topic(topic_name, now)
         topic.check_room(len(bodies))
         run, nbytes = self.make_run(bodies, now, uniform)
+        self._put(topic, run, nbytes)
+        return topic
+
+    def _put(self, topic: Topic, run: Run, nbytes: int) -> None:
+        """Store a fresh run; a refusing disk turns /ping to NOK until a write succeeds again."""
         try:
             topic.put(run, nbytes)
         except BackendError as e:
@@ -273,7 +278,6 @@ class Broker:
             raise
         if self.health != "OK":
             self.health = "OK"
-        return topic
 
     def publish_one(self, topic_name: str, body: bytes, now: float) -> Topic:
         """:meth:`publish` of one body (a PUB): the same checks and effects, fewer steps."""
@@ -283,13 +287,7 @@ class Broker:
         topic.check_room(1)
         ts = int(now * 1e9)
         frame = b"".join((_SIZE(len(body) + 30), _MID(2, ts, 1), self.guid.new_id(ts), body))
-        try:
-            topic.put((frame, _ONE, len(frame)), len(body))
-        except BackendError as e:
-            self.health = f"NOK - {e}"
-            raise
-        if self.health != "OK":
-            self.health = "OK"
+        self._put(topic, (frame, _ONE, len(frame)), len(body))
         return topic
 
     def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:
