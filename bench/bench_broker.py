@@ -28,14 +28,13 @@ import sys
 import tempfile
 import time
 from itertools import repeat
-from typing import Optional, Tuple
 
 _I32 = struct.Struct(">i")
 _FRAME = struct.Struct(">ii")
 _TS = struct.Struct(">q")
 
 
-def _connect(addr: Tuple[str, int]) -> socket.socket:
+def _connect(addr: tuple[str, int]) -> socket.socket:
     s = socket.create_connection(addr)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -163,7 +162,7 @@ def consumer(addr, topic: str, channel: str, n: int, rdy: int, ready_evt, out, s
     out.put(("sub", received, elapsed, lat))
 
 
-def _peak_rss(pid: int) -> Optional[int]:
+def _peak_rss(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -174,7 +173,7 @@ def _peak_rss(pid: int) -> Optional[int]:
     return None
 
 
-def _rss(pid: int) -> Optional[int]:
+def _rss(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -185,7 +184,7 @@ def _rss(pid: int) -> Optional[int]:
     return None
 
 
-def spawn_broker(extra: list) -> Tuple[subprocess.Popen, Tuple[str, int], str]:
+def spawn_broker(extra: list) -> tuple[subprocess.Popen, tuple[str, int], str]:
     data = tempfile.mkdtemp(prefix="nsqtw-bench-")
     cmd = [sys.executable, "-m", os.environ.get("NSQTW_BENCH_BROKER", "nsqtw.cli"), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
            "--https-address=", f"--data-path={data}", "--log-level=warn"] + extra
@@ -204,7 +203,7 @@ def spawn_broker(extra: list) -> Tuple[subprocess.Popen, Tuple[str, int], str]:
     return proc, addr, data
 
 
-def http_post(addr: Tuple[str, int], path: str) -> None:
+def http_post(addr: tuple[str, int], path: str) -> None:
     import http.client
     c = http.client.HTTPConnection(*addr)
     c.request("POST", path)

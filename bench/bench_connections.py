@@ -38,14 +38,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FRAME = struct.Struct(">ii")
 _I32 = struct.Struct(">i")
 
 
-def raise_fd_limit(needed: int) -> Tuple[int, int]:
+def raise_fd_limit(needed: int) -> tuple[int, int]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(max(soft, needed), hard) if hard != resource.RLIM_INFINITY else max(soft, needed)
     if want > soft:
@@ -67,7 +67,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def spawn_nsqd(data_path: str, extra: List[str]) -> Tuple[subprocess.Popen, int, int, str]:
+def spawn_nsqd(data_path: str, extra: list[str]) -> tuple[subprocess.Popen, int, int, str]:
     log_path = os.path.join(data_path, "nsqd.log")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -106,12 +106,12 @@ class Conn:
         self.out = bytearray()
         self.oks = 0
         self.heartbeats = 0
-        self.messages: List[Tuple[bytes, bytes]] = []
-        self.errors: List[bytes] = []
+        self.messages: list[tuple[bytes, bytes]] = []
+        self.errors: list[bytes] = []
         self.closed = False
         self.started = 0.0
         #: seconds from connect() to the socket being writable (None until then)
-        self.connected: Optional[float] = None
+        self.connected: float | None = None
 
 
 class Clients:
@@ -119,7 +119,7 @@ class Clients:
         self.port = port
         self.n = n
         self.sel = selectors.DefaultSelector()
-        self.conns: List[Conn] = []
+        self.conns: list[Conn] = []
         body = json.dumps({"heartbeat_interval": heartbeat_ms, "client_id": "bench",
                            "user_agent": "bench_connections/1.0"}).encode()
         self.hello = b"  V2IDENTIFY\n" + _I32.pack(len(body)) + body + f"SUB {topic} c\nRDY 1\n".encode()
@@ -240,7 +240,7 @@ class Clients:
         self.sel.close()
 
 
-def publish(port: int, topic: str, bodies: List[bytes]) -> None:
+def publish(port: int, topic: str, bodies: list[bytes]) -> None:
     """One MPUB over its own connection (batches of 1000), waiting for each OK."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(b"  V2")
@@ -259,15 +259,15 @@ def publish(port: int, topic: str, bodies: List[bytes]) -> None:
     s.close()
 
 
-def channel_stats(http_port: int, topic: str) -> Dict[str, Any]:
+def channel_stats(http_port: int, topic: str) -> dict[str, Any]:
     from urllib.request import urlopen
     with urlopen(f"http://127.0.0.1:{http_port}/stats?format=json&topic={topic}", timeout=30) as r:
         doc = json.loads(r.read())
     return doc["topics"][0]["channels"][0]
 
 
-def run(connections: int, heartbeat_ms: int, idle: float, extra: Optional[List[str]] = None,
-        wave: int = 25, connect_timeout: float = 60.0) -> Dict[str, Any]:
+def run(connections: int, heartbeat_ms: int, idle: float, extra: list[str] | None = None,
+        wave: int = 25, connect_timeout: float = 60.0) -> dict[str, Any]:
     limits = raise_fd_limit(2 * connections + 256)
     tmp = tempfile.mkdtemp(prefix="nsqtw-bench-conns-")
     proc, tcp, http, log_path = spawn_nsqd(tmp, extra or [])
@@ -344,7 +344,7 @@ def run(connections: int, heartbeat_ms: int, idle: float, extra: Optional[List[s
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--connections", type=int, default=1000)
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="IDENTIFY heartbeat_interval (>= 1000)")

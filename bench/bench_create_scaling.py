@@ -39,7 +39,7 @@ import struct
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_connections import raise_fd_limit, rss_kib, spawn_nsqd  # noqa: E402
@@ -48,7 +48,7 @@ _I32 = struct.Struct(">i")
 _TS = struct.Struct(">d")
 
 
-def _read_frame(sock: socket.socket, buf: bytearray) -> Tuple[int, bytes]:
+def _read_frame(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
     while True:
         if len(buf) >= 8:
             size = _I32.unpack_from(buf, 0)[0]
@@ -74,8 +74,8 @@ def bystander(port: int, rate: float, stop: Any, out: Any) -> None:
     pbuf, cbuf = bytearray(), bytearray()
     assert _read_frame(con, cbuf) == (0, b"OK")
     con.settimeout(0.0005)
-    rtts: List[Tuple[float, float]] = []
-    e2e: List[Tuple[float, float]] = []
+    rtts: list[tuple[float, float]] = []
+    e2e: list[tuple[float, float]] = []
     interval = 1.0 / rate
     next_at = time.monotonic()
     while not stop.is_set():
@@ -99,19 +99,19 @@ def bystander(port: int, rate: float, stop: Any, out: Any) -> None:
                     con.sendall(b"FIN " + data[10:26] + b"\n")
                 elif data == b"_heartbeat_":
                     con.sendall(b"NOP\n")
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             pass
     out.send((rtts, e2e))
 
 
-def pct(values: List[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run(args: argparse.Namespace) -> Dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     data = tempfile.mkdtemp(prefix="nsqtw-bench-create-", dir=args.dir)
     proc, tcp, http_port, _ = spawn_nsqd(data, args.nsqd_arg or [])
     stop = multiprocessing.Event()
@@ -121,9 +121,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         by.start()
         time.sleep(1.0)  # the bystander's baseline
         conn = http.client.HTTPConnection("127.0.0.1", http_port)
-        subs: List[socket.socket] = []
+        subs: list[socket.socket] = []
         rss = [("start", rss_kib(proc.pid))]
-        blocks: List[Tuple[float, float]] = []
+        blocks: list[tuple[float, float]] = []
         t0 = time.monotonic()
         block_start = t0
         for i in range(args.topics):

@@ -31,13 +31,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def summary(samples: List[float]) -> Dict[str, float]:
+def summary(samples: list[float]) -> dict[str, float]:
     s = sorted(samples)
     return {"n": len(s), "median_ms": round(s[len(s) // 2] * 1e3, 3), "p90_ms": round(s[int(len(s) * 0.9)] * 1e3, 3),
             "max_ms": round(s[-1] * 1e3, 3)}
@@ -64,7 +65,7 @@ def wait_accepting(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> 
     raise RuntimeError("broker did not accept in time")
 
 
-def spawn_round(argv: List[str], data: str) -> float:
+def spawn_round(argv: list[str], data: str) -> float:
     port, http = free_port(), free_port()
     t = time.perf_counter()
     proc = subprocess.Popen(argv + [f"--tcp-address=127.0.0.1:{port}", f"--http-address=127.0.0.1:{http}",
@@ -81,7 +82,7 @@ def spawn_round(argv: List[str], data: str) -> float:
     return time.perf_counter() - t
 
 
-def go_nsqd() -> Optional[str]:
+def go_nsqd() -> str | None:
     path = shutil.which("nsqd")
     if not path:
         return None
@@ -92,13 +93,13 @@ def go_nsqd() -> Optional[str]:
     return path if "nsqtw" not in out and "go" in out else None
 
 
-def in_process(rounds: int) -> Dict[str, Dict[str, float]]:
+def in_process(rounds: int) -> dict[str, dict[str, float]]:
     from twisted.internet import defer, reactor
 
     from nsqtw.embed import start_nsqd
     from nsqtw.testing.pytest_plugin import start_cluster_fixture, start_lookupd_fixture, start_nsqd_fixture
 
-    results: Dict[str, Dict[str, float]] = {}
+    results: dict[str, dict[str, float]] = {}
 
     async def measure(name: str, start: Callable[[], Any], n: int) -> None:
         handle = await start()  # warm up imports and code paths
@@ -118,7 +119,7 @@ def in_process(rounds: int) -> Dict[str, Dict[str, float]]:
                       max(10, rounds // 10))
         await measure("embed.start_nsqd (temp dir on disk)", start_nsqd, max(10, rounds // 4))
 
-    failure: List[Any] = []
+    failure: list[Any] = []
 
     def go() -> None:
         d = defer.ensureDeferred(main())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 from twisted.internet import defer, task
 
@@ -27,7 +27,7 @@ from nsqtw.client.inprocess import register  # noqa: E402
 from nsqtw.embed import start_nsqd  # noqa: E402
 
 
-async def window(calls: List[Any], width: int) -> None:
+async def window(calls: list[Any], width: int) -> None:
     """Run the zero-argument callables returning Deferreds, at most ``width`` at once."""
     it = iter(calls)
 
@@ -38,7 +38,7 @@ async def window(calls: List[Any], width: int) -> None:
     await defer.gatherResults([defer.ensureDeferred(worker()) for _ in range(width)], consumeErrors=True)
 
 
-async def run(address: Any, topic: str, args: argparse.Namespace) -> Dict[str, float]:
+async def run(address: Any, topic: str, args: argparse.Namespace) -> dict[str, float]:
     body = b"x" * args.size
     producer = Producer(address)
     await producer.ping()
@@ -98,7 +98,7 @@ async def main(reactor: Any, args: argparse.Namespace) -> None:
         await nsqd.stop()
 
 
-def parse(argv: List[str]) -> argparse.Namespace:
+def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("-n", type=int, default=100000, help="messages to publish and consume")
     p.add_argument("-s", "--size", type=int, default=100, help="message size in bytes")

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -55,7 +54,7 @@ _HEAD = ('{"timestamp":%(ts)s,"time":"%(iso)s","node":{"broadcast_address":"%(ad
          '"gc_pause_usec_95":500,"next_gc_bytes":700,"gc_total_runs":%(gc)d},"producers":null}}\n')
 
 
-def _write_hour(task: Tuple[str, int, int, int, int, int, int]) -> Tuple[int, int]:
+def _write_hour(task: tuple[str, int, int, int, int, int, int]) -> tuple[int, int]:
     """Write one node-hour file; returns (lines, bytes)."""
     from datetime import datetime, timezone
 
@@ -99,7 +98,7 @@ def _write_hour(task: Tuple[str, int, int, int, int, int, int]) -> Tuple[int, in
     return len(lines), len(data)
 
 
-def generate(directory: str, nodes: int, topics: int, channels: int, hours: int, interval: int) -> Dict[str, int]:
+def generate(directory: str, nodes: int, topics: int, channels: int, hours: int, interval: int) -> dict[str, int]:
     marker = os.path.join(directory, "PARAMS.json")
     params = {"nodes": nodes, "topics": topics, "channels": channels, "hours": hours, "interval": interval}
     if os.path.exists(marker):
@@ -121,10 +120,10 @@ def generate(directory: str, nodes: int, topics: int, channels: int, hours: int,
             "generated_s": round(time.monotonic() - t0, 1)}
 
 
-def _tree_rss(root: int) -> Tuple[int, int]:
+def _tree_rss(root: int) -> tuple[int, int]:
     """(total RSS of root and its descendants, RSS of the biggest java process), bytes."""
-    children: Dict[int, List[int]] = {}
-    names: Dict[int, str] = {}
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue

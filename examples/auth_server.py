@@ -35,7 +35,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any
 
 from klein import Klein
 
@@ -48,10 +48,10 @@ class AuthServer:
     def __init__(self, grants_path: str) -> None:
         self.grants_path = grants_path
         self._mtime = -1.0
-        self._secrets: Dict[str, Any] = {}
-        self.requests: List[Dict[str, str]] = []
+        self._secrets: dict[str, Any] = {}
+        self.requests: list[dict[str, str]] = []
 
-    def _grants(self) -> Dict[str, Any]:
+    def _grants(self) -> dict[str, Any]:
         mtime = os.stat(self.grants_path).st_mtime
         if mtime != self._mtime:
             with open(self.grants_path, "rb") as f:
@@ -79,7 +79,7 @@ class AuthServer:
         }).encode()
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: list[str] = None) -> int:
     parser = argparse.ArgumentParser(description="reference NSQ auth server")
     parser.add_argument("--grants", required=True, help="JSON file of secrets and their authorizations")
     parser.add_argument("--http-address", default="127.0.0.1:4181")

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any
+from collections.abc import Callable
 
 from . import version_line as _version_line
 from .options import OptionError
@@ -38,7 +39,7 @@ from .options import OptionError
 __all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
 
 #: flags Go still accepts but that do nothing (name -> kind)
-_DEPRECATED: Dict[str, Dict[str, str]] = {
+_DEPRECATED: dict[str, dict[str, str]] = {
     "nsqd": {"worker-id": "bool"},
 }
 
@@ -47,10 +48,10 @@ def version_line(prog: str) -> str:
     return _version_line(prog)
 
 
-def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[Any, Any], Any],
-               prefix: str, defaults: Optional[dict] = None,
-               after_build: Optional[Callable[[Any], None]] = None,
-               startup_lines: Optional[Callable[[Any], List[str]]] = None) -> int:
+def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[Any, Any], Any],
+               prefix: str, defaults: dict | None = None,
+               after_build: Callable[[Any], None] | None = None,
+               startup_lines: Callable[[Any], list[str]] | None = None) -> int:
     """Parse Go-style flags, start the service tree, run the reactor until a signal."""
     from .tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
     from .tools._runtime import go_log_line
@@ -96,9 +97,9 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
     from .tools._runtime import begin_logging
 
     log_prefix = getattr(options, "log_prefix", prefix)
-    announced: Set[str] = set()
+    announced: set[str] = set()
 
-    def note_listening(event: Dict[str, Any]) -> bool:
+    def note_listening(event: dict[str, Any]) -> bool:
         # ListeningService logs "<LABEL>: listening on <addr>"; remember which were shown
         if event.get("log_format") == "{label}: listening on {address}":
             announced.add(str(event.get("label")))
@@ -160,7 +161,7 @@ def run_daemon(prog: str, argv: List[str], options_class: Any, build: Callable[[
     return status["code"]
 
 
-def nsqd_main(argv: Optional[List[str]] = None) -> int:
+def nsqd_main(argv: list[str] | None = None) -> int:
     """The ``nsqd`` command."""
     from .options import NsqdOptions
     from .service.nsqd import build_nsqd
@@ -170,7 +171,7 @@ def nsqd_main(argv: Optional[List[str]] = None) -> int:
                       startup_lines=lambda o: [version_line("nsqd"), f"ID: {o.node_id}"])
 
 
-def nsqlookupd_main(argv: Optional[List[str]] = None) -> int:
+def nsqlookupd_main(argv: list[str] | None = None) -> int:
     """The ``nsqlookupd`` command."""
     from .lookupd.options import LookupdOptions
     from .service.lookupd import build_lookupd
@@ -179,7 +180,7 @@ def nsqlookupd_main(argv: Optional[List[str]] = None) -> int:
     return run_daemon("nsqlookupd", args, LookupdOptions, build_lookupd, "[nsqlookupd] ")
 
 
-def nsqadmin_main(argv: Optional[List[str]] = None) -> int:
+def nsqadmin_main(argv: list[str] | None = None) -> int:
     """The ``nsqadmin`` command."""
     from .admin.options import AdminOptions
     from .service.admin import build_admin
@@ -192,7 +193,7 @@ def nsqadmin_main(argv: Optional[List[str]] = None) -> int:
 DAEMONS = {"nsqd": nsqd_main, "nsqlookupd": nsqlookupd_main, "nsqadmin": nsqadmin_main}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``python -m nsqtw.cli [nsqd|nsqlookupd|nsqadmin] [flags]`` (nsqd by default)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in DAEMONS:

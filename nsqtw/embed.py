@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Optional
+from typing import Any
 
 import attr
 from twisted.internet import defer
@@ -37,7 +37,7 @@ class NsqdHandle:
     """A running embedded nsqd."""
 
     service: Any = attr.ib()
-    _tempdir: Optional[str] = attr.ib(default=None)
+    _tempdir: str | None = attr.ib(default=None)
     _unregister: Any = attr.ib(default=None)
 
     @property
@@ -53,11 +53,11 @@ class NsqdHandle:
         return self.service.tcp_port
 
     @property
-    def http_port(self) -> Optional[int]:
+    def http_port(self) -> int | None:
         return self.service.http_port
 
     @property
-    def https_port(self) -> Optional[int]:
+    def https_port(self) -> int | None:
         return self.service.https_port
 
     @property
@@ -69,7 +69,7 @@ class NsqdHandle:
         return f"{self.host}:{self.tcp_port}"
 
     @property
-    def http_address(self) -> Optional[str]:
+    def http_address(self) -> str | None:
         if self.http_port is None:
             return None
         return f"{self.service.http_listener.port.getHost().host}:{self.http_port}"
@@ -106,8 +106,8 @@ def scratch_dir() -> str:
     return tempfile.mkdtemp(prefix="nsqtw-", dir=base)
 
 
-def start_nsqd(reactor: Any = None, options: Optional[NsqdOptions] = None, *,
-               inprocess_name: Optional[str] = None, **kwargs: Any) -> defer.Deferred:
+def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
+               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred:
     """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
 
     With ``inprocess_name``, clients in the same reactor also reach it at

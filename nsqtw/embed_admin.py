@@ -20,7 +20,7 @@ Options are nsqadmin's, by attribute name (``lookupd_http_addresses=[...]``,
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import attr
 from twisted.internet import defer
@@ -74,7 +74,7 @@ class AdminHandle:
         return defer.maybeDeferred(self.service.stopService)
 
 
-def start_nsqadmin(reactor: Any = None, options: Optional[AdminOptions] = None, *,
+def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
                    http_client: Any = None, **kwargs: Any) -> defer.Deferred:
     """Start an nsqadmin in the running reactor; fires with an :class:`AdminHandle`.
 

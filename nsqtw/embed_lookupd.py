@@ -18,7 +18,7 @@ machine can always reach the HTTP API it is told about in IDENTIFY.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import attr
 from twisted.internet import defer
@@ -40,7 +40,7 @@ class LookupdHandle:
     http_host: str = attr.ib(default="")
 
     @classmethod
-    def of(cls, service: Any) -> "LookupdHandle":
+    def of(cls, service: Any) -> LookupdHandle:
         return cls(service, service.tcp_port, service.http_port,
                    service.tcp_listener.port.getHost().host, service.http_listener.port.getHost().host)
 
@@ -67,7 +67,7 @@ class LookupdHandle:
         return defer.maybeDeferred(self.service.stopService)
 
 
-def start_nsqlookupd(reactor: Any = None, options: Optional[LookupdOptions] = None, *,
+def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None, *,
                      clock: Any = None, **kwargs: Any) -> defer.Deferred:
     """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
 

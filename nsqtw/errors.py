@@ -10,7 +10,7 @@ errors carry a status and NSQ's upper-case text, rendered as
 
 from __future__ import annotations
 
-from typing import ClassVar, Dict, Type
+from typing import ClassVar
 
 
 class NSQError(Exception):
@@ -118,7 +118,7 @@ def _all_subclasses(cls: type) -> list:
 
 
 #: Error class by wire code, for decoders and the client library.
-BY_CODE: Dict[bytes, Type[NSQError]] = {c.code: c for c in _all_subclasses(NSQError)}
+BY_CODE: dict[bytes, type[NSQError]] = {c.code: c for c in _all_subclasses(NSQError)}
 
 
 def from_wire(body: bytes) -> NSQError:
@@ -167,7 +167,7 @@ class BackendError(BrokerError):
 class HTTPAPIError(Exception):
     """An HTTP API error: ``{"message": text}`` with this status."""
 
-    def __init__(self, status: int, text: str, extra: "dict | None" = None) -> None:
+    def __init__(self, status: int, text: str, extra: dict | None = None) -> None:
         super().__init__(text)
         self.status = status
         self.text = text

@@ -19,7 +19,8 @@ import hashlib
 import re
 import socket
 import zlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
 
 import attr
 
@@ -174,7 +175,7 @@ def _parse_log_level(text: str, flag: str) -> int:
     raise OptionError(f'invalid value "{text}" for flag -{flag}: invalid log-level "{text}"')
 
 
-def _parse_float_list(text: str, flag: str) -> List[float]:
+def _parse_float_list(text: str, flag: str) -> list[float]:
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -187,7 +188,7 @@ def _parse_float_list(text: str, flag: str) -> List[float]:
     return out
 
 
-_PARSERS: Dict[str, Callable[[str, str], Any]] = {
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
     STR: lambda text, flag: text,
     INT: _parse_int,
     BOOL: _parse_bool,
@@ -202,12 +203,12 @@ _PARSERS: Dict[str, Callable[[str, str], Any]] = {
 def opt(
     default: Any = attr.NOTHING,
     *,
-    flag: Optional[str],
+    flag: str | None,
     kind: str,
     help: str = "",
-    cfg: Optional[str] = None,
-    factory: Optional[Callable[[], Any]] = None,
-    unsupported: Optional[str] = None,
+    cfg: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    unsupported: str | None = None,
 ) -> Any:
     """An attrs field that knows its NSQ flag, config name, parser and help."""
     meta = {
@@ -222,7 +223,7 @@ def opt(
     return attr.ib(default=default, metadata=meta, kw_only=True)
 
 
-def option_fields(cls: type) -> List["attr.Attribute[Any]"]:
+def option_fields(cls: type) -> list[attr.Attribute[Any]]:
     """The fields of an options class that have an NSQ flag, in flag order."""
     return [f for f in attr.fields(cls) if f.metadata.get("flag")]
 
@@ -230,7 +231,7 @@ def option_fields(cls: type) -> List["attr.Attribute[Any]"]:
 T = TypeVar("T")
 
 
-def parse_value(field: "attr.Attribute[Any]", value: Any) -> Any:
+def parse_value(field: attr.Attribute[Any], value: Any) -> Any:
     """Turn a flag string (or list of strings, or a TOML value) into the field's type."""
     kind = field.metadata["kind"]
     flag = field.metadata["flag"] or field.name
@@ -243,7 +244,7 @@ def parse_value(field: "attr.Attribute[Any]", value: Any) -> Any:
             return [float(value)]
         if isinstance(value, str):
             return _parse_float_list(value, flag)
-        out: List[float] = []
+        out: list[float] = []
         for v in value:
             out.extend(_parse_float_list(v, flag) if isinstance(v, str) else [float(v)])
         return out
@@ -261,7 +262,7 @@ def parse_value(field: "attr.Attribute[Any]", value: Any) -> Any:
     return _PARSERS[kind](str(value) if not isinstance(value, str) else value, flag)
 
 
-def options_from_strings(cls: Type[T], values: Mapping[str, Any], **overrides: Any) -> T:
+def options_from_strings(cls: type[T], values: Mapping[str, Any], **overrides: Any) -> T:
     """
     Build an options object from ``{flag-or-cfg-name: value}``.
 
@@ -270,7 +271,7 @@ def options_from_strings(cls: Type[T], values: Mapping[str, Any], **overrides: A
     Values are strings or lists of strings as a command line gives them, or
     TOML values.  Unknown keys are refused with a message naming them.
     """
-    by_key: Dict[str, "attr.Attribute[Any]"] = {}
+    by_key: dict[str, attr.Attribute[Any]] = {}
     for f in attr.fields(cls):  # type: ignore[arg-type]
         by_key[f.name] = f
         if f.metadata.get("flag"):
@@ -278,7 +279,7 @@ def options_from_strings(cls: Type[T], values: Mapping[str, Any], **overrides: A
             by_key[f.metadata["flag"].replace("-", "_")] = f
         if f.metadata.get("cfg"):
             by_key[f.metadata["cfg"]] = f
-    kwargs: Dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
     for key, value in values.items():
         f = by_key.get(key) or by_key.get(key.replace("-", "_"))
         if f is None:
@@ -300,7 +301,7 @@ def config_value(options: Any, name: str) -> Any:
     raise KeyError(name)
 
 
-def display_default(field: "attr.Attribute[Any]", value: Any) -> str:
+def display_default(field: attr.Attribute[Any], value: Any) -> str:
     """A default as Go's flag package prints it in ``--help``."""
     kind = field.metadata["kind"]
     if kind == DURATION:
@@ -319,7 +320,7 @@ def display_default(field: "attr.Attribute[Any]", value: Any) -> str:
 # --- helpers shared by the daemons --------------------------------------------
 
 
-def split_host_port(address: str, flag: str) -> Tuple[str, int]:
+def split_host_port(address: str, flag: str) -> tuple[str, int]:
     """``"host:port"`` -> (host, port); ``[v6]:port`` is allowed."""
     host, sep, port = address.rpartition(":")
     if not sep:
@@ -335,7 +336,7 @@ def split_host_port(address: str, flag: str) -> Tuple[str, int]:
     return host, number
 
 
-def default_node_id(hostname: Optional[str] = None) -> int:
+def default_node_id(hostname: str | None = None) -> int:
     """NSQ's default: ``crc32(md5(hostname)) % 1024``."""
     name = hostname if hostname is not None else socket.gethostname()
     return zlib.crc32(hashlib.md5(name.encode()).digest()) % 1024
@@ -345,14 +346,14 @@ def default_hostname() -> str:
     return socket.gethostname()
 
 
-def require_positive_durations(*pairs: Tuple[str, float]) -> None:
+def require_positive_durations(*pairs: tuple[str, float]) -> None:
     """Refuse a zero or negative duration, naming its flag."""
     for name, value in pairs:
         if value <= 0:
             raise OptionError(f"--{name} must be a positive duration (got {format_duration(value)})")
 
 
-def require_at_least(minimum: int, *pairs: Tuple[str, int]) -> None:
+def require_at_least(minimum: int, *pairs: tuple[str, int]) -> None:
     """Refuse a count below ``minimum`` (0 or 1), naming its flag."""
     for name, value in pairs:
         if value < minimum:
@@ -386,7 +387,7 @@ class NsqdOptions:
                             help="address to listen on for HTTP clients (<addr>:<port> for TCP/IP or <path> for unix socket)")
     tcp_address: str = opt("0.0.0.0:4150", flag="tcp-address", kind=STR,
                            help="address to listen on for TCP clients (<addr>:<port> for TCP/IP or <path> for unix socket)")
-    auth_http_addresses: List[str] = opt(flag="auth-http-address", cfg="auth_http_addresses", kind=STRLIST,
+    auth_http_addresses: list[str] = opt(flag="auth-http-address", cfg="auth_http_addresses", kind=STRLIST,
                                          factory=list,
                                          help="<addr>:<port> or a full url to query auth server (may be given multiple times)")
     auth_http_request_method: str = opt("get", flag="auth-http-request-method", kind=STR,
@@ -397,7 +398,7 @@ class NsqdOptions:
                                   help="TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)")
     broadcast_http_port: int = opt(0, flag="broadcast-http-port", kind=INT,
                                    help="HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)")
-    lookupd_tcp_addresses: List[str] = opt(flag="lookupd-tcp-address", cfg="nsqlookupd_tcp_addresses",
+    lookupd_tcp_addresses: list[str] = opt(flag="lookupd-tcp-address", cfg="nsqlookupd_tcp_addresses",
                                            kind=STRLIST, factory=list,
                                            help="lookupd TCP address (may be given multiple times)")
     http_client_connect_timeout: float = opt(2.0, flag="http-client-connect-timeout", kind=DURATION,
@@ -449,7 +450,7 @@ class NsqdOptions:
                                       help="the size in bytes of statsd UDP packets")
     statsd_exclude_ephemeral: bool = opt(False, flag="statsd-exclude-ephemeral", kind=BOOL,
                                          help="Skip ephemeral topics and channels when sending stats to statsd")
-    e2e_processing_latency_percentiles: List[float] = opt(
+    e2e_processing_latency_percentiles: list[float] = opt(
         flag="e2e-processing-latency-percentile", cfg="e2e_processing_latency_percentiles", kind=FLOATLIST,
         factory=list,
         help="message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma separated '1.0,0.99,0.95', default none)")
@@ -477,7 +478,7 @@ class NsqdOptions:
     topology_zone: str = opt("", flag="topology-zone", kind=STR,
                              unsupported="topology-aware consumption is an unreleased NSQ experiment nsqtw does not implement",
                              help="[experimental, not supported by nsqtw] zone for topology-aware consumption")
-    enable_experiment: List[str] = opt(flag="enable-experiment", cfg="enable_experiment", kind=STRLIST, factory=list,
+    enable_experiment: list[str] = opt(flag="enable-experiment", cfg="enable_experiment", kind=STRLIST, factory=list,
                                        unsupported="NSQ's experiments (topology-aware-consumption) are not implemented by nsqtw",
                                        help="[experimental, not supported by nsqtw] enable an experiment")
     # nsqtw additions (not in NSQ) -------------------------------------------------
@@ -574,5 +575,5 @@ class NsqdOptions:
         """The default client heartbeat interval: half of ClientTimeout."""
         return self.client_timeout / 2
 
-    def replace(self, **changes: Any) -> "NsqdOptions":
+    def replace(self, **changes: Any) -> NsqdOptions:
         return attr.evolve(self, **changes)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["resolve_reactor"]
 
 
-def resolve_reactor(reactor: Optional[Any] = None) -> Any:
+def resolve_reactor(reactor: Any | None = None) -> Any:
     """The given reactor, or the global one, imported now."""
     if reactor is None:
         from twisted.internet import reactor as global_reactor

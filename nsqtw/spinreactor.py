@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 from time import perf_counter
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.epollreactor import EPollReactor
 
@@ -50,12 +50,12 @@ def _spin_from_env() -> float:
 class SpinningEPollReactor(EPollReactor):
     """``EPollReactor`` that spins (non-blocking polls) for a moment after activity."""
 
-    def __init__(self, spin_seconds: Optional[float] = None) -> None:
+    def __init__(self, spin_seconds: float | None = None) -> None:
         self.spin_seconds = _spin_from_env() if spin_seconds is None else spin_seconds
         self._active = False
         super().__init__()
 
-    def doPoll(self, timeout: Optional[float]) -> None:
+    def doPoll(self, timeout: float | None) -> None:
         poll = self._poller.poll
         maxevents = len(self._selectables)
         try:
@@ -86,7 +86,7 @@ class SpinningEPollReactor(EPollReactor):
     doIteration = doPoll
 
 
-def install(spin_seconds: Optional[float] = None) -> SpinningEPollReactor:
+def install(spin_seconds: float | None = None) -> SpinningEPollReactor:
     """Install it as the global reactor (before anything imports ``twisted.internet.reactor``)."""
     from twisted.internet.main import installReactor
 

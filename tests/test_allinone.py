@@ -7,7 +7,7 @@ import json
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, reactor, task
+from twisted.internet import reactor, task
 
 from nsqtw.tap.allinone import Options, makeService, split_extra_flags
 

@@ -3,7 +3,7 @@
 import pytest
 import pytest_twisted
 
-from nsqtw.testing import body_command, command, connect_raw, identify_command
+from nsqtw.testing import body_command, command, connect_raw
 
 
 @pytest.mark.e2e

@@ -21,7 +21,7 @@ import json
 import mimetypes
 import os
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 
 from klein import Klein
 from twisted.web.iweb import IRequest
@@ -32,11 +32,9 @@ from twisted.web.resource import EncodingResourceWrapper
 from ..errors import HTTPAPIError
 from ..options import LOG_LEVELS, OptionError, config_value
 from ..protocol.names import is_valid_name
-from ..stats.snapshot import go_json
 from ..http.responses import first, install_error_handlers, plain, query, v1, v1_error
 from . import pages
 from .cluster import UpstreamError, counter_stats, topic_totals, warning_message
-from .html import Markup
 
 if TYPE_CHECKING:
     from ..service.admin import AdminService
@@ -48,7 +46,7 @@ _MAX_BODY = 1024 * 1024
 HTML_TYPE = b"text/html; charset=utf-8"
 
 
-def is_admin_request(request: IRequest, admin_users: List[str], header: str) -> bool:
+def is_admin_request(request: IRequest, admin_users: list[str], header: str) -> bool:
     """``isAuthorizedAdminRequest``: everyone without ``--admin-user``, else a listed user."""
     if not admin_users:
         return True
@@ -132,7 +130,7 @@ class AdminHTTPAPI:
     app = Klein()
     install_error_handlers(app)
 
-    def __init__(self, node: "AdminService") -> None:
+    def __init__(self, node: AdminService) -> None:
         self.node = node
 
     def resource(self) -> Resource:
@@ -181,13 +179,13 @@ class AdminHTTPAPI:
 
     # --- data shared by pages and the API -------------------------------------------------
 
-    async def _topics_doc(self, inactive: bool) -> Dict[str, Any]:
+    async def _topics_doc(self, inactive: bool) -> dict[str, Any]:
         topics, errors = await self._ci.topics()
         if inactive:
             return {"topics": await self._ci.inactive_topics(topics), "message": warning_message(errors)}
         return {"topics": topics, "message": warning_message(errors)}
 
-    async def _topic_doc(self, topic: str) -> Dict[str, Any]:
+    async def _topic_doc(self, topic: str) -> dict[str, Any]:
         producers, errors = await self._ci.topic_producers(topic)
         per_node, _, errs = await self._ci.nsqd_stats(producers, topic, "", False)
         total = topic_totals(topic, per_node)
@@ -195,7 +193,7 @@ class AdminHTTPAPI:
         doc["message"] = warning_message(list(errors) + list(errs))
         return doc
 
-    async def _channel_doc(self, topic: str, channel: str) -> Dict[str, Any]:
+    async def _channel_doc(self, topic: str, channel: str) -> dict[str, Any]:
         producers, errors = await self._ci.topic_producers(topic)
         _, channels, errs = await self._ci.nsqd_stats(producers, topic, channel, True)
         found = channels.get(channel)
@@ -203,11 +201,11 @@ class AdminHTTPAPI:
         doc["message"] = warning_message(list(errors) + list(errs))
         return doc
 
-    async def _nodes_doc(self) -> Dict[str, Any]:
+    async def _nodes_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
         return {"nodes": [p.to_json() for p in producers], "message": warning_message(errors)}
 
-    async def _node_doc(self, node: str) -> Dict[str, Any]:
+    async def _node_doc(self, node: str) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
         producer = next((p for p in producers if p.http_address == node), None)
         if producer is None:
@@ -218,7 +216,7 @@ class AdminHTTPAPI:
         return {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
                 "total_clients": total_clients, "message": warning_message(errors)}
 
-    async def _counter_doc(self) -> Dict[str, Any]:
+    async def _counter_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
         _, channels, errs = await self._ci.nsqd_stats(producers, "", "", False)
         return {"stats": counter_stats(channels), "message": warning_message(list(errors) + list(errs))}
@@ -280,7 +278,7 @@ class AdminHTTPAPI:
     @app.route("/lookup", methods=["GET"])
     async def lookup_page(self, request: IRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
-            inactive: Dict[str, List[str]] = {}
+            inactive: dict[str, list[str]] = {}
             message = ""
             if ctx.lookupds:
                 doc = await self._topics_doc(True)
@@ -314,7 +312,7 @@ class AdminHTTPAPI:
         request.setHeader(b"Cache-Control", b"public, max-age=60")
         return data
 
-    def _asset(self, name: str) -> Optional[bytes]:
+    def _asset(self, name: str) -> bytes | None:
         dev = self._opts.dev_static_dir
         if dev:
             path = os.path.join(dev, name)
@@ -353,7 +351,7 @@ class AdminHTTPAPI:
 
     # --- peek (nsqtw): every nsqd's queued, in-flight and deferred messages, merged ----------------
 
-    def _peek_params(self, request: IRequest) -> Tuple[int, str]:
+    def _peek_params(self, request: IRequest) -> tuple[int, str]:
         params = query(request)
         raw = first(params, "n") or "20"
         if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 1000:
@@ -423,7 +421,7 @@ class AdminHTTPAPI:
 
     # --- JSON API: actions -------------------------------------------------------------------------
 
-    def _done(self, request: IRequest, errors: List[str]) -> bytes:
+    def _done(self, request: IRequest, errors: list[str]) -> bytes:
         return v1(request, {"message": warning_message(errors)})
 
     @app.route("/api/topics", methods=["POST"])

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from urllib.parse import quote
 
 import attr
@@ -77,14 +78,14 @@ def join_host_port(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def union_sorted(items: Iterable[str]) -> List[str]:
+def union_sorted(items: Iterable[str]) -> list[str]:
     return sorted(set(items))
 
 
 _SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
 
 
-def semver_key(version: str) -> Tuple[Any, ...]:
+def semver_key(version: str) -> tuple[Any, ...]:
     """A sort key for a semantic version; anything unparsable is ``0.0.0`` (as nsqadmin does)."""
     m = _SEMVER.match(version or "")
     if m is None:
@@ -104,7 +105,7 @@ class ProducerTopic:
     topic: str = attr.ib()
     tombstoned: bool = attr.ib(default=False)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "tombstoned": self.tombstoned}
 
 
@@ -112,24 +113,24 @@ class ProducerTopic:
 class Producer:
     """One nsqd as nsqlookupd (or the nsqd itself) describes it."""
 
-    remote_addresses: Optional[List[str]] = attr.ib(default=None)
+    remote_addresses: list[str] | None = attr.ib(default=None)
     remote_address: str = attr.ib(default="")
     hostname: str = attr.ib(default="")
     broadcast_address: str = attr.ib(default="")
     tcp_port: int = attr.ib(default=0)
     http_port: int = attr.ib(default=0)
     version: str = attr.ib(default="")
-    topics: Optional[List[ProducerTopic]] = attr.ib(default=None)
+    topics: list[ProducerTopic] | None = attr.ib(default=None)
     out_of_date: bool = attr.ib(default=False)
     #: where nsqadmin reaches it (``scheme://host:port``); the configured address in
     #: --nsqd-http-address mode, the broadcast address otherwise
     fetch_base: str = attr.ib(default="")
 
     @classmethod
-    def from_lookupd(cls, doc: Dict[str, Any]) -> "Producer":
+    def from_lookupd(cls, doc: dict[str, Any]) -> Producer:
         """A producer from ``/nodes`` (with topics and tombstones) or ``/lookup``."""
         topics_raw = doc.get("topics")
-        topics: Optional[List[ProducerTopic]] = None
+        topics: list[ProducerTopic] | None = None
         if topics_raw is not None:
             tombstones = doc.get("tombstones") or []
             topics = [ProducerTopic(str(t), bool(tombstones[i]) if i < len(tombstones) else False)
@@ -156,7 +157,7 @@ class Producer:
     def base_url(self) -> str:
         return self.fetch_base or f"http://{self.http_address}"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "remote_addresses": self.remote_addresses,
             "remote_address": self.remote_address,
@@ -170,14 +171,14 @@ class Producer:
         }
 
 
-def merge_lookupd_nodes(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Producer]:
+def merge_lookupd_nodes(answers: Sequence[tuple[str, dict[str, Any]]]) -> list[Producer]:
     """``GetLookupdProducers``: union every lookupd's ``/nodes`` by TCP address.
 
     ``remote_addresses`` lists ``<lookupd>/<remote address>`` for each lookupd
     that knows the node; nodes older than the newest version are ``out_of_date``.
     """
-    by_addr: Dict[str, Producer] = {}
-    order: List[Producer] = []
+    by_addr: dict[str, Producer] = {}
+    order: list[Producer] = []
     for lookupd, doc in answers:
         for raw in doc.get("producers") or []:
             producer = Producer.from_lookupd(raw)
@@ -199,9 +200,9 @@ def merge_lookupd_nodes(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> List[P
     return order
 
 
-def merge_topic_producers(answers: Sequence[Dict[str, Any]]) -> List[Producer]:
+def merge_topic_producers(answers: Sequence[dict[str, Any]]) -> list[Producer]:
     """``GetLookupdTopicProducers``: the union of every lookupd's ``/lookup`` by HTTP address."""
-    out: List[Producer] = []
+    out: list[Producer] = []
     seen = set()
     for doc in answers:
         for raw in doc.get("producers") or []:
@@ -213,7 +214,7 @@ def merge_topic_producers(answers: Sequence[Dict[str, Any]]) -> List[Producer]:
     return out
 
 
-def producer_from_nsqd(address: str, info: Dict[str, Any], stats: Dict[str, Any],
+def producer_from_nsqd(address: str, info: dict[str, Any], stats: dict[str, Any],
                        scheme: str = "http") -> Producer:
     """A producer from one nsqd's ``/info`` and ``/stats`` (``--nsqd-http-address`` mode)."""
     broadcast = str(info.get("broadcast_address") or "")
@@ -249,7 +250,7 @@ def mark_out_of_date(producers: Sequence[Producer]) -> None:
 # --- stats -------------------------------------------------------------------------
 
 
-def _percentile_key(p: Dict[str, float]) -> float:
+def _percentile_key(p: dict[str, float]) -> float:
     return p.get("quantile", 0.0)
 
 
@@ -258,13 +259,13 @@ class E2eAggregate:
     """``E2eProcessingLatencyAggregate``: percentiles merged across nodes by weighted average."""
 
     count: int = attr.ib(default=0)
-    percentiles: Optional[List[Dict[str, float]]] = attr.ib(default=None)
+    percentiles: list[dict[str, float]] | None = attr.ib(default=None)
     topic: str = attr.ib(default="")
     channel: str = attr.ib(default="")
     host: str = attr.ib(default="")
 
     @classmethod
-    def from_nsqd(cls, doc: Optional[Dict[str, Any]]) -> Optional["E2eAggregate"]:
+    def from_nsqd(cls, doc: dict[str, Any] | None) -> E2eAggregate | None:
         if doc is None:
             return None
         count = int(doc.get("count") or 0)
@@ -281,7 +282,7 @@ class E2eAggregate:
         return cls(count=count, percentiles=percentiles, topic=str(doc.get("topic") or ""),
                    channel=str(doc.get("channel") or ""), host=str(doc.get("host") or ""))
 
-    def add(self, other: Optional["E2eAggregate"]) -> None:
+    def add(self, other: E2eAggregate | None) -> None:
         """Merge a node's percentiles in (a missing quantile is appended)."""
         self.host = "*"
         if other is None:
@@ -309,7 +310,7 @@ class E2eAggregate:
             delta = value.get("average", 0.0) - mine.get("average", 0.0)
             mine["average"] = mine.get("average", 0.0) + delta * value.get("count", 0.0) / mine["count"]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "percentiles": (None if self.percentiles is None
@@ -349,10 +350,10 @@ class ClientStats:
     tls_negotiated_protocol: str = attr.ib(default="")
     tls_negotiated_protocol_is_mutual: bool = attr.ib(default=False)
     #: nsqtw addition: the connection state (nsqd's ``state``; 3 is subscribed)
-    state: Optional[int] = attr.ib(default=None)
+    state: int | None = attr.ib(default=None)
 
     @classmethod
-    def from_nsqd(cls, doc: Dict[str, Any], node: str, now: float) -> "ClientStats":
+    def from_nsqd(cls, doc: dict[str, Any], node: str, now: float) -> ClientStats:
         connect_ts = int(doc.get("connect_ts") or 0)
         return cls(
             node=node,
@@ -382,14 +383,14 @@ class ClientStats:
             state=doc.get("state") if isinstance(doc.get("state"), int) else None,
         )
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in attr.fields(ClientStats) if f.name != "state"}
         if self.state is not None:
             out["state"] = self.state
         return out
 
 
-def _int(doc: Dict[str, Any], key: str) -> int:
+def _int(doc: dict[str, Any], key: str) -> int:
     value = doc.get(key)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
@@ -411,13 +412,13 @@ class ChannelStats:
     timeout_count: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
     client_count: int = attr.ib(default=0)
-    nodes: Optional[List["ChannelStats"]] = attr.ib(default=None)
-    clients: Optional[List[ClientStats]] = attr.ib(default=None)
+    nodes: list[ChannelStats] | None = attr.ib(default=None)
+    clients: list[ClientStats] | None = attr.ib(default=None)
     paused: bool = attr.ib(default=False)
-    e2e_processing_latency: Optional[E2eAggregate] = attr.ib(default=None)
+    e2e_processing_latency: E2eAggregate | None = attr.ib(default=None)
 
     @classmethod
-    def from_nsqd(cls, doc: Dict[str, Any], topic: str, node: str, hostname: str, now: float) -> "ChannelStats":
+    def from_nsqd(cls, doc: dict[str, Any], topic: str, node: str, hostname: str, now: float) -> ChannelStats:
         depth = _int(doc, "depth")
         backend = _int(doc, "backend_depth")
         clients_raw = doc.get("clients")
@@ -439,7 +440,7 @@ class ChannelStats:
             e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
         )
 
-    def add(self, a: "ChannelStats") -> None:
+    def add(self, a: ChannelStats) -> None:
         """``ChannelStats.Add``: sum a node's channel in; keep it under ``nodes``."""
         self.node = "*"
         self.depth += a.depth
@@ -467,7 +468,7 @@ class ChannelStats:
             self.clients.extend(a.clients)
             self.clients.sort(key=lambda c: c.hostname)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "hostname": self.hostname,
@@ -501,13 +502,13 @@ class TopicStats:
     memory_depth: int = attr.ib(default=0)
     backend_depth: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
-    nodes: Optional[List["TopicStats"]] = attr.ib(default=None)
-    channels: Optional[List[ChannelStats]] = attr.ib(default=None)
+    nodes: list[TopicStats] | None = attr.ib(default=None)
+    channels: list[ChannelStats] | None = attr.ib(default=None)
     paused: bool = attr.ib(default=False)
-    e2e_processing_latency: Optional[E2eAggregate] = attr.ib(default=None)
+    e2e_processing_latency: E2eAggregate | None = attr.ib(default=None)
 
     @classmethod
-    def from_nsqd(cls, doc: Dict[str, Any], node: str, hostname: str, now: float) -> "TopicStats":
+    def from_nsqd(cls, doc: dict[str, Any], node: str, hostname: str, now: float) -> TopicStats:
         name = str(doc.get("topic_name") or "")
         depth = _int(doc, "depth")
         backend = _int(doc, "backend_depth")
@@ -524,7 +525,7 @@ class TopicStats:
             e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
         )
 
-    def add(self, a: "TopicStats") -> None:
+    def add(self, a: TopicStats) -> None:
         """``TopicStats.Add``: sum a node's topic in, merging its channels by name."""
         self.node = "*"
         self.depth += a.depth
@@ -554,7 +555,7 @@ class TopicStats:
             self.e2e_processing_latency = E2eAggregate(host=self.node, topic=self.topic_name)
         self.e2e_processing_latency.add(a.e2e_processing_latency)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "hostname": self.hostname,
@@ -571,16 +572,16 @@ class TopicStats:
         }
 
 
-def aggregate_stats(answers: Sequence[Tuple[Producer, Dict[str, Any]]], topic: str = "",
+def aggregate_stats(answers: Sequence[tuple[Producer, dict[str, Any]]], topic: str = "",
                     channel: str = "", now: float = 0.0
-                    ) -> Tuple[List[TopicStats], Dict[str, ChannelStats]]:
+                    ) -> tuple[list[TopicStats], dict[str, ChannelStats]]:
     """``GetNSQDStats``'s merge: per-node topic rows, and channels summed across nodes.
 
     The channel map is keyed by channel name when ``topic`` is given, else by
     ``topic:channel``.  ``channel`` narrows the channels when an nsqd did not.
     """
-    topics: List[TopicStats] = []
-    channels: Dict[str, ChannelStats] = {}
+    topics: list[TopicStats] = []
+    channels: dict[str, ChannelStats] = {}
     for producer, doc in answers:
         node = producer.http_address
         for raw in doc.get("topics") or []:
@@ -609,9 +610,9 @@ def topic_totals(topic: str, per_node: Sequence[TopicStats]) -> TopicStats:
     return total
 
 
-def counter_stats(channels: Dict[str, ChannelStats]) -> Dict[str, Dict[str, Any]]:
+def counter_stats(channels: dict[str, ChannelStats]) -> dict[str, dict[str, Any]]:
     """``/api/counter``'s ``stats``: message counts per ``topic:channel:node``."""
-    out: Dict[str, Dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for cs in channels.values():
         for node_cs in cs.nodes or []:
             key = f"{cs.topic_name}:{cs.channel_name}:{node_cs.node}"
@@ -654,15 +655,15 @@ class Upstream:
         self.request_timeout = request_timeout
         self.user_agent = user_agent
 
-    def _headers(self, extra: Optional[Dict[bytes, bytes]] = None) -> Dict[bytes, List[bytes]]:
+    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
         headers = {b"Accept": [NSQ_ACCEPT], b"User-Agent": [self.user_agent.encode()]}
         for k, v in (extra or {}).items():
             headers[k] = [v]
         return headers
 
-    async def _call(self, method: str, url: str, body: Optional[bytes],
-                    headers: Optional[Dict[bytes, bytes]]) -> Tuple[int, str, bytes]:
-        async def go() -> Tuple[int, str, bytes]:
+    async def _call(self, method: str, url: str, body: bytes | None,
+                    headers: dict[bytes, bytes] | None) -> tuple[int, str, bytes]:
+        async def go() -> tuple[int, str, bytes]:
             response = await self.client.request(method, url, headers=self._headers(headers), data=body)
             content = await response.content()
             return response.code, (response.phrase or b"").decode("latin-1"), content
@@ -676,8 +677,8 @@ class Upstream:
         except Exception as e:  # connection refused, DNS, TLS, ...
             raise FetchError(f'{method} "{url}": {_describe(e)}') from None
 
-    async def request(self, method: str, url: str, body: Optional[bytes] = None,
-                      headers: Optional[Dict[bytes, bytes]] = None) -> bytes:
+    async def request(self, method: str, url: str, body: bytes | None = None,
+                      headers: dict[bytes, bytes] | None = None) -> bytes:
         """The body of a 200 answer; anything else raises :class:`FetchError`."""
         code, phrase, content = await self._call(method, url, body, headers)
         if code == 403 and url.startswith("http://"):
@@ -701,7 +702,7 @@ class Upstream:
         await self.request("POST", url)
 
 
-def _https_retry_url(url: str, body: bytes) -> Optional[str]:
+def _https_retry_url(url: str, body: bytes) -> str | None:
     try:
         port = json.loads(body).get("https_port")
     except (ValueError, AttributeError):
@@ -723,12 +724,12 @@ def _describe(e: BaseException) -> str:
     return f"{e.__class__.__name__}: {text}" if text else e.__class__.__name__
 
 
-async def _each(items: Sequence[T], call: Callable[[T], Awaitable[Any]]) -> Tuple[List[Tuple[T, Any]], List[str]]:
+async def _each(items: Sequence[T], call: Callable[[T], Awaitable[Any]]) -> tuple[list[tuple[T, Any]], list[str]]:
     """Run ``call`` for every item at once; (item, result) pairs in item order, and the error texts."""
     ds = [defer.ensureDeferred(call(item)) for item in items]
     outcomes = await defer.DeferredList(ds, consumeErrors=True)
-    results: List[Tuple[T, Any]] = []
-    errors: List[str] = []
+    results: list[tuple[T, Any]] = []
+    errors: list[str] = []
     for item, (ok, value) in zip(items, outcomes):
         if ok:
             results.append((item, value))
@@ -738,7 +739,7 @@ async def _each(items: Sequence[T], call: Callable[[T], Awaitable[Any]]) -> Tupl
     return results, errors
 
 
-def _total_failure(kind: str, count: int, errors: List[str]) -> None:
+def _total_failure(kind: str, count: int, errors: list[str]) -> None:
     if count and len(errors) == count:
         raise UpstreamError(f"failed to query any {kind}: " + "\n".join(errors))
 
@@ -751,7 +752,7 @@ class ClusterInfo:
     Methods return ``(value, errors)``; a total failure raises :class:`UpstreamError`.
     """
 
-    def __init__(self, upstream: Upstream, addresses: Callable[[], Tuple[List[str], List[str]]],
+    def __init__(self, upstream: Upstream, addresses: Callable[[], tuple[list[str], list[str]]],
                  clock: Any) -> None:
         self.upstream = upstream
         self.addresses = addresses
@@ -759,23 +760,23 @@ class ClusterInfo:
 
     # --- nsqlookupd ------------------------------------------------------------
 
-    async def lookupd_topics(self, lookupds: List[str]) -> Tuple[List[str], List[str]]:
+    async def lookupd_topics(self, lookupds: list[str]) -> tuple[list[str], list[str]]:
         results, errors = await _each(lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "topics")))
         _total_failure("nsqlookupd", len(lookupds), errors)
         return union_sorted(t for _, doc in results for t in (doc.get("topics") or [])), errors
 
-    async def lookupd_topic_channels(self, topic: str, lookupds: List[str]) -> Tuple[List[str], List[str]]:
+    async def lookupd_topic_channels(self, topic: str, lookupds: list[str]) -> tuple[list[str], list[str]]:
         results, errors = await _each(
             lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "channels", topic=topic)))
         _total_failure("nsqlookupd", len(lookupds), errors)
         return union_sorted(c for _, doc in results for c in (doc.get("channels") or [])), errors
 
-    async def lookupd_producers(self, lookupds: List[str]) -> Tuple[List[Producer], List[str]]:
+    async def lookupd_producers(self, lookupds: list[str]) -> tuple[list[Producer], list[str]]:
         results, errors = await _each(lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "nodes")))
         _total_failure("nsqlookupd", len(lookupds), errors)
         return merge_lookupd_nodes([(a, doc) for a, doc in results]), errors
 
-    async def lookupd_topic_producers(self, topic: str, lookupds: List[str]) -> Tuple[List[Producer], List[str]]:
+    async def lookupd_topic_producers(self, topic: str, lookupds: list[str]) -> tuple[list[Producer], list[str]]:
         results, errors = await _each(
             lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "lookup", topic=topic)))
         _total_failure("nsqlookupd", len(lookupds), errors)
@@ -783,7 +784,7 @@ class ClusterInfo:
 
     # --- nsqd ----------------------------------------------------------------------
 
-    async def nsqd_topics(self, nsqds: List[str]) -> Tuple[List[str], List[str]]:
+    async def nsqd_topics(self, nsqds: list[str]) -> tuple[list[str], list[str]]:
         results, errors = await _each(
             nsqds, lambda a: self.upstream.get_json(_url(upstream_base(a), "stats", format="json",
                                                          include_clients="false")))
@@ -798,15 +799,15 @@ class ClusterInfo:
         scheme, _, hostport = base.partition("://")
         return producer_from_nsqd(hostport, info, stats, scheme)
 
-    async def nsqd_producers(self, nsqds: List[str]) -> Tuple[List[Producer], List[str]]:
+    async def nsqd_producers(self, nsqds: list[str]) -> tuple[list[Producer], list[str]]:
         results, errors = await _each(nsqds, self._nsqd_producer)
         _total_failure("nsqd", len(nsqds), errors)
         producers = [p for _, p in results]
         mark_out_of_date(producers)
         return producers, errors
 
-    async def nsqd_topic_producers(self, topic: str, nsqds: List[str]) -> Tuple[List[Producer], List[str]]:
-        async def one(address: str) -> Optional[Producer]:
+    async def nsqd_topic_producers(self, topic: str, nsqds: list[str]) -> tuple[list[Producer], list[str]]:
+        async def one(address: str) -> Producer | None:
             base = upstream_base(address)
             stats = await self.upstream.get_json(
                 _url(base, "stats", format="json", topic=topic, include_clients="false"))
@@ -822,9 +823,9 @@ class ClusterInfo:
 
     async def nsqd_stats(self, producers: Sequence[Producer], topic: str = "", channel: str = "",
                          include_clients: bool = False
-                         ) -> Tuple[List[TopicStats], Dict[str, ChannelStats], List[str]]:
+                         ) -> tuple[list[TopicStats], dict[str, ChannelStats], list[str]]:
         """Every producer's ``/stats`` merged (``GetNSQDStats``)."""
-        params: Dict[str, str] = {"format": "json"}
+        params: dict[str, str] = {"format": "json"}
         if topic:
             params["topic"] = topic
             if channel:
@@ -840,32 +841,32 @@ class ClusterInfo:
 
     # --- either mode ----------------------------------------------------------------
 
-    async def topics(self) -> Tuple[List[str], List[str]]:
+    async def topics(self) -> tuple[list[str], list[str]]:
         lookupds, nsqds = self.addresses()
         if lookupds:
             return await self.lookupd_topics(lookupds)
         return await self.nsqd_topics(nsqds)
 
-    async def producers(self) -> Tuple[List[Producer], List[str]]:
+    async def producers(self) -> tuple[list[Producer], list[str]]:
         lookupds, nsqds = self.addresses()
         if lookupds:
             return await self.lookupd_producers(lookupds)
         return await self.nsqd_producers(nsqds)
 
-    async def topic_producers(self, topic: str) -> Tuple[List[Producer], List[str]]:
+    async def topic_producers(self, topic: str) -> tuple[list[Producer], list[str]]:
         lookupds, nsqds = self.addresses()
         if lookupds:
             return await self.lookupd_topic_producers(topic, lookupds)
         return await self.nsqd_topic_producers(topic, nsqds)
 
-    async def inactive_topics(self, topics: List[str]) -> Dict[str, List[str]]:
+    async def inactive_topics(self, topics: list[str]) -> dict[str, list[str]]:
         """Topics lookupd knows with no producer, with their channels (``?inactive=true``)."""
         lookupds, _ = self.addresses()
-        out: Dict[str, List[str]] = {}
+        out: dict[str, list[str]] = {}
         if not lookupds:
             return out
 
-        async def one(topic: str) -> Optional[List[str]]:
+        async def one(topic: str) -> list[str] | None:
             try:
                 producers, _ = await self.lookupd_topic_producers(topic, lookupds)
             except UpstreamError:
@@ -886,23 +887,23 @@ class ClusterInfo:
 
     # --- actions (fan-out) -----------------------------------------------------------
 
-    async def _post_all(self, urls: List[str]) -> List[str]:
+    async def _post_all(self, urls: list[str]) -> list[str]:
         _, errors = await _each(urls, self.upstream.post)
         return errors
 
-    async def _lookupd_post(self, path: str, **params: str) -> List[str]:
+    async def _lookupd_post(self, path: str, **params: str) -> list[str]:
         lookupds, _ = self.addresses()
         return await self._post_all([_url(upstream_base(a), path, **params) for a in lookupds])
 
-    async def _producers_post(self, producers: Sequence[Producer], path: str, **params: str) -> List[str]:
+    async def _producers_post(self, producers: Sequence[Producer], path: str, **params: str) -> list[str]:
         return await self._post_all([_url(p.base_url, path, **params) for p in producers])
 
-    async def create_topic_channel(self, topic: str, channel: str) -> List[str]:
+    async def create_topic_channel(self, topic: str, channel: str) -> list[str]:
         """lookupd ``/topic/create`` (and ``/channel/create``) everywhere, then the channel on
         the topic's producers.  With ``--nsqd-http-address`` (no lookupd, where nsqadmin does
         nothing) nsqtw creates the topic and channel on every configured nsqd instead."""
         lookupds, nsqds = self.addresses()
-        errors: List[str] = []
+        errors: list[str] = []
         if not lookupds:
             bases = [upstream_base(a) for a in nsqds]
             errors += await self._post_all([_url(b, "topic/create", topic=topic) for b in bases])
@@ -918,7 +919,7 @@ class ClusterInfo:
             errors += await self._producers_post(producers, "channel/create", topic=topic, channel=channel)
         return errors
 
-    async def delete_topic(self, topic: str) -> List[str]:
+    async def delete_topic(self, topic: str) -> list[str]:
         """Producers first, then lookupd ``/topic/delete`` everywhere, then nsqd ``/topic/delete``."""
         producers, errors = await self.topic_producers(topic)
         errors = list(errors)
@@ -926,24 +927,24 @@ class ClusterInfo:
         errors += await self._producers_post(producers, "topic/delete", topic=topic)
         return errors
 
-    async def delete_channel(self, topic: str, channel: str) -> List[str]:
+    async def delete_channel(self, topic: str, channel: str) -> list[str]:
         producers, errors = await self.topic_producers(topic)
         errors = list(errors)
         errors += await self._lookupd_post("channel/delete", topic=topic, channel=channel)
         errors += await self._producers_post(producers, "channel/delete", topic=topic, channel=channel)
         return errors
 
-    async def topic_action(self, topic: str, action: str) -> List[str]:
+    async def topic_action(self, topic: str, action: str) -> list[str]:
         """``pause``, ``unpause`` or ``empty`` on every producer of the topic."""
         producers, errors = await self.topic_producers(topic)
         return list(errors) + await self._producers_post(producers, f"topic/{action}", topic=topic)
 
-    async def channel_action(self, topic: str, channel: str, action: str) -> List[str]:
+    async def channel_action(self, topic: str, channel: str, action: str) -> list[str]:
         producers, errors = await self.topic_producers(topic)
         return list(errors) + await self._producers_post(
             producers, f"channel/{action}", topic=topic, channel=channel)
 
-    async def tombstone_node_for_topic(self, topic: str, node: str) -> List[str]:
+    async def tombstone_node_for_topic(self, topic: str, node: str) -> list[str]:
         """lookupd ``/topic/tombstone`` everywhere, then ``/topic/delete`` on that node."""
         errors = await self._lookupd_post("topic/tombstone", topic=topic, node=node)
         producers, errs = await self.nsqd_producers([node])
@@ -953,7 +954,7 @@ class ClusterInfo:
 
     # --- peek (nsqtw) -----------------------------------------------------------
 
-    async def peek(self, topic: str, channel: Optional[str], n: int, state: str = "all") -> Dict[str, Any]:
+    async def peek(self, topic: str, channel: str | None, n: int, state: str = "all") -> dict[str, Any]:
         """What every nsqd producing ``topic`` has queued, in flight and deferred for ``channel``
         (or in the topic's own queue when ``channel`` is None), merged: each message carries its
         ``node``; each node says whether it answered and, when not, why (a node started without
@@ -965,9 +966,9 @@ class ClusterInfo:
         if channel is not None:
             params.update(channel=channel, state=state)
 
-        async def one(p: Producer) -> Dict[str, Any]:
+        async def one(p: Producer) -> dict[str, Any]:
             url = _url(p.base_url, path, **params)
-            node: Dict[str, Any] = {"node": p.http_address, "ok": False}
+            node: dict[str, Any] = {"node": p.http_address, "ok": False}
             try:
                 code, _, content = await self.upstream._call("GET", url, None, None)
             except FetchError as e:
@@ -989,7 +990,7 @@ class ClusterInfo:
 
         answers = list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
         order = {"queued": 0, "in_flight": 1, "deferred": 2}
-        messages: List[Dict[str, Any]] = []
+        messages: list[dict[str, Any]] = []
         truncated = False
         nodes = []
         for a in answers:

@@ -12,7 +12,8 @@ feeds it.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import attr
 
@@ -21,7 +22,7 @@ from .cluster import TopicStats
 __all__ = ["History", "Sample", "last_value"]
 
 # per node: (depth, in_flight_count, message_count)
-_Counts = Tuple[int, int, int]
+_Counts = tuple[int, int, int]
 
 
 @attr.s(slots=True)
@@ -31,7 +32,7 @@ class ChannelSample:
     message_count: int = attr.ib(default=0)
     client_count: int = attr.ib(default=0)
     paused: bool = attr.ib(default=False)
-    nodes: Dict[str, _Counts] = attr.ib(factory=dict)
+    nodes: dict[str, _Counts] = attr.ib(factory=dict)
 
 
 @attr.s(slots=True)
@@ -39,17 +40,17 @@ class TopicSample:
     depth: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
     paused: bool = attr.ib(default=False)
-    nodes: Dict[str, _Counts] = attr.ib(factory=dict)
-    channels: Dict[str, ChannelSample] = attr.ib(factory=dict)
+    nodes: dict[str, _Counts] = attr.ib(factory=dict)
+    channels: dict[str, ChannelSample] = attr.ib(factory=dict)
 
 
 @attr.s(slots=True)
 class Sample:
     t: float = attr.ib()
-    topics: Dict[str, TopicSample] = attr.ib(factory=dict)
+    topics: dict[str, TopicSample] = attr.ib(factory=dict)
 
 
-def last_value(series: Optional[Sequence[Any]]) -> Any:
+def last_value(series: Sequence[Any] | None) -> Any:
     """The newest non-null point of a series (what a table cell shows)."""
     for v in reversed(series or ()):
         if v is not None:
@@ -57,7 +58,7 @@ def last_value(series: Optional[Sequence[Any]]) -> Any:
     return None
 
 
-def _rate(prev: Optional[Dict[str, _Counts]], cur: Optional[Dict[str, _Counts]], dt: float) -> Optional[float]:
+def _rate(prev: dict[str, _Counts] | None, cur: dict[str, _Counts] | None, dt: float) -> float | None:
     """Messages per second summed over the nodes present in both samples."""
     if prev is None or cur is None or dt <= 0:
         return None
@@ -80,7 +81,7 @@ class History:
     def __init__(self, size: int, interval: float) -> None:
         self.size = size
         self.interval = interval
-        self.samples: Deque[Sample] = deque(maxlen=size)
+        self.samples: deque[Sample] = deque(maxlen=size)
         self.message = ""
 
     def record(self, t: float, topics: Iterable[TopicStats], message: str = "") -> Sample:
@@ -110,16 +111,16 @@ class History:
 
     # --- series ------------------------------------------------------------------
 
-    def timestamps(self) -> List[int]:
+    def timestamps(self) -> list[int]:
         return [int(s.t) for s in self.samples]
 
-    def _series(self, pick: Any) -> Dict[str, List[Any]]:
+    def _series(self, pick: Any) -> dict[str, list[Any]]:
         """depth / message_count / in_flight_count / rate series of whatever ``pick`` selects."""
-        depth: List[Any] = []
-        count: List[Any] = []
-        inflight: List[Any] = []
-        rate: List[Any] = []
-        prev_nodes: Optional[Dict[str, _Counts]] = None
+        depth: list[Any] = []
+        count: list[Any] = []
+        inflight: list[Any] = []
+        rate: list[Any] = []
+        prev_nodes: dict[str, _Counts] | None = None
         prev_t = 0.0
         for s in self.samples:
             found = pick(s)
@@ -148,14 +149,14 @@ class History:
             return d, m, f, {node: nodes[node]}
         return pick
 
-    def _envelope(self) -> Dict[str, Any]:
+    def _envelope(self) -> dict[str, Any]:
         return {"interval": self.interval, "timestamps": self.timestamps()}
 
-    def overview(self) -> Dict[str, Any]:
+    def overview(self) -> dict[str, Any]:
         """Every topic's totals, and the whole cluster's message count (``/api/history``)."""
         out = self._envelope()
         names = sorted({name for s in self.samples for name in s.topics})
-        topics: Dict[str, Any] = {}
+        topics: dict[str, Any] = {}
         newest = self.samples[-1] if self.samples else None
         for name in names:
             def pick(s: Sample, name: str = name) -> Any:
@@ -181,7 +182,7 @@ class History:
         out["message"] = self.message
         return out
 
-    def topic(self, name: str) -> Dict[str, Any]:
+    def topic(self, name: str) -> dict[str, Any]:
         """One topic: its totals, each node's, and each channel's (``/api/history/:topic``)."""
         out = self._envelope()
 
@@ -211,11 +212,11 @@ class History:
         out["message"] = self.message
         return out
 
-    def channel(self, topic: str, channel: str) -> Dict[str, Any]:
+    def channel(self, topic: str, channel: str) -> dict[str, Any]:
         """One channel: its totals and each node's (``/api/history/:topic/:channel``)."""
         out = self._envelope()
 
-        def find(s: Sample) -> Optional[ChannelSample]:
+        def find(s: Sample) -> ChannelSample | None:
             t = s.topics.get(topic)
             return t.channels.get(channel) if t else None
 

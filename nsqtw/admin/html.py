@@ -11,7 +11,8 @@ server-rendered cell and a refreshed one read the same.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Union
+from collections.abc import Iterable
 
 __all__ = ["Markup", "escape", "el", "join", "commafy", "nanotohuman", "fmt_rate", "percentile_label"]
 
@@ -73,7 +74,7 @@ def el(tag: str, *children: Any, **attrs: Any) -> Markup:
     return Markup(head + join(children) + f"</{tag}>")
 
 
-def commafy(n: Optional[int]) -> str:
+def commafy(n: int | None) -> str:
     """``1234567`` -> ``1,234,567`` (nsqadmin's ``commafy``)."""
     return f"{int(n or 0):,}"
 
@@ -83,7 +84,7 @@ def _trim(x: float) -> str:
     return text or "0"
 
 
-def nanotohuman(n: Optional[float]) -> str:
+def nanotohuman(n: float | None) -> str:
     """Nanoseconds as nsqadmin prints them (``1h2m3.5s``, ``529.8ms``, ``12us``)."""
     if n is None:
         return ""
@@ -104,7 +105,7 @@ def nanotohuman(n: Optional[float]) -> str:
     return (s + _trim(n) + "ns") if not s else s
 
 
-def fmt_rate(rate: Optional[float]) -> str:
+def fmt_rate(rate: float | None) -> str:
     """A message rate (``12.3/s``), or an en dash before there are two samples."""
     if rate is None:
         return "\u2013"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
-from typing import Any, List
+from typing import Any
 
 import attr
 
@@ -41,7 +41,7 @@ def normalize_base_path(path: str) -> str:
     return cleaned
 
 
-def split_upstream(address: str, flag: str) -> "tuple[str, str]":
+def split_upstream(address: str, flag: str) -> tuple[str, str]:
     """``host:port`` or ``http(s)://host:port`` -> (scheme, ``host:port``), checked."""
     scheme = "http"
     rest = address
@@ -101,13 +101,13 @@ class AdminOptions:
                                       help="A CIDR from which to allow HTTP requests to the /config endpoint")
     acl_http_header: str = opt("X-Forwarded-User", flag="acl-http-header", kind=STR,
                                help="HTTP header to check for authenticated admin users")
-    lookupd_http_addresses: List[str] = opt(flag="lookupd-http-address", cfg="nsqlookupd_http_addresses",
+    lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", cfg="nsqlookupd_http_addresses",
                                             kind=STRLIST, factory=list,
                                             help="lookupd HTTP address (may be given multiple times)")
-    nsqd_http_addresses: List[str] = opt(flag="nsqd-http-address", cfg="nsqd_http_addresses",
+    nsqd_http_addresses: list[str] = opt(flag="nsqd-http-address", cfg="nsqd_http_addresses",
                                          kind=STRLIST, factory=list,
                                          help="nsqd HTTP address (may be given multiple times)")
-    admin_users: List[str] = opt(flag="admin-user", cfg="admin_users", kind=STRLIST, factory=list,
+    admin_users: list[str] = opt(flag="admin-user", cfg="admin_users", kind=STRLIST, factory=list,
                                  help="admin user (may be given multiple times; if specified, only these users will be able to perform privileged actions; acl-http-header is used to determine the authenticated user)")
     # nsqtw additions (not in NSQ) -------------------------------------------------
     history_interval: float = opt(5.0, flag="history-interval", kind=DURATION,
@@ -177,5 +177,5 @@ class AdminOptions:
     def lookupd_mode(self) -> bool:
         return bool(self.lookupd_http_addresses)
 
-    def replace(self, **changes: Any) -> "AdminOptions":
+    def replace(self, **changes: Any) -> AdminOptions:
         return attr.evolve(self, **changes)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import string
 from importlib import resources
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any
+from collections.abc import Sequence
 from urllib.parse import quote
 
 import attr
@@ -66,7 +67,7 @@ def _template() -> string.Template:
     return string.Template(text)
 
 
-_LAYOUT: Optional[string.Template] = None
+_LAYOUT: string.Template | None = None
 
 
 def render(ctx: PageContext, page: Page) -> str:
@@ -119,7 +120,7 @@ def _notice(title: str, *text: Any) -> Markup:
 
 
 def _crumbs(ctx: PageContext, *items: Any) -> Markup:
-    parts: List[Any] = []
+    parts: list[Any] = []
     for i, (label, href) in enumerate(items):
         if i:
             parts.append(el("span", "/", class_="sep"))
@@ -135,7 +136,7 @@ def _num(value: Any, field: str) -> Markup:
     return el("td", commafy(value), class_="num", data_v=field)
 
 
-def _mem_disk(doc: Dict[str, Any]) -> Markup:
+def _mem_disk(doc: dict[str, Any]) -> Markup:
     return el("td", f"{commafy(doc.get('memory_depth'))} + {commafy(doc.get('backend_depth'))}",
               class_="num muted", data_v="mem_disk")
 
@@ -151,12 +152,12 @@ def _grid(*children: Any, cls: str = "grid") -> Markup:
     return el("div", el("table", *children, class_=cls), class_="scroll")
 
 
-def _percentiles(doc: Dict[str, Any]) -> List[float]:
+def _percentiles(doc: dict[str, Any]) -> list[float]:
     e2e = doc.get("e2e_processing_latency") or {}
     return [p.get("quantile", 0.0) for p in (e2e.get("percentiles") or [])]
 
 
-def _e2e_cells(doc: Dict[str, Any], quantiles: Sequence[float]) -> List[Markup]:
+def _e2e_cells(doc: dict[str, Any], quantiles: Sequence[float]) -> list[Markup]:
     e2e = doc.get("e2e_processing_latency") or {}
     by_q = {p.get("quantile"): p for p in (e2e.get("percentiles") or [])}
     cells = []
@@ -171,11 +172,11 @@ def _e2e_cells(doc: Dict[str, Any], quantiles: Sequence[float]) -> List[Markup]:
     return cells
 
 
-def _e2e_heads(quantiles: Sequence[float]) -> List[Markup]:
+def _e2e_heads(quantiles: Sequence[float]) -> list[Markup]:
     return [el("th", percentile_label(quant), class_="num e2e") for quant in quantiles]
 
 
-def _host_port(doc: Dict[str, Any]) -> str:
+def _host_port(doc: dict[str, Any]) -> str:
     """``hostname:http_port`` for a node row (what nsqadmin shows), from ``node`` and ``hostname``."""
     node = doc.get("node", "")
     hostname = doc.get("hostname", "")
@@ -183,7 +184,7 @@ def _host_port(doc: Dict[str, Any]) -> str:
     return f"{hostname}:{port}" if hostname and port else node
 
 
-def _node_link(ctx: PageContext, doc: Dict[str, Any]) -> Markup:
+def _node_link(ctx: PageContext, doc: dict[str, Any]) -> Markup:
     node = doc.get("node", "")
     label = _host_port(doc)
     if label != node and doc.get("hostname") and not node.startswith(doc.get("hostname", "") + ":"):
@@ -196,14 +197,14 @@ def _button(label: str, action: str, kind: str, confirm: str, **data: Any) -> Ma
               **{f"data_{k}": v for k, v in data.items()})
 
 
-def _rate_cell(hist: Optional[Dict[str, Any]]) -> Markup:
+def _rate_cell(hist: dict[str, Any] | None) -> Markup:
     return el("td", fmt_rate(last_value((hist or {}).get("rate"))), class_="num rate", data_v="rate")
 
 
 # --- topics --------------------------------------------------------------------------
 
 
-def topics_page(ctx: PageContext, topics: List[str], history: Dict[str, Any], message: str) -> Page:
+def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], message: str) -> Page:
     """Every topic, with depth, messages, rate and sparklines from the admin's history."""
     hist_topics = history.get("topics") or {}
     rows = []
@@ -248,11 +249,11 @@ def _fmt_opt(value: Any) -> str:
 # --- topic ---------------------------------------------------------------------------
 
 
-def topic_page(ctx: PageContext, topic: str, stats: Dict[str, Any], history: Dict[str, Any], message: str) -> Page:
+def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dict[str, Any], message: str) -> Page:
     nodes = stats.get("nodes") or []
     channels = stats.get("channels") or []
     paused = bool(stats.get("paused"))
-    parts: List[Any] = [
+    parts: list[Any] = [
         _crumbs(ctx, ("Topics", ctx.url("/topics")), (topic, None)),
         el("header", el("h1", el("span", "Topic", class_="kind"), " ", topic, " ", _paused_badge(paused)),
            class_="page-head", data_row="total", data_paused="1" if paused else None),
@@ -321,13 +322,13 @@ def topic_page(ctx: PageContext, topic: str, stats: Dict[str, Any], history: Dic
                 history=ctx.url(f"/api/history/{q(topic)}"), nav="topics")
 
 
-def _channels_table(ctx: PageContext, topic: str, channels: List[Dict[str, Any]],
-                    hist_channels: Dict[str, Any]) -> Markup:
+def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]],
+                    hist_channels: dict[str, Any]) -> Markup:
     if not channels:
         return el("section", el("h2", "Channel message queues"),
                   _notice("No channels exist for this topic.", "Messages will queue at the topic until a channel "
                           "is created."))
-    quantiles: List[float] = []
+    quantiles: list[float] = []
     for c in channels:
         for quant in _percentiles(c):
             if quant not in quantiles:
@@ -364,11 +365,11 @@ def _channels_table(ctx: PageContext, topic: str, channels: List[Dict[str, Any]]
 # --- channel ---------------------------------------------------------------------------
 
 
-def channel_page(ctx: PageContext, topic: str, channel: str, stats: Dict[str, Any], history: Dict[str, Any],
+def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, Any], history: dict[str, Any],
                  message: str) -> Page:
     nodes = stats.get("nodes") or []
     paused = bool(stats.get("paused"))
-    parts: List[Any] = [
+    parts: list[Any] = [
         _crumbs(ctx, ("Topics", ctx.url("/topics")), (topic, ctx.url(f"/topics/{q(topic)}")), (channel, None)),
         el("header", el("h1", el("span", "Channel", class_="kind"), " ", topic, el("span", " / ", class_="sep"),
                         channel, " ", _paused_badge(paused)),
@@ -396,7 +397,7 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: Dict[str, An
         quantiles = _percentiles(stats)
         hist_nodes = history.get("nodes") or {}
 
-        def row(doc: Dict[str, Any], first: Markup, key: str, hist: Any, spark: str, cls: Optional[str] = None
+        def row(doc: dict[str, Any], first: Markup, key: str, hist: Any, spark: str, cls: str | None = None
                 ) -> Markup:
             return el(
                 "tr", el("td", first, " ", _paused_badge(bool(doc.get("paused"))) if key != "total" else "",
@@ -452,11 +453,11 @@ def peek_panel(ctx: PageContext, api: str, states: bool) -> Markup:
         class_="peek", data_peek=api)
 
 
-def client_key(c: Dict[str, Any]) -> str:
+def client_key(c: dict[str, Any]) -> str:
     return f"client:{c.get('node', '')}/{c.get('remote_address', '')}"
 
 
-def _client_attrs(c: Dict[str, Any]) -> Markup:
+def _client_attrs(c: dict[str, Any]) -> Markup:
     labels = []
     if c.get("sample_rate"):
         labels.append(el("span", f"Sampled {c['sample_rate']}%", class_="badge info"))
@@ -480,7 +481,7 @@ def _client_attrs(c: Dict[str, Any]) -> Markup:
     return join(labels)
 
 
-def _clients_table(ctx: PageContext, clients: List[Dict[str, Any]]) -> Markup:
+def _clients_table(ctx: PageContext, clients: list[dict[str, Any]]) -> Markup:
     if not clients:
         return el("section", el("h2", "Client connections"), _notice("No clients connected to this channel."))
     rows = []
@@ -515,14 +516,14 @@ def _clients_table(ctx: PageContext, clients: List[Dict[str, Any]]) -> Markup:
 # --- nodes -------------------------------------------------------------------------------
 
 
-def node_key(p: Dict[str, Any]) -> str:
+def node_key(p: dict[str, Any]) -> str:
     host = p.get("broadcast_address", "")
     if ":" in host:
         host = f"[{host}]"
     return f"{host}:{p.get('http_port', 0)}"
 
 
-def nodes_page(ctx: PageContext, nodes: List[Dict[str, Any]], message: str) -> Page:
+def nodes_page(ctx: PageContext, nodes: list[dict[str, Any]], message: str) -> Page:
     lookupd_mode = bool(ctx.lookupds)
     rows = []
     for p in nodes:
@@ -564,7 +565,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def node_page(ctx: PageContext, node: str, doc: Dict[str, Any], message: str) -> Page:
+def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) -> Page:
     topics = doc.get("topics") or []
     n_channels = sum(len(t.get("channels") or []) for t in topics)
     cards = el("div",
@@ -622,8 +623,8 @@ def node_page(ctx: PageContext, node: str, doc: Dict[str, Any], message: str) ->
 # --- lookup ---------------------------------------------------------------------------------
 
 
-def lookup_page(ctx: PageContext, inactive: Dict[str, List[str]], message: str) -> Page:
-    parts: List[Any] = [el("header", el("h1", "Lookup"), class_="page-head"), _warning(message)]
+def lookup_page(ctx: PageContext, inactive: dict[str, list[str]], message: str) -> Page:
+    parts: list[Any] = [el("header", el("h1", "Lookup"), class_="page-head"), _warning(message)]
     if ctx.lookupds:
         parts.append(el("section", el("h2", "nsqlookupd hosts"),
                         el("ul", *[el("li", a, class_="mono") for a in ctx.lookupds], class_="plain")))

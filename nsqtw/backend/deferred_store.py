@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import Callable, Iterable, List, Optional, Tuple
+from collections.abc import Callable, Iterable
 
 from twisted.logger import Logger
 
@@ -58,7 +58,7 @@ _CRC = struct.Struct(">I")
 
 log = Logger(namespace="nsqtw.diskqueue")
 
-Hint = Tuple[float, bytes]
+Hint = tuple[float, bytes]
 
 
 class HintError(ValueError):
@@ -76,7 +76,7 @@ def encode_hints(hints: Iterable[Hint]) -> bytes:
     return out + _CRC.pack(zlib.crc32(out))
 
 
-def decode_hints(data: bytes) -> List[Hint]:
+def decode_hints(data: bytes) -> list[Hint]:
     """The pairs in file order; raises :class:`HintError` for anything else."""
     if len(data) < _HEAD.size + _CRC.size:
         raise HintError("too short")
@@ -101,10 +101,10 @@ class DeferredStore:
         self.path = path
 
     @classmethod
-    def for_queue(cls, data_path: str, name: str) -> "DeferredStore":
+    def for_queue(cls, data_path: str, name: str) -> DeferredStore:
         return cls(sidecar_file_name(data_path, name))
 
-    def save(self, hints: Iterable[Hint], now: Optional[float] = None) -> int:
+    def save(self, hints: Iterable[Hint], now: float | None = None) -> int:
         """Write the hints (those not after ``now`` are dropped); none removes the file.
 
         Returns how many were written.
@@ -119,7 +119,7 @@ class DeferredStore:
         write_file_atomically(self.path, encode_hints(hints))
         return len(hints)
 
-    def load(self, warn: Optional[Callable[[str], None]] = None) -> List[Hint]:
+    def load(self, warn: Callable[[str], None] | None = None) -> list[Hint]:
         """The saved hints, or [] when there are none or the file is damaged."""
         try:
             with open(self.path, "rb") as f:

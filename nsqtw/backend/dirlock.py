@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import Optional
 
 __all__ = ["DirLock", "DataPathLocked"]
 
@@ -29,7 +28,7 @@ class DirLock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     @property
     def locked(self) -> bool:
@@ -60,7 +59,7 @@ class DirLock:
         finally:
             os.close(fd)
 
-    def __enter__(self) -> "DirLock":
+    def __enter__(self) -> DirLock:
         self.lock()
         return self
 

@@ -73,7 +73,8 @@ import struct
 import time
 from functools import partial
 from itertools import chain, repeat
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
@@ -114,7 +115,7 @@ def format_queue_metadata(depth: int, read_file: int, read_pos: int, write_file:
     return b"%d\n%d,%d\n%d,%d\n" % (depth, read_file, read_pos, write_file, write_pos)
 
 
-def read_queue_metadata(data: bytes) -> Tuple[int, int, int, int, int]:
+def read_queue_metadata(data: bytes) -> tuple[int, int, int, int, int]:
     """``(depth, readFileNum, readPos, writeFileNum, writePos)``; ValueError if unparsable."""
     m = _META_RE.match(data)
     if m is None:
@@ -144,9 +145,9 @@ class SyncWorker(Service):
         self.threaded = threaded and reactor is not None
         self.setName(name)
         self._pool: Any = None
-        self._dirty: Dict[int, "DiskQueue"] = {}
+        self._dirty: dict[int, DiskQueue] = {}
         self._turn_call: Any = None
-        self._unsynced: Dict[int, "DiskQueue"] = {}
+        self._unsynced: dict[int, DiskQueue] = {}
         self.jobs = 0
 
     # lifecycle
@@ -203,7 +204,7 @@ class SyncWorker(Service):
         return d.addCallbacks(lambda _: None, unwrap)
 
     # end of turn
-    def wake(self, queue: "DiskQueue") -> None:
+    def wake(self, queue: DiskQueue) -> None:
         """``queue`` has work for the end of this reactor turn (a sync to submit)."""
         if self.clock is None:
             queue._end_turn()
@@ -231,7 +232,7 @@ class SyncWorker(Service):
                 log.failure("DISKQUEUE({name}) end of turn failed", name=q.name)
 
 
-_INLINE: Optional[SyncWorker] = None
+_INLINE: SyncWorker | None = None
 
 
 def _inline_worker() -> SyncWorker:
@@ -243,8 +244,8 @@ def _inline_worker() -> SyncWorker:
 
 # --- jobs (run on the worker thread; they only see values handed to them) ---------------------
 
-def _job_sync(fd: Optional[int], meta_path: str, meta: bytes,
-              hints: Optional[Tuple[DeferredStore, List[Tuple[float, bytes]], float]],
+def _job_sync(fd: int | None, meta_path: str, meta: bytes,
+              hints: tuple[DeferredStore, list[tuple[float, bytes]], float] | None,
               close_fd: bool = False) -> None:
     try:
         if fd is not None:
@@ -290,10 +291,10 @@ class DiskQueue:
                  max_msg_size: int = 1024 * 1024,
                  sync_every: int = 2500,
                  sync_timeout: float = 2.0,
-                 worker: Optional[SyncWorker] = None,
-                 deferred_sink: Optional[Callable[[float, bytes], None]] = None,
+                 worker: SyncWorker | None = None,
+                 deferred_sink: Callable[[float, bytes], None] | None = None,
                  min_msg_size: int = MIN_MESSAGE_LENGTH,
-                 listing: Optional["DirListing"] = None) -> None:
+                 listing: DirListing | None = None) -> None:
         self.name = name
         #: where a queue without metadata looks for data files (None: list the directory)
         self.listing = listing
@@ -307,7 +308,7 @@ class DiskQueue:
         self.worker = worker if worker is not None else _inline_worker()
         #: called with (deliver_at, frame) for a record whose deferral hint is still pending
         self.deferred_sink = deferred_sink
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
 
         self._depth = 0
         self.read_file_num = 0
@@ -315,11 +316,11 @@ class DiskQueue:
         self.write_file_num = 0
         self.write_pos = 0
 
-        self._wfd: Optional[int] = None
-        self._rfd: Optional[int] = None
+        self._wfd: int | None = None
+        self._rfd: int | None = None
         self._rbuf = b""
         self._rbuf_at = 0
-        self._read_end: Optional[int] = None
+        self._read_end: int | None = None
 
         self._count = 0
         self._need_sync = False
@@ -327,13 +328,13 @@ class DiskQueue:
         self._timer: Any = None
         self._put_seq = 0
         self._synced_seq = 0
-        self._waiters: List[Tuple[int, Deferred, bool]] = []
+        self._waiters: list[tuple[int, Deferred, bool]] = []
         self._closed = False
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self._file_tmpl = os.path.join(data_path, f"{name}.diskqueue.%06d.dat")
         self._hint_store = DeferredStore.for_queue(data_path, name)
-        self._hints: Dict[bytes, float] = {}
+        self._hints: dict[bytes, float] = {}
         self._hints_dirty = False
 
         self._open()
@@ -347,7 +348,7 @@ class DiskQueue:
     def metadata_file_name(self) -> str:
         return self._meta_path
 
-    def positions(self) -> Tuple[int, int, int, int, int]:
+    def positions(self) -> tuple[int, int, int, int, int]:
         """``(depth, readFileNum, readPos, writeFileNum, writePos)`` as the metadata would say."""
         return self._depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos
 
@@ -362,7 +363,7 @@ class DiskQueue:
         return self._put_seq
 
     @property
-    def pending_hints(self) -> Dict[bytes, float]:
+    def pending_hints(self) -> dict[bytes, float]:
         return dict(self._hints)
 
     def __repr__(self) -> str:
@@ -398,7 +399,7 @@ class DiskQueue:
         if self._need_sync:
             self.worker.wake(self)  # record the recovery before anything else happens
 
-    def _existing_data_files(self) -> List[int]:
+    def _existing_data_files(self) -> list[int]:
         if self.listing is not None:
             # the factory's one listing of the data path (a directory of N queues listed for
             # each new queue made creating N queues cost O(N^2)); files still there only
@@ -467,7 +468,7 @@ class DiskQueue:
             self._need_sync = True
         self._depth += extra
 
-    def _count_records(self, path: str, start: int) -> Tuple[int, int]:
+    def _count_records(self, path: str, start: int) -> tuple[int, int]:
         """Valid records from ``start`` to the first bad or partial one: (count, end)."""
         count = 0
         pos = start
@@ -502,13 +503,13 @@ class DiskQueue:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def _encode(self, run: Run) -> Tuple[memoryview, List[Tuple[int, int]]]:
+    def _encode(self, run: Run) -> tuple[memoryview, list[tuple[int, int]]]:
         """The run's frames as diskqueue entries, in a private copy: (buffer, [(start, end)])."""
         blob, offs, end = run
         start = offs[0]
         ba = bytearray(blob[start:end]) if (start or end != len(blob)) else bytearray(blob)
         lo, hi = self.min_record, self.max_record
-        spans: List[Tuple[int, int]] = []
+        spans: list[tuple[int, int]] = []
         total = len(ba)
         for o in offs:
             o -= start
@@ -523,7 +524,7 @@ class DiskQueue:
             spans.append((o + 4, o + 4 + size))
         return memoryview(ba), spans
 
-    def _encode_uniform(self, run: Run) -> Optional[bytes]:
+    def _encode_uniform(self, run: Run) -> bytes | None:
         """A run of same-size frames with equal attempts (a fresh MPUB) as one contiguous
         block of entries, built by C builtins; None when the run is not like that."""
         blob, offs, end = run
@@ -556,7 +557,7 @@ class DiskQueue:
             map(_bytes_get, repeat(blob), map(slice, range(start + 18, stop, stride), range(start + stride, stop + stride, stride))),
         )))
 
-    def put(self, run: Run) -> Optional[Run]:
+    def put(self, run: Run) -> Run | None:
         """Store the whole run (rolling as needed); returns None.  Raises BackendError."""
         if self._closed:
             raise Exiting()
@@ -602,7 +603,7 @@ class DiskQueue:
         self._after_ops()
         return None
 
-    def put_deferred(self, items: Sequence[Tuple[float, bytes]]) -> None:
+    def put_deferred(self, items: Sequence[tuple[float, bytes]]) -> None:
         """Store deferred frames as ordinary records, remembering when each is due.
 
         Go's nsqd reading these files delivers them as backlog (its own
@@ -657,7 +658,7 @@ class DiskQueue:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         """Remove and return up to ``n`` messages (and, with ``max_bytes``, about that many
         bytes: at least one message), oldest first, as (at most) one run."""
         if max_bytes:
@@ -665,8 +666,8 @@ class DiskQueue:
         if self._closed or n <= 0:
             return []
         out = bytearray()
-        offs: List[int] = []
-        diverted: List[Tuple[float, bytes]] = []
+        offs: list[int] = []
+        diverted: list[tuple[float, bytes]] = []
         hints = self._hints
         sink = self.deferred_sink
         now = self.worker.seconds() if hints else 0.0
@@ -701,7 +702,7 @@ class DiskQueue:
             mbuf = memoryview(buf)
             base = self._rbuf_at
             pos = self.read_pos
-            err: Optional[str] = None
+            err: str | None = None
             while got < n and pos < end and not (max_bytes and got and len(out) >= max_bytes):
                 i = pos - base
                 if i < 0 or i + 4 > len(buf):
@@ -768,7 +769,7 @@ class DiskQueue:
             return []
         return [_run_of(bytes(out), offs, uniform)]
 
-    def peek(self, n: int, max_body: int) -> List[Tuple[bytes, int, Optional[float]]]:
+    def peek(self, n: int, max_body: int) -> list[tuple[bytes, int, float | None]]:
         """The next ``n`` records as they would be delivered, changing nothing: positions,
         buffers, depth, hints and metadata stay as they are.  Each is ``(head, body_size,
         due)``: ``head`` is the frame (attempts as delivered) with at most ``max_body`` bytes
@@ -777,7 +778,7 @@ class DiskQueue:
         Reads only what ``n`` needs (a record's first ``30 + max_body`` bytes; larger records
         are skipped over by their size), so its cost is bounded by ``n``, not by the backlog.
         A record that looks corrupt ends the peek (the reader will quarantine it)."""
-        out: List[Tuple[bytes, int, Optional[float]]] = []
+        out: list[tuple[bytes, int, float | None]] = []
         if self._closed or n <= 0:
             return out
         lo, hi = self.min_record, self.max_record
@@ -988,7 +989,7 @@ class DiskQueue:
         return format_queue_metadata(self._depth, self.read_file_num, self.read_pos,
                                      self.write_file_num, self.write_pos)
 
-    def _hints_snapshot(self, force: bool = False) -> Optional[Tuple[DeferredStore, List[Tuple[float, bytes]], float]]:
+    def _hints_snapshot(self, force: bool = False) -> tuple[DeferredStore, list[tuple[float, bytes]], float] | None:
         if not (self._hints_dirty or force):
             return None
         self._hints_dirty = False
@@ -1063,7 +1064,7 @@ class DiskQueue:
         # a publisher told E_PUB_FAILED may retry, while one left waiting hangs
         self._fire_waiters(self._put_seq, f)
 
-    def _fire_waiters(self, seq: int, f: Optional[Failure]) -> None:
+    def _fire_waiters(self, seq: int, f: Failure | None) -> None:
         if not self._waiters:
             return
         keep = []
@@ -1082,14 +1083,14 @@ class DiskQueue:
         log.failure("DISKQUEUE({name}) {what} failed", f, name=self.name, what=what)
 
 
-def _join(mv: memoryview, spans: List[Tuple[int, int]]) -> Any:
+def _join(mv: memoryview, spans: list[tuple[int, int]]) -> Any:
     if len(spans) == 1:
         a, b = spans[0]
         return mv[a:b]
     return b"".join([mv[a:b] for a, b in spans])
 
 
-def _run_of(blob: bytes, offs: List[int], uniform: bool) -> Run:
+def _run_of(blob: bytes, offs: list[int], uniform: bool) -> Run:
     """A run over ``blob`` (a range of offsets when every frame has the same size)."""
     n = len(offs)
     if n == 1:
@@ -1115,11 +1116,11 @@ class DirListing:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._files: Optional[Dict[str, List[int]]] = None
+        self._files: dict[str, list[int]] | None = None
 
-    def data_files(self, name: str) -> List[int]:
+    def data_files(self, name: str) -> list[int]:
         if self._files is None:
-            files: Dict[str, List[int]] = {}
+            files: dict[str, list[int]] = {}
             try:
                 names = os.listdir(self.path)
             except OSError:
@@ -1134,7 +1135,7 @@ class DirListing:
         return self._files.get(name, [])
 
 
-def disk_backends(options: Any, worker: SyncWorker, data_path: Optional[str] = None) -> Callable[[str, bool], Any]:
+def disk_backends(options: Any, worker: SyncWorker, data_path: str | None = None) -> Callable[[str, bool], Any]:
     """The broker's backend factory: a DiskQueue per durable name, a DummyQueue per ephemeral one."""
     from .dummy import DummyQueue
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
 
 from zope.interface import implementer
 
@@ -23,11 +22,11 @@ class DummyQueue:
     def __init__(self) -> None:
         self.dropped = 0
 
-    def put(self, run: Run) -> Optional[Run]:
+    def put(self, run: Run) -> Run | None:
         self.dropped += len(run[1])
         return None
 
-    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         return []
 
     def depth(self) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from typing import Deque, List, Optional
 
 from zope.interface import implementer
 
@@ -24,10 +23,10 @@ class MemoryQueue:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._runs: Deque[Run] = deque()
+        self._runs: deque[Run] = deque()
         self._count = 0
 
-    def put(self, run: Run) -> Optional[Run]:
+    def put(self, run: Run) -> Run | None:
         room = self.capacity - self._count
         n = len(run[1])
         if n <= room:
@@ -52,9 +51,9 @@ class MemoryQueue:
         self._runs.appendleft(run)
         self._count += len(run[1])
 
-    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         """Up to ``n`` messages (with ``max_bytes``, about that many bytes; at least one)."""
-        out: List[Run] = []
+        out: list[Run] = []
         runs = self._runs
         taken = 0
         size = 0
@@ -88,9 +87,9 @@ class MemoryQueue:
         self._count -= taken
         return out
 
-    def peek(self, n: int) -> List[bytes]:
+    def peek(self, n: int) -> list[bytes]:
         """The first ``n`` frames, oldest first, changing nothing."""
-        out: List[bytes] = []
+        out: list[bytes] = []
         for run in self._runs:
             want = n - len(out)
             if want <= 0:
@@ -116,7 +115,7 @@ class MemoryQueue:
     def close(self) -> None:
         pass
 
-    def drain(self) -> List[Run]:
+    def drain(self) -> list[Run]:
         """Everything held, oldest first, leaving the queue empty."""
         out = list(self._runs)
         self.empty()

@@ -21,7 +21,8 @@ import json
 import os
 import random
 import re
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import attr
 from twisted.logger import Logger
@@ -65,12 +66,12 @@ class ChannelMetadata:
 class TopicMetadata:
     name: str
     paused: bool = False
-    channels: Tuple[ChannelMetadata, ...] = ()
+    channels: tuple[ChannelMetadata, ...] = ()
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class Metadata:
-    topics: Tuple[TopicMetadata, ...] = ()
+    topics: tuple[TopicMetadata, ...] = ()
     version: str = NSQ_VERSION
 
 
@@ -87,7 +88,7 @@ def _bool(b: bool) -> str:
 
 def encode_metadata(md: Metadata) -> bytes:
     """The exact bytes Go's ``json.Marshal(Metadata)`` produces (nil slices as ``null``)."""
-    topics: List[str] = []
+    topics: list[str] = []
     for t in md.topics:
         if t.channels:
             chans = "[" + ",".join(
@@ -105,7 +106,7 @@ def metadata_from_broker(broker: Any) -> Metadata:
     Reads ``broker.topics`` (name -> topic with ``name``, ``paused``, ``channels``);
     ephemeral names are recognised by their ``#ephemeral`` suffix.
     """
-    topics: List[TopicMetadata] = []
+    topics: list[TopicMetadata] = []
     for topic in list(broker.topics.values()):
         if is_ephemeral(topic.name):
             continue
@@ -117,7 +118,7 @@ def metadata_from_broker(broker: Any) -> Metadata:
 
 # --- decoding ----------------------------------------------------------------
 
-def _field(obj: Dict[str, Any], key: str) -> Any:
+def _field(obj: dict[str, Any], key: str) -> Any:
     """Go's decoder: an exact key first, else a case-insensitive match."""
     if key in obj:
         return obj[key]
@@ -136,7 +137,7 @@ def _expect(value: Any, kind: type, what: str, source: str) -> Any:
 
 
 def decode_metadata(data: bytes, source: str = METADATA_FILE,
-                    warn: Optional[Callable[[str], None]] = None) -> Metadata:
+                    warn: Callable[[str], None] | None = None) -> Metadata:
     """Parse ``nsqd.dat``; invalid names are skipped and reported through ``warn``."""
     if warn is None:
         def warn(text: str) -> None:
@@ -150,7 +151,7 @@ def decode_metadata(data: bytes, source: str = METADATA_FILE,
     _expect(doc, dict, "the document", source)
     raw_topics = _expect(_field(doc, "topics"), list, "topics", source) or []
     version = _expect(_field(doc, "version"), str, "version", source) or ""
-    topics: List[TopicMetadata] = []
+    topics: list[TopicMetadata] = []
     for raw in raw_topics:
         if raw is None:
             raw = {}
@@ -158,7 +159,7 @@ def decode_metadata(data: bytes, source: str = METADATA_FILE,
         name = _expect(_field(raw, "name"), str, "topic name", source) or ""
         paused = bool(_expect(_field(raw, "paused"), bool, "topic paused", source))
         raw_chans = _expect(_field(raw, "channels"), list, "channels", source) or []
-        chans: List[ChannelMetadata] = []
+        chans: list[ChannelMetadata] = []
         for rc in raw_chans:
             if rc is None:
                 rc = {}
@@ -169,7 +170,7 @@ def decode_metadata(data: bytes, source: str = METADATA_FILE,
         if not is_valid_topic_name(name):
             warn(f"skipping creation of invalid topic {name}")
             continue
-        good: List[ChannelMetadata] = []
+        good: list[ChannelMetadata] = []
         for c in chans:
             if not is_valid_channel_name(c.name):
                 warn(f"skipping creation of invalid channel {c.name}")
@@ -179,7 +180,7 @@ def decode_metadata(data: bytes, source: str = METADATA_FILE,
     return Metadata(tuple(topics), version)
 
 
-def load_metadata(data_path: str, warn: Optional[Callable[[str], None]] = None) -> Optional[Metadata]:
+def load_metadata(data_path: str, warn: Callable[[str], None] | None = None) -> Metadata | None:
     """``nsqd.dat`` of ``data_path``, or None for a fresh start (no file)."""
     fn = os.path.join(data_path, METADATA_FILE)
     try:
@@ -194,7 +195,7 @@ def load_metadata(data_path: str, warn: Optional[Callable[[str], None]] = None) 
 
 # --- writing -----------------------------------------------------------------
 
-def write_file_atomically(path: str, data: bytes, rng: Optional[random.Random] = None) -> None:
+def write_file_atomically(path: str, data: bytes, rng: random.Random | None = None) -> None:
     """``<path>.<rand>.tmp``, write, fsync, close, rename over ``path`` (as Go's nsqd)."""
     tmp = "%s.%d.tmp" % (path, (rng or random).getrandbits(63))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -231,7 +232,7 @@ def iter_queue_names(md: Metadata) -> Iterable[str]:
 # --- coalesced rewrites ----------------------------------------------------------
 
 #: what :func:`metadata_snapshot` takes: ``[(topic, paused, [(channel, paused), ...]), ...]``
-Snapshot = List[Tuple[str, bool, List[Tuple[str, bool]]]]
+Snapshot = list[tuple[str, bool, list[tuple[str, bool]]]]
 
 
 def metadata_snapshot(broker: Any) -> Snapshot:
@@ -262,7 +263,7 @@ def _name(s: str) -> str:
 def encode_snapshot(snap: Snapshot) -> bytes:
     """:func:`encode_metadata` of :func:`snapshot_metadata` (the same bytes), without
     building the attrs objects first (a rewrite of 10,000 topics is mostly this)."""
-    topics: List[str] = []
+    topics: list[str] = []
     for name, paused, chans in snap:
         if name.endswith("#ephemeral"):
             continue
@@ -307,7 +308,7 @@ class MetadataWriter:
         self._submit = submit
         self._clock = clock
         self._in_flight = False
-        self._pending: List[Any] = []
+        self._pending: list[Any] = []
         self._wanted = False
         self._not_before = 0.0
         self._timer: Any = None
@@ -371,7 +372,7 @@ class MetadataWriter:
             d = self._submit(lambda: self._write(snap))
         d.addBoth(self._done, waiters)
 
-    def _done(self, result: Any, waiters: List[Any]) -> None:
+    def _done(self, result: Any, waiters: list[Any]) -> None:
         from twisted.python.failure import Failure
 
         self._in_flight = False

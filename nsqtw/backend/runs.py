@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 import struct
 from itertools import accumulate, repeat
-from typing import Dict, Iterable, List, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 from ..protocol.message import ID_OFFSET, ID_SLICE
 
@@ -34,7 +34,7 @@ __all__ = [
     "frames_and_ids",
 ]
 
-Run = Tuple[bytes, Sequence[int], int]
+Run = tuple[bytes, Sequence[int], int]
 
 _ONE = range(0, 1)
 _getitem = bytes.__getitem__
@@ -45,7 +45,7 @@ def run_of_frame(frame: bytes) -> Run:
     return (frame, _ONE, len(frame))
 
 
-def run_of_frames(frames: List[bytes]) -> Run:
+def run_of_frames(frames: list[bytes]) -> Run:
     """Join frames into one run (offsets as a range when sizes are uniform)."""
     if len(frames) == 1:
         return run_of_frame(frames[0])
@@ -63,13 +63,13 @@ def run_count(run: Run) -> int:
     return len(run[1])
 
 
-def split_run(run: Run, k: int) -> Tuple[Run, Run]:
+def split_run(run: Run, k: int) -> tuple[Run, Run]:
     """The first ``k`` messages and the rest (0 < k < count)."""
     blob, offs, end = run
     return (blob, offs[:k], offs[k]), (blob, offs[k:], end)
 
 
-def run_frames(run: Run) -> List[bytes]:
+def run_frames(run: Run) -> list[bytes]:
     """One bytes object per message (copies; used for in-flight bookkeeping)."""
     blob, offs, end = run
     if len(offs) == 1:
@@ -93,10 +93,10 @@ def run_bytes(run: Run) -> bytes:
 
 #: unpackers of ``k`` same-size frames (and of their IDs), by (frame size, k); k is a power of
 #: two up to 256, so a frame size has at most nine of each and the cache stays small
-_FRAME_STRUCTS: Dict[Tuple[int, int], Tuple[struct.Struct, struct.Struct]] = {}
+_FRAME_STRUCTS: dict[tuple[int, int], tuple[struct.Struct, struct.Struct]] = {}
 
 
-def _frame_structs(stride: int, k: int) -> Tuple[struct.Struct, struct.Struct]:
+def _frame_structs(stride: int, k: int) -> tuple[struct.Struct, struct.Struct]:
     key = (stride, k)
     st = _FRAME_STRUCTS.get(key)
     if st is None:
@@ -109,7 +109,7 @@ def _frame_structs(stride: int, k: int) -> Tuple[struct.Struct, struct.Struct]:
     return st
 
 
-def frames_and_ids(run: Run) -> Tuple[List[bytes], List[bytes]]:
+def frames_and_ids(run: Run) -> tuple[list[bytes], list[bytes]]:
     """``(run_frames(run), run_ids(run_frames(run)))``; for same-size frames (range offsets,
     a delivered MPUB) both are cut by ``struct`` in C, 256 frames per call at most."""
     blob, offs, end = run
@@ -119,8 +119,8 @@ def frames_and_ids(run: Run) -> Tuple[List[bytes], List[bytes]]:
         return each, run_ids(each)
     stride = offs.step
     pos = offs.start
-    frames: List[bytes] = []
-    ids: List[bytes] = []
+    frames: list[bytes] = []
+    ids: list[bytes] = []
     k = 256
     while n:
         while k > n:
@@ -133,7 +133,7 @@ def frames_and_ids(run: Run) -> Tuple[List[bytes], List[bytes]]:
     return frames, ids
 
 
-def run_ids(frames: List[bytes]) -> List[bytes]:
+def run_ids(frames: list[bytes]) -> list[bytes]:
     return list(map(_getitem, frames, repeat(ID_SLICE)))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -17,7 +17,7 @@ class Once:
 
     def __init__(self) -> None:
         self._result: Any = _UNSET
-        self._waiters: List[defer.Deferred] = []
+        self._waiters: list[defer.Deferred] = []
 
     @property
     def called(self) -> bool:

@@ -10,7 +10,8 @@ in-process bus of :mod:`nsqtw.client.inprocess`.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Callable, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet import defer
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, connectProtocol
@@ -23,7 +24,7 @@ from .inprocess import PREFIX, address_name, connect_inprocess, is_inprocess
 __all__ = ["address_key", "split_address", "join_host_port", "tls_host", "default_connector"]
 
 
-def split_address(address: str) -> Tuple[str, int]:
+def split_address(address: str) -> tuple[str, int]:
     """``"host:port"`` -> ``(host, port)`` (brackets removed from IPv6 hosts)."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Dict, Iterable, List, Union
+from typing import Any, Union
+from collections.abc import Iterable
 
 __all__ = [
     "Body",
@@ -58,7 +59,7 @@ def ms(seconds: float) -> int:
     return max(0, int(round(seconds * 1000)))
 
 
-def identify(fields: Dict[str, Any]) -> bytes:
+def identify(fields: dict[str, Any]) -> bytes:
     body = json.dumps(fields, separators=(",", ":")).encode("utf-8")
     return b"IDENTIFY\n" + _I32(len(body)) + body
 
@@ -109,7 +110,7 @@ def dpub(topic: str, delay: float, body: Body) -> bytes:
 
 
 def mpub(topic: str, bodies: Iterable[Body]) -> bytes:
-    parts: List[bytes] = []
+    parts: list[bytes] = []
     count = 0
     for body in bodies:
         data = to_bytes(body)

@@ -23,7 +23,8 @@ import datetime
 import os
 import random
 import socket
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Union
+from collections.abc import Callable, Iterable
 
 import attr
 
@@ -202,7 +203,7 @@ def _to_strategy(value: Any) -> Any:
     raise TypeError("invalid value type")
 
 
-def _to_addr(value: Any) -> Optional[Tuple[str, int]]:
+def _to_addr(value: Any) -> tuple[str, int] | None:
     """``local_addr``: ``"host:port"`` (Go's ``ResolveTCPAddr``) or a ``(host, port)`` tuple."""
     if value is None or value == "":
         return None
@@ -232,7 +233,7 @@ def _identity(value: Any) -> Any:
     return value
 
 
-_CONVERTERS: Dict[str, Callable[[Any], Any]] = {
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
     DURATION: _to_seconds,
     STRATEGY: _to_strategy,
     ADDR: _to_addr,
@@ -246,7 +247,7 @@ def _format(kind: str, value: Any) -> str:
     return str(value)
 
 
-def _check(instance: Any, attribute: "attr.Attribute[Any]", value: Any) -> None:
+def _check(instance: Any, attribute: attr.Attribute[Any], value: Any) -> None:
     """Type and bound checks with go-nsq's wording (``invalid <opt> ! <v> < <min>``)."""
     meta = attribute.metadata
     kind = meta["kind"]
@@ -279,7 +280,7 @@ def _opt(default: Any, kind: str, *, min: Any = None, max: Any = None, factory: 
     return attr.ib(default=default, validator=_check, metadata=metadata)
 
 
-def _named_converters(cls: type, fields: List["attr.Attribute[Any]"]) -> List["attr.Attribute[Any]"]:
+def _named_converters(cls: type, fields: list[attr.Attribute[Any]]) -> list[attr.Attribute[Any]]:
     """Give each option a converter whose errors name the option."""
     out = []
     for field in fields:
@@ -320,7 +321,7 @@ class Config:
                                doc="silence on a connection longer than this closes it when heartbeats are off")
     write_timeout: float = _opt(1.0, DURATION, min=0.1, max=300.0,
                                 doc="a write stuck this long in the transport closes the connection")
-    local_addr: Optional[Tuple[str, int]] = _opt(None, ADDR, doc="source address for dialing")
+    local_addr: tuple[str, int] | None = _opt(None, ADDR, doc="source address for dialing")
     lookupd_poll_interval: float = _opt(60.0, DURATION, min=0.01, max=300.0,
                                         doc="lookupd poll period; also the nsqd reconnect delay")
     lookupd_poll_jitter: float = _opt(0.3, FLOAT, min=0.0, max=1.0, doc="initial poll delay fraction")
@@ -369,7 +370,7 @@ class Config:
     # --- go-nsq's API ----------------------------------------------------------------
 
     @classmethod
-    def options(cls) -> List[str]:
+    def options(cls) -> list[str]:
         """Every option name, in go-nsq's order."""
         return [a.name for a in attr.fields(cls)]
 
@@ -405,7 +406,7 @@ class Config:
                 f"HeartbeatInterval {format_duration(self.heartbeat_interval)} must be less than "
                 f"ReadTimeout {format_duration(self.read_timeout)}")
 
-    def copy(self, **changes: Any) -> "Config":
+    def copy(self, **changes: Any) -> Config:
         """An independent copy (producers and consumers keep their own, as go-nsq does)."""
         return attr.evolve(self, **changes)
 
@@ -418,7 +419,7 @@ class Config:
     def backoff_duration(self, attempt: int, rng: random.Random) -> float:
         return float(self.backoff_strategy.calculate(attempt, self.backoff_multiplier, rng))
 
-    def identify_body(self) -> Dict[str, Any]:
+    def identify_body(self) -> dict[str, Any]:
         """The IDENTIFY JSON fields go-nsq sends (``conn.go identify``)."""
         hb = self.heartbeat_interval
         obt = self.output_buffer_timeout
@@ -442,7 +443,7 @@ class Config:
             "topology_zone": self.topology_zone,
         }
 
-    def describe(self) -> Dict[str, str]:
+    def describe(self) -> dict[str, str]:
         """Option name -> value as text (for ``--help`` output and logs)."""
         out = {}
         for field in attr.fields(Config):

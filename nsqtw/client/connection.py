@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections import deque
 import struct
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet import defer, error as ierror
 from twisted.internet.interfaces import IReactorTime
@@ -52,33 +53,33 @@ Connector = Callable[[Any, Protocol], defer.Deferred]
 class ConnectionDelegate:
     """What an owner hears from its connections (every method optional)."""
 
-    def on_message(self, conn: "NSQConnection", msg: Message) -> None:
+    def on_message(self, conn: NSQConnection, msg: Message) -> None:
         """A message arrived (counted in flight until answered)."""
 
-    def on_response(self, conn: "NSQConnection", data: bytes) -> None:
+    def on_response(self, conn: NSQConnection, data: bytes) -> None:
         """A response no pending command was waiting for."""
 
-    def on_error(self, conn: "NSQConnection", err: NSQError) -> None:
+    def on_error(self, conn: NSQConnection, err: NSQError) -> None:
         """An error frame no pending command took (non-fatal ones always come here)."""
 
-    def on_heartbeat(self, conn: "NSQConnection") -> None:
+    def on_heartbeat(self, conn: NSQConnection) -> None:
         """``_heartbeat_`` arrived (NOP already sent)."""
 
-    def on_message_finished(self, conn: "NSQConnection", msg: Message) -> None:
+    def on_message_finished(self, conn: NSQConnection, msg: Message) -> None:
         """A FIN is about to be written."""
 
-    def on_message_requeued(self, conn: "NSQConnection", msg: Message, backoff: bool) -> None:
+    def on_message_requeued(self, conn: NSQConnection, msg: Message, backoff: bool) -> None:
         """A REQ is about to be written."""
 
-    def on_close(self, conn: "NSQConnection", reason: Failure) -> None:
+    def on_close(self, conn: NSQConnection, reason: Failure) -> None:
         """The connection is gone (after a successful handshake or not)."""
 
 
 class NSQConnection(Protocol):
     """A V2 client connection (consumer and producer alike)."""
 
-    def __init__(self, config: Config, address: str, delegate: Optional[ConnectionDelegate] = None,
-                 clock: Optional[IReactorTime] = None, *, host: str = "") -> None:
+    def __init__(self, config: Config, address: str, delegate: ConnectionDelegate | None = None,
+                 clock: IReactorTime | None = None, *, host: str = "") -> None:
         self.config = config
         self.address = address
         self.host = host or address.rpartition(":")[0].strip("[]")
@@ -96,18 +97,18 @@ class NSQConnection(Protocol):
         self.ready = False
         self.closing = False
         self.lost = False
-        self.close_reason: Optional[Failure] = None
-        self._pending: Deque[defer.Deferred] = deque()
+        self.close_reason: Failure | None = None
+        self._pending: deque[defer.Deferred] = deque()
         self._idle_waiters: list = []
         self._last_read = 0.0
         self._timeout = 0.0
         self._deadline: Any = None
         self._write_stall: Any = None
-        self._fatal: Optional[Exception] = None
+        self._fatal: Exception | None = None
         self._producing = False
         self._close_guard: Any = None
         #: commands written while a read is being handled go out as one write after it
-        self._batch: Optional[List[bytes]] = None
+        self._batch: list[bytes] | None = None
         # consumer bookkeeping (go-nsq Conn fields), read and written by the RDY logic
         self.rdy = 0
         self.last_rdy_time = 0.0
@@ -122,11 +123,11 @@ class NSQConnection(Protocol):
         return self.core.max_rdy_count
 
     @property
-    def identify_response(self) -> Optional[Dict[str, Any]]:
+    def identify_response(self) -> dict[str, Any] | None:
         return self.core.identify_response
 
     @property
-    def msg_timeout(self) -> Optional[float]:
+    def msg_timeout(self) -> float | None:
         return self.core.msg_timeout
 
     def is_closing(self) -> bool:
@@ -232,7 +233,7 @@ class NSQConnection(Protocol):
                 pass
         transport.loseConnection()
 
-    def abort(self, reason: Optional[Exception] = None) -> None:
+    def abort(self, reason: Exception | None = None) -> None:
         """Close now; pending commands fail."""
         if reason is not None and self._fatal is None:
             self._fatal = reason
@@ -439,7 +440,7 @@ class NSQConnection(Protocol):
         self._write_answer(commands.fin(msg.id))
         self._answered()
 
-    def on_message_requeue(self, msg: Message, delay: Optional[float], backoff: bool) -> None:
+    def on_message_requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
         if delay is None or delay < 0:
             delay = self.config.requeue_delay(msg.attempts)
         self.delegate.on_message_requeued(self, msg, backoff)
@@ -453,13 +454,13 @@ class NSQConnection(Protocol):
         return f"<NSQConnection {self.address} rdy={self.rdy} in_flight={self.in_flight}>"
 
 
-def connect(address: Any, config: Config, delegate: Optional[ConnectionDelegate] = None, *,
-            reactor: Any = None, connector: Optional[Connector] = None) -> defer.Deferred:
+def connect(address: Any, config: Config, delegate: ConnectionDelegate | None = None, *,
+            reactor: Any = None, connector: Connector | None = None) -> defer.Deferred:
     """Dial ``address`` and run the handshake; fires with the ready :class:`NSQConnection`."""
     return dial(new_connection(address, config, delegate, reactor), address, connector=connector)
 
 
-def new_connection(address: Any, config: Config, delegate: Optional[ConnectionDelegate] = None,
+def new_connection(address: Any, config: Config, delegate: ConnectionDelegate | None = None,
                    reactor: Any = None) -> NSQConnection:
     """A not yet dialed connection for ``address`` (any address form)."""
     from ..reactor import resolve_reactor
@@ -469,7 +470,7 @@ def new_connection(address: Any, config: Config, delegate: Optional[ConnectionDe
                          host=tls_host(address))
 
 
-def dial(proto: NSQConnection, address: Any, *, connector: Optional[Connector] = None) -> defer.Deferred:
+def dial(proto: NSQConnection, address: Any, *, connector: Connector | None = None) -> defer.Deferred:
     """Connect ``proto`` to ``address``; fires with it once the handshake is done.
 
     Dial failures become :class:`NotConnected`; handshake failures keep their

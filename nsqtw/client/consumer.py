@@ -32,7 +32,8 @@ from __future__ import annotations
 import inspect
 import random
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 import attr
 from twisted.internet import defer, task
@@ -76,11 +77,11 @@ class ConsumerStats:
 class Consumer(ConnectionDelegate):
     """Subscribe ``topic``/``channel`` on many nsqd and run ``handler`` for each message."""
 
-    def __init__(self, topic: str, channel: str, handler: Handler, config: Optional[Config] = None, *,
-                 concurrency: int = 1, give_up: Optional[Callable[[Message], Any]] = None,
-                 reactor: Any = None, rng: Optional[random.Random] = None,
-                 connector: Optional[Connector] = None, http_client: Any = None,
-                 discovery_filter: Optional[Callable[[List[str]], List[str]]] = None) -> None:
+    def __init__(self, topic: str, channel: str, handler: Handler, config: Config | None = None, *,
+                 concurrency: int = 1, give_up: Callable[[Message], Any] | None = None,
+                 reactor: Any = None, rng: random.Random | None = None,
+                 connector: Connector | None = None, http_client: Any = None,
+                 discovery_filter: Callable[[list[str]], list[str]] | None = None) -> None:
         if not is_valid_name(topic):
             raise ConfigError("invalid topic name")
         if not is_valid_name(channel):
@@ -101,20 +102,20 @@ class Consumer(ConnectionDelegate):
         self.discovery_filter = discovery_filter
         self._connector = connector
         self._http_client = http_client
-        self.pending_connections: Dict[str, NSQConnection] = {}
+        self.pending_connections: dict[str, NSQConnection] = {}
         #: every nsqd address asked for (directly or found by lookupd): reconnect while listed
-        self.nsqd_addresses: List[str] = []
-        self._targets: Dict[str, Any] = {}
-        self.lookupd_urls: List[str] = []
+        self.nsqd_addresses: list[str] = []
+        self._targets: dict[str, Any] = {}
+        self.lookupd_urls: list[str] = []
         self._lookupd_index = 0
-        self._querying: Optional[Once] = None
+        self._querying: Once | None = None
         self._requery = False
         self._recheck_call: Any = None
         self._jitter_call: Any = None
-        self._lookupd_loop: Optional[task.LoopingCall] = None
-        self._rdy_loop: Optional[task.LoopingCall] = None
-        self._reconnect_calls: Dict[str, Any] = {}
-        self._queue: Deque[Message] = deque()
+        self._lookupd_loop: task.LoopingCall | None = None
+        self._rdy_loop: task.LoopingCall | None = None
+        self._reconnect_calls: dict[str, Any] = {}
+        self._queue: deque[Message] = deque()
         self._running = 0
         self._pumping = False
         self.messages_received = 0
@@ -122,13 +123,13 @@ class Consumer(ConnectionDelegate):
         self.messages_requeued = 0
         self.messages_given_up = 0
         self._stopping = False
-        self._stop_done: Optional[Once] = None
+        self._stop_done: Once | None = None
         self._hard_stop_call: Any = None
 
     # --- inspection -------------------------------------------------------------------------
 
     @property
-    def connections(self) -> Dict[str, NSQConnection]:
+    def connections(self) -> dict[str, NSQConnection]:
         """Subscribed connections by address."""
         return self.rdy.conns
 
@@ -203,7 +204,7 @@ class Consumer(ConnectionDelegate):
         d.addCallbacks(connected, failed)
         return d
 
-    def connect_to_nsqds(self, addresses: List[Any]) -> defer.Deferred:
+    def connect_to_nsqds(self, addresses: list[Any]) -> defer.Deferred:
         return defer.gatherResults([self.connect_to_nsqd(a) for a in addresses], consumeErrors=True)
 
     def disconnect_from_nsqd(self, address: Any) -> None:
@@ -272,7 +273,7 @@ class Consumer(ConnectionDelegate):
         self._jitter_call = self.reactor.callLater(jitter, self._start_lookupd_loop)
         return d
 
-    def connect_to_nsqlookupds(self, addresses: List[str]) -> defer.Deferred:
+    def connect_to_nsqlookupds(self, addresses: list[str]) -> defer.Deferred:
         return defer.gatherResults([self.connect_to_nsqlookupd(a) for a in addresses], consumeErrors=True)
 
     def disconnect_from_nsqlookupd(self, address: str) -> None:
@@ -350,7 +351,7 @@ class Consumer(ConnectionDelegate):
 
             d.addCallbacks(found, failed)
 
-        def found(addresses: List[str]) -> None:
+        def found(addresses: list[str]) -> None:
             if self.discovery_filter is not None:
                 addresses = list(self.discovery_filter(addresses))
             for addr in addresses:

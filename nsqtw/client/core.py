@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from ..errors import NSQError, from_wire
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
@@ -56,7 +56,7 @@ _AUTH = 2
 _READY = 3
 _CLOSED = 4
 
-Event = Tuple[int, Any]
+Event = tuple[int, Any]
 
 
 class ClientCore:
@@ -66,15 +66,15 @@ class ClientCore:
         self.config = config
         self.state = _IDENTIFY
         #: nsqd's IDENTIFY answer (``None`` from an nsqd without feature negotiation)
-        self.identify_response: Optional[Dict[str, Any]] = None
-        self.auth_response: Optional[Dict[str, Any]] = None
+        self.identify_response: dict[str, Any] | None = None
+        self.auth_response: dict[str, Any] | None = None
         #: go-nsq assumes 2500 until IDENTIFY says otherwise
         self.max_rdy_count = max_rdy_count
         #: the effective msg_timeout in seconds (nsqd's answer), if it said
-        self.msg_timeout: Optional[float] = None
+        self.msg_timeout: float | None = None
         self.tls = False
         self.compression = ""
-        self._steps: List[str] = []
+        self._steps: list[str] = []
         self._step = ""
         self._hbuf = b""
         self._in: Any = None
@@ -99,7 +99,7 @@ class ClientCore:
 
     # --- reading ------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> List[Event]:
+    def receive(self, data: bytes) -> list[Event]:
         if self.state == _CLOSED:
             return []
         try:
@@ -122,7 +122,7 @@ class ClientCore:
             self.state = _CLOSED
             return [(EV_FAILED, ProtocolError(f"{type(e).__name__}: {e}"))]
 
-    def _next_frame(self) -> Optional[Tuple[int, bytes]]:
+    def _next_frame(self) -> tuple[int, bytes] | None:
         buf = self._hbuf
         if len(buf) < 8:
             return None
@@ -139,8 +139,8 @@ class ClientCore:
         self._hbuf = buf[4 + size:]
         return ftype, buf[8:4 + size]
 
-    def _handshake(self) -> List[Event]:
-        events: List[Event] = []
+    def _handshake(self) -> list[Event]:
+        events: list[Event] = []
         while self.state not in (_READY, _CLOSED):
             frame = self._next_frame()
             if frame is None:
@@ -163,11 +163,11 @@ class ClientCore:
                 events.extend(self._frames.feed(rest))
         return events
 
-    def _fail(self, error: Exception) -> List[Event]:
+    def _fail(self, error: Exception) -> list[Event]:
         self.state = _CLOSED
         return [(EV_FAILED, error)]
 
-    def _on_identify(self, ftype: int, data: bytes) -> List[Event]:
+    def _on_identify(self, ftype: int, data: bytes) -> list[Event]:
         if ftype == FRAME_ERROR:
             err = IdentifyError(data.decode("utf-8", "replace"))
             err.__cause__ = from_wire(data)
@@ -202,7 +202,7 @@ class ClientCore:
         self._steps = steps
         return self._advance()
 
-    def _advance(self) -> List[Event]:
+    def _advance(self) -> list[Event]:
         """Run the next negotiation step, or declare the connection ready."""
         if not self._steps:
             self.state = _READY
@@ -236,13 +236,13 @@ class ClientCore:
         self.state = _AUTH
         return [(EV_WRITE, self.encode(commands.auth(secret)))]
 
-    def _on_upgrade_ok(self, ftype: int, data: bytes) -> List[Event]:
+    def _on_upgrade_ok(self, ftype: int, data: bytes) -> list[Event]:
         if ftype != FRAME_RESPONSE or data != OK:
             what = {"tls": "TLS", "deflate": "Deflate", "snappy": "Snappy"}.get(self._step, self._step)
             return self._fail(IdentifyError(f"invalid response from {what} upgrade"))
         return self._advance()
 
-    def _on_auth(self, ftype: int, data: bytes) -> List[Event]:
+    def _on_auth(self, ftype: int, data: bytes) -> list[Event]:
         if ftype == FRAME_ERROR:
             return self._fail(from_wire(data))
         try:

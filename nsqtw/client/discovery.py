@@ -11,7 +11,8 @@ timeout on the injected clock.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from twisted.internet import defer
@@ -46,7 +47,7 @@ def build_lookup_url(address: str, topic: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, urlencode(query), parts.fragment))
 
 
-def parse_lookup_response(body: bytes, v1: Optional[bool] = None) -> List[str]:
+def parse_lookup_response(body: bytes, v1: bool | None = None) -> list[str]:
     """The ``broadcast_address:tcp_port`` of every producer in a ``/lookup`` answer.
 
     ``v1`` is whether the answer carried ``X-NSQ-Content-Type: nsq; version=1.0``
@@ -68,7 +69,7 @@ def parse_lookup_response(body: bytes, v1: Optional[bool] = None) -> List[str]:
     producers = data.get("producers") or []
     if not isinstance(producers, list):
         raise LookupError_("lookupd answer: producers is not a list")
-    out: List[str] = []
+    out: list[str] = []
     for p in producers:
         if not isinstance(p, dict):
             continue
@@ -82,12 +83,12 @@ def parse_lookup_response(body: bytes, v1: Optional[bool] = None) -> List[str]:
     return out
 
 
-def query_lookupd(http_client: Any, url: str, *, headers: Optional[Mapping[str, str]] = None,
+def query_lookupd(http_client: Any, url: str, *, headers: Mapping[str, str] | None = None,
                   timeout: float = 60.0, clock: Any = None) -> defer.Deferred:
     """GET ``url``; fires with the producer addresses, fails with the reason."""
     import treq
 
-    hdrs: Dict[bytes, List[bytes]] = {b"Accept": [ACCEPT.encode()]}
+    hdrs: dict[bytes, list[bytes]] = {b"Accept": [ACCEPT.encode()]}
     for k, v in (headers or {}).items():
         hdrs[k.encode()] = [v.encode()]
     d = http_client.get(url, headers=hdrs)
@@ -97,7 +98,7 @@ def query_lookupd(http_client: Any, url: str, *, headers: Optional[Mapping[str, 
     def got(response: Any) -> defer.Deferred:
         body = treq.content(response)
 
-        def parse(data: bytes) -> List[str]:
+        def parse(data: bytes) -> list[str]:
             if response.code != 200:
                 raise LookupError_(f"got response {response.code} {data[:200]!r}")
             ctype = response.headers.getRawHeaders(b"X-NSQ-Content-Type") or []

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Iterable, Optional
+from typing import Any
+from collections.abc import Iterable
 from urllib.parse import urlencode
 
 from twisted.internet import defer
@@ -70,7 +71,7 @@ class HTTPProducer:
     def _post(self, path: str, params: dict, body: bytes) -> defer.Deferred:
         return self._request("POST", path, params, body)
 
-    def _request(self, method: str, path: str, params: Optional[dict], body: Optional[bytes]) -> defer.Deferred:
+    def _request(self, method: str, path: str, params: dict | None, body: bytes | None) -> defer.Deferred:
         import treq
 
         url = self.base_url + path

@@ -22,7 +22,8 @@ returns, an ``NsqdService``, or any factory of the broker protocol)::
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet import defer, error as ierror
 from twisted.internet.address import IPv4Address
@@ -44,7 +45,7 @@ __all__ = [
 
 PREFIX = "inprocess:"
 
-_registry: Dict[str, Any] = {}
+_registry: dict[str, Any] = {}
 _ports = itertools.count(1)
 
 
@@ -63,7 +64,7 @@ def unregister(name: str = "") -> None:
     _registry.pop(name, None)
 
 
-def registered() -> Dict[str, Any]:
+def registered() -> dict[str, Any]:
     """A copy of the registry (name -> broker)."""
     return dict(_registry)
 
@@ -131,13 +132,13 @@ class MemoryTransport:
         self.reactor = reactor
         self._host = host
         self._peer_address = peer_address
-        self.peer: Optional["MemoryTransport"] = None
-        self.protocol: Optional[Protocol] = None
-        self._out: List[bytes] = []
+        self.peer: MemoryTransport | None = None
+        self.protocol: Protocol | None = None
+        self._out: list[bytes] = []
         self._call: Any = None
         self._paused = False          # reading paused (pauseProducing on us)
         self._closing = False
-        self._close_reason: Optional[Failure] = None
+        self._close_reason: Failure | None = None
         self.producer: Any = None
         self.streaming = False
         self.bytes_written = 0

@@ -10,7 +10,7 @@ answers for the handler (FIN on success, REQ on failure); a handler that calls
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["Message"]
 
@@ -53,7 +53,7 @@ class Message:
         if self._conn is not None:
             self._conn.on_message_finish(self)
 
-    def requeue(self, delay: Optional[float] = None, backoff: bool = True) -> None:
+    def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: deliver again after ``delay`` seconds.
 
         ``None`` means go-nsq's ``Requeue(-1)``: ``default_requeue_delay ×
@@ -66,7 +66,7 @@ class Message:
         if self._conn is not None:
             self._conn.on_message_requeue(self, delay, backoff)
 
-    def requeue_without_backoff(self, delay: Optional[float] = None) -> None:
+    def requeue_without_backoff(self, delay: float | None = None) -> None:
         """REQ without a backoff signal (go-nsq ``RequeueWithoutBackoff``)."""
         self.requeue(delay, backoff=False)
 

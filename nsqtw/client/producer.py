@@ -20,7 +20,8 @@ retry and no failover; the next command after a lost connection dials again.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Iterable, Optional, Tuple
+from typing import Any
+from collections.abc import Iterable
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -42,8 +43,8 @@ log = Logger(namespace="nsqtw.client")
 class Producer(ConnectionDelegate):
     """Pipelined PUB / MPUB / DPUB to one nsqd (TCP or the in-process bus)."""
 
-    def __init__(self, address: Any, config: Optional[Config] = None, *, reactor: Any = None,
-                 connector: Optional[Connector] = None) -> None:
+    def __init__(self, address: Any, config: Config | None = None, *, reactor: Any = None,
+                 connector: Connector | None = None) -> None:
         config = (config or Config()).copy()
         config.validate()
         self.config = config
@@ -51,11 +52,11 @@ class Producer(ConnectionDelegate):
         self.address = address_key(address)
         self.reactor = resolve_reactor(reactor)
         self._connector = connector
-        self.conn: Optional[NSQConnection] = None
-        self._connecting: Optional[defer.Deferred] = None
-        self._queue: Deque[Tuple[bytes, defer.Deferred]] = deque()
+        self.conn: NSQConnection | None = None
+        self._connecting: defer.Deferred | None = None
+        self._queue: deque[tuple[bytes, defer.Deferred]] = deque()
         self._stopped = False
-        self._stop_done: Optional[Once] = None
+        self._stop_done: Once | None = None
 
     # --- the API ----------------------------------------------------------------------
 
@@ -90,7 +91,7 @@ class Producer(ConnectionDelegate):
     def stopped(self) -> bool:
         return self._stopped
 
-    def stop(self, timeout: Optional[float] = None) -> defer.Deferred:
+    def stop(self, timeout: float | None = None) -> defer.Deferred:
         """Refuse new commands, wait for the answers of those sent (up to ``timeout``,
         default ``read_timeout``), then close.  Unsent ones fail with ``Stopped``."""
         if self._stop_done is not None:

@@ -25,7 +25,8 @@ random source are passed in, so tests drive it with ``task.Clock``.
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 from twisted.logger import Logger
 
@@ -52,12 +53,12 @@ class RdyController:
     ``write_rdy(n)`` (:class:`~nsqtw.client.connection.NSQConnection` has them).
     """
 
-    def __init__(self, config: Config, clock: Any, rng: Optional[random.Random] = None) -> None:
+    def __init__(self, config: Config, clock: Any, rng: random.Random | None = None) -> None:
         self.config = config
         self.clock = clock
         self.rng = rng or random.Random()
         self.max_in_flight = config.max_in_flight
-        self.conns: Dict[str, Any] = {}
+        self.conns: dict[str, Any] = {}
         self.total_rdy = 0
         self.backoff_counter = 0
         #: > 0 while sleeping in a backoff timeout (go-nsq ``backoffDuration``)
@@ -67,7 +68,7 @@ class RdyController:
         #: how many backoff sleeps started, and how many times backoff was left (tests, stats)
         self.backoffs = 0
         self.recoveries = 0
-        self._retry: Dict[str, Any] = {}
+        self._retry: dict[str, Any] = {}
         self._resume_call: Any = None
 
     # --- queries ---------------------------------------------------------------------
@@ -202,7 +203,7 @@ class RdyController:
             return
         self.need_redistribute = False
         now = self.clock.seconds()
-        possible: List[Any] = []
+        possible: list[Any] = []
         for conn in conns:
             if conn.rdy > 0:
                 if now - conn.last_msg_time > self.config.low_rdy_idle_timeout:

@@ -15,7 +15,7 @@ a malformed query (a bad ``%`` escape, a ``;`` separator) is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any
 
 from klein import Klein
 from twisted.logger import Logger
@@ -36,14 +36,14 @@ log = Logger(namespace="nsqtw.lookupd")
 
 
 
-def _params(request: IRequest) -> Dict[str, List[str]]:
+def _params(request: IRequest) -> dict[str, list[str]]:
     return query(request)
 
 
 _get = first
 
 
-def _topic_arg(params: Dict[str, List[str]]) -> str:
+def _topic_arg(params: dict[str, list[str]]) -> str:
     topic = _get(params, "topic")
     if topic is None:
         raise HTTPAPIError(400, "MISSING_ARG_TOPIC")
@@ -63,7 +63,7 @@ class LookupdHTTPAPI:
     app = Klein()
     install_error_handlers(app)
 
-    def __init__(self, node: "LookupdService") -> None:
+    def __init__(self, node: LookupdService) -> None:
         self.node = node
 
     def resource(self) -> Any:
@@ -120,7 +120,7 @@ class LookupdHTTPAPI:
 
     @app.route("/debug", methods=["GET"])
     def debug(self, request: IRequest) -> bytes:
-        data: Dict[str, List[Dict[str, Any]]] = {}
+        data: dict[str, list[dict[str, Any]]] = {}
         for key, producers in self._db.items():
             for producer in producers.values():
                 peer = producer.peer

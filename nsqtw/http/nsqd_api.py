@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any
 
 from klein import Klein
 from twisted.web.iweb import IRequest
@@ -37,7 +37,7 @@ _PEEK_N = re.compile(r"[0-9]{1,9}\Z")
 _GO_INT = re.compile(r"[+-]?[0-9]{1,19}\Z")  # strconv.ParseInt(s, 10, 64); longer is out of range
 
 
-def _read_body(request: IRequest, limit: int) -> Optional[bytes]:
+def _read_body(request: IRequest, limit: int) -> bytes | None:
     """At most ``limit`` bytes of the body; None if there were more."""
     data = request.content.read(limit + 1) if request.content is not None else b""
     if len(data) > limit:
@@ -51,7 +51,7 @@ class NsqdHTTPAPI:
     app = Klein()
     install_error_handlers(app)
 
-    def __init__(self, node: "NsqdService", tls_only_http: bool = False) -> None:
+    def __init__(self, node: NsqdService, tls_only_http: bool = False) -> None:
         self.node = node
         self.tls_only_http = tls_only_http
 
@@ -67,7 +67,7 @@ class NsqdHTTPAPI:
     def _settle(self) -> None:
         self.node.settle()
 
-    def _topic_param(self, params: Dict[str, List[str]]) -> str:
+    def _topic_param(self, params: dict[str, list[str]]) -> str:
         name = first(params, "topic")
         if name is None:
             raise HTTPAPIError(400, "MISSING_ARG_TOPIC")
@@ -188,14 +188,14 @@ class NsqdHTTPAPI:
             self._settle()
         return self._ok_when_durable(request)
 
-    def _read_binary_mpub(self, request: IRequest) -> List[bytes]:
+    def _read_binary_mpub(self, request: IRequest) -> list[bytes]:
         """nsqd's readMPUB over the body: errors become 413 with the ``E_`` cut off."""
         opts = self.node.options
         content = request.content
         data = content.read() if content is not None else b""
         pos = 0
 
-        def read_len() -> Optional[int]:
+        def read_len() -> int | None:
             nonlocal pos
             if pos + 4 > len(data):
                 return None
@@ -370,7 +370,7 @@ class NsqdHTTPAPI:
 
     # --- peek (nsqtw; off unless --peek-enabled) ------------------------------------------
 
-    def _peek_args(self, request: IRequest, params: Dict[str, List[str]]) -> int:
+    def _peek_args(self, request: IRequest, params: dict[str, list[str]]) -> int:
         """403 PEEK_DISABLED unless enabled; ``n`` (default 20, at most 1000) else 400 INVALID_N."""
         if not self.node.options.peek_enabled:
             raise HTTPAPIError(403, "PEEK_DISABLED")

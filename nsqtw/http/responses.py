@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from twisted.python.failure import Failure
@@ -50,10 +50,10 @@ def _unescape(text: str) -> str:
     return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "surrogateescape")
 
 
-def parse_query(raw: str) -> Dict[str, List[str]]:
+def parse_query(raw: str) -> dict[str, list[str]]:
     """Go's ``url.ParseQuery``: ``&``-separated, ``;`` refused, strict %-escapes."""
-    out: Dict[str, List[str]] = {}
-    error: Optional[Exception] = None
+    out: dict[str, list[str]] = {}
+    error: Exception | None = None
     for part in raw.split("&"):
         if not part:
             continue
@@ -73,7 +73,7 @@ def parse_query(raw: str) -> Dict[str, List[str]]:
     return out
 
 
-def query(request: IRequest) -> Dict[str, List[str]]:
+def query(request: IRequest) -> dict[str, list[str]]:
     """Query-string parameters only (nsqd never reads form bodies); a query Go's
     ParseQuery refuses is 400 INVALID_REQUEST, as nsqd answers."""
     # Go's server parses the request target with url.ParseRequestURI, which knows no fragment: a
@@ -85,13 +85,13 @@ def query(request: IRequest) -> Dict[str, List[str]]:
         raise HTTPAPIError(400, "INVALID_REQUEST") from None
 
 
-def first(params: Dict[str, List[str]], key: str) -> Optional[str]:
+def first(params: dict[str, list[str]], key: str) -> str | None:
     """Go's ``ReqParams.Get``: the first value, None if the key is absent."""
     values = params.get(key)
     return values[0] if values else None
 
 
-def topic_channel_args(params: Dict[str, List[str]]) -> Tuple[str, str]:
+def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
     """NSQ's ``GetTopicChannelArgs`` (``http_api/topic_channel_args.go``)."""
     topic = first(params, "topic")
     if topic is None:
@@ -130,11 +130,11 @@ def v1(request: IRequest, data: Any) -> bytes:
     return _sized(request, go_json(data))
 
 
-def v1_error(request: IRequest, status: int, text: str, extra: Optional[Dict[str, Any]] = None) -> bytes:
+def v1_error(request: IRequest, status: int, text: str, extra: dict[str, Any] | None = None) -> bytes:
     request.setResponseCode(status)
     request.setHeader(b"Content-Type", JSON_TYPE)
     request.setHeader(b"X-NSQ-Content-Type", NSQ_TYPE)
-    body: Dict[str, Any] = {"message": text}
+    body: dict[str, Any] = {"message": text}
     if extra:
         body.update(extra)
     return _sized(request, go_json(body))
@@ -193,7 +193,7 @@ class RouterResource(Resource):
     def getChildWithDefault(self, name: bytes, request: Any) -> Any:
         return self
 
-    def _allowed(self, path: str) -> List[str]:
+    def _allowed(self, path: str) -> list[str]:
         adapter = self._app.url_map.bind("localhost")
         try:
             methods = set(adapter.allowed_methods(path))
@@ -210,7 +210,7 @@ class RouterResource(Resource):
         except Exception:
             return False
 
-    def _fixed_path(self, path: str, method: str) -> Optional[str]:
+    def _fixed_path(self, path: str, method: str) -> str | None:
         candidates = [path[:-1] if path.endswith("/") and len(path) > 1 else path + "/"]
         lowered = path.rstrip("/").lower() or "/"
         for rule in self._app.url_map.iter_rules():
@@ -263,11 +263,11 @@ class LimitedRequest(_web_server.Request):
     answers ``MSG_TOO_BIG`` / ``BODY_TOO_BIG`` without holding the body.
     """
 
-    _limit: Optional[Tuple[int, str]] = None
-    _refused: Optional[str] = None
+    _limit: tuple[int, str] | None = None
+    _refused: str | None = None
     _received = 0
 
-    def gotLength(self, length: Optional[int]) -> None:
+    def gotLength(self, length: int | None) -> None:
         site = getattr(self.channel, "site", None)
         body_limit = getattr(site, "body_limit", None)
         path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]

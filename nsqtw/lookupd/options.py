@@ -63,5 +63,5 @@ class LookupdOptions:
         if self.log_level not in LOG_LEVELS.values():
             raise OptionError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
 
-    def replace(self, **changes: Any) -> "LookupdOptions":
+    def replace(self, **changes: Any) -> LookupdOptions:
         return attr.evolve(self, **changes)

@@ -13,7 +13,7 @@ enforces the four fields nsqlookupd requires.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict
+from typing import Any
 
 import attr
 
@@ -29,7 +29,7 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 #: IDENTIFY keys nsqlookupd decodes, with their Go types (topology_* exist since NSQ's
 #: unreleased topology-aware consumption; decoding them costs nothing)
-_FIELDS: Dict[str, Any] = {
+_FIELDS: dict[str, Any] = {
     "remote_address": str,
     "hostname": str,
     "broadcast_address": str,
@@ -57,7 +57,7 @@ class PeerInfo:
     #: seconds (the reactor's clock) of the last IDENTIFY or PING
     last_update: float = 0.0
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The ``/lookup`` producer object, in Go's struct field order."""
         return {
             "remote_address": self.remote_address,
@@ -99,7 +99,7 @@ def peer_from_identify(body: bytes, remote_address: str, now: float) -> PeerInfo
         data = _decode(body)
     except (ValueError, RecursionError):
         raise BadBody("IDENTIFY failed to decode JSON body") from None
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
     if data is not None:
         if not isinstance(data, dict):
             raise BadBody("IDENTIFY failed to decode JSON body")

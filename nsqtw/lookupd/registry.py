@@ -23,7 +23,7 @@ listings come out in registration order where Go's map order is random.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from collections.abc import Iterable, Iterator
 
 import attr
 from twisted.logger import Logger
@@ -80,7 +80,7 @@ class Producer:
 
     peer: PeerInfo
     tombstoned: bool = False
-    tombstoned_at: Optional[float] = None
+    tombstoned_at: float | None = None
 
     def tombstone(self, now: float) -> None:
         self.tombstoned = True
@@ -92,7 +92,7 @@ class Producer:
 
 
 def filter_by_active(producers: Iterable[Producer], inactive_timeout: float,
-                     tombstone_lifetime: float, now: float) -> List[Producer]:
+                     tombstone_lifetime: float, now: float) -> list[Producer]:
     """Go's ``FilterByActive``: drop producers silent for longer than ``inactive_timeout``
     and those tombstoned within ``tombstone_lifetime``."""
     return [p for p in producers
@@ -100,11 +100,11 @@ def filter_by_active(producers: Iterable[Producer], inactive_timeout: float,
                     or p.is_tombstoned(tombstone_lifetime, now))]
 
 
-def keys(registrations: Iterable[Registration]) -> List[str]:
+def keys(registrations: Iterable[Registration]) -> list[str]:
     return [r.key for r in registrations]
 
 
-def subkeys(registrations: Iterable[Registration]) -> List[str]:
+def subkeys(registrations: Iterable[Registration]) -> list[str]:
     return [r.subkey for r in registrations]
 
 
@@ -119,14 +119,14 @@ class RegistrationDB:
     """
 
     def __init__(self) -> None:
-        self._map: Dict[Registration, Dict[str, Producer]] = {}
-        self._by_category: Dict[str, Dict[Registration, None]] = {}
-        self._by_key: Dict[Tuple[str, str], Dict[Registration, None]] = {}
-        self._by_peer: Dict[str, Dict[Registration, None]] = {}
+        self._map: dict[Registration, dict[str, Producer]] = {}
+        self._by_category: dict[str, dict[Registration, None]] = {}
+        self._by_key: dict[tuple[str, str], dict[Registration, None]] = {}
+        self._by_peer: dict[str, dict[Registration, None]] = {}
 
     # --- Go's primitives --------------------------------------------------------
 
-    def _producers(self, key: Registration) -> Dict[str, Producer]:
+    def _producers(self, key: Registration) -> dict[str, Producer]:
         producers = self._map.get(key)
         if producers is None:
             producers = self._map[key] = {}
@@ -148,7 +148,7 @@ class RegistrationDB:
         self._by_peer.setdefault(peer_id, {})[key] = None
         return True
 
-    def remove_producer(self, key: Registration, peer_id: str) -> Tuple[bool, int]:
+    def remove_producer(self, key: Registration, peer_id: str) -> tuple[bool, int]:
         """Remove a peer from ``key`` (the key stays); (was it there, producers left)."""
         producers = self._map.get(key)
         if producers is None:
@@ -185,28 +185,28 @@ class RegistrationDB:
             return self._by_category.get(category, {})
         return self._by_key.get((category, key), {})
 
-    def find_registrations(self, category: str, key: str, subkey: str) -> List[Registration]:
+    def find_registrations(self, category: str, key: str, subkey: str) -> list[Registration]:
         if key != WILDCARD and subkey != WILDCARD:
             k = Registration(category, key, subkey)
             return [k] if k in self._map else []
         return [k for k in self._candidates(category, key) if k.is_match(category, key, subkey)]
 
-    def find_producers(self, category: str, key: str, subkey: str) -> List[Producer]:
+    def find_producers(self, category: str, key: str, subkey: str) -> list[Producer]:
         """Producers under every matching key, each peer once."""
         if key != WILDCARD and subkey != WILDCARD:
             return list(self._map.get(Registration(category, key, subkey), {}).values())
-        seen: Dict[str, Producer] = {}
+        seen: dict[str, Producer] = {}
         for k in self._candidates(category, key):
             if k.is_match(category, key, subkey):
                 for peer_id, producer in self._map[k].items():
                     seen.setdefault(peer_id, producer)
         return list(seen.values())
 
-    def lookup_registrations(self, peer_id: str) -> List[Registration]:
+    def lookup_registrations(self, peer_id: str) -> list[Registration]:
         """Every key the peer is registered under."""
         return list(self._by_peer.get(peer_id, {}))
 
-    def items(self) -> Iterator[Tuple[Registration, Dict[str, Producer]]]:
+    def items(self) -> Iterator[tuple[Registration, dict[str, Producer]]]:
         return iter(list(self._map.items()))
 
     def __contains__(self, key: Registration) -> bool:
@@ -221,7 +221,7 @@ class RegistrationDB:
         """An nsqd identified: it becomes a ``client`` producer."""
         return self.add_producer(Registration(CLIENT), Producer(peer))
 
-    def register(self, peer: PeerInfo, topic: str, channel: str = "") -> List[Registration]:
+    def register(self, peer: PeerInfo, topic: str, channel: str = "") -> list[Registration]:
         """REGISTER: the channel (if any) and always the topic; the keys newly added to."""
         added = []
         if channel:
@@ -233,7 +233,7 @@ class RegistrationDB:
             added.append(key)
         return added
 
-    def unregister(self, peer: PeerInfo, topic: str, channel: str = "") -> List[Registration]:
+    def unregister(self, peer: PeerInfo, topic: str, channel: str = "") -> list[Registration]:
         """
         UNREGISTER, as nsqlookupd does it; returns the keys the peer left.
 
@@ -266,7 +266,7 @@ class RegistrationDB:
             self.remove_registration(key)
         return removed_from
 
-    def remove_peer(self, peer_id: str) -> List[Registration]:
+    def remove_peer(self, peer_id: str) -> list[Registration]:
         """The peer's connection closed: it leaves every key (the keys stay)."""
         removed_from = []
         for key in self.lookup_registrations(peer_id):
@@ -277,11 +277,11 @@ class RegistrationDB:
 
     # --- what the HTTP API does ---------------------------------------------------
 
-    def topics(self) -> List[str]:
+    def topics(self) -> list[str]:
         """``/topics``: every topic key, producers or not."""
         return keys(self.find_registrations(TOPIC, WILDCARD, ""))
 
-    def channels(self, topic: str) -> List[str]:
+    def channels(self, topic: str) -> list[str]:
         """``/channels``: every channel key of the topic, producers or not."""
         return subkeys(self.find_registrations(CHANNEL, topic, WILDCARD))
 
@@ -289,7 +289,7 @@ class RegistrationDB:
         return Registration(TOPIC, topic) in self._map
 
     def topic_producers(self, topic: str, inactive_timeout: float, tombstone_lifetime: float,
-                        now: float) -> List[PeerInfo]:
+                        now: float) -> list[PeerInfo]:
         """``/lookup``'s producers: active and not tombstoned."""
         producers = self.find_producers(TOPIC, topic, "")
         return [p.peer for p in filter_by_active(producers, inactive_timeout, tombstone_lifetime, now)]
@@ -326,14 +326,14 @@ class RegistrationDB:
         return n
 
     def nodes(self, inactive_timeout: float, tombstone_lifetime: float,
-              now: float) -> List[Tuple[PeerInfo, List[str], List[bool]]]:
+              now: float) -> list[tuple[PeerInfo, list[str], list[bool]]]:
         """
         ``/nodes``: each active nsqd with its topics and, per topic, whether it is
         tombstoned there.  Tombstoned nodes are listed (only the inactivity
         timeout filters), so nsqadmin can show them.
         """
         clients = filter_by_active(self.find_producers(CLIENT, "", ""), inactive_timeout, 0.0, now)
-        by_topic: Dict[str, List[Producer]] = {}
+        by_topic: dict[str, list[Producer]] = {}
         out = []
         for client in clients:
             topics = [k.key for k in self.lookup_registrations(client.peer.id)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Protocol
 
 from twisted.logger import Logger
 
@@ -69,10 +69,10 @@ class ServerInfo(Protocol):
     """What an IDENTIFY answer reports about this nsqlookupd."""
 
     @property
-    def tcp_port(self) -> Optional[int]: ...
+    def tcp_port(self) -> int | None: ...
 
     @property
-    def http_port(self) -> Optional[int]: ...
+    def http_port(self) -> int | None: ...
 
     @property
     def broadcast_address(self) -> str: ...
@@ -107,18 +107,18 @@ class LookupSession:
         self.db = db
         self.remote_address = remote_address
         self.server = server
-        self.peer: Optional[PeerInfo] = None
+        self.peer: PeerInfo | None = None
         self.closed = False
         self._magic = False
         self._buf = b""
 
-    def feed(self, data: bytes, now: float) -> Tuple[bytes, bool]:
+    def feed(self, data: bytes, now: float) -> tuple[bytes, bool]:
         """Run every complete command in ``data``; (bytes to send, keep the connection)."""
         if self.closed:
             return b"", False
         buf = self._buf + data if self._buf else data
         pos = 0
-        out: List[bytes] = []
+        out: list[bytes] = []
         if not self._magic:
             if len(buf) < 4:
                 self._buf = buf
@@ -168,7 +168,7 @@ class LookupSession:
 
     # --- commands ----------------------------------------------------------------
 
-    def _command(self, buf: bytes, start: int, nl: int, now: float) -> Tuple[bytes, int]:
+    def _command(self, buf: bytes, start: int, nl: int, now: float) -> tuple[bytes, int]:
         """Run the command on ``buf[start:nl]``; (answer, offset after what it used)."""
         line = go_trim_space(b2s(buf[start:nl]))
         params = line.split(" ")
@@ -190,7 +190,7 @@ class LookupSession:
             self.peer.last_update = now
         return _OK
 
-    def _identify(self, buf: bytes, pos: int, now: float) -> Tuple[bytes, int]:
+    def _identify(self, buf: bytes, pos: int, now: float) -> tuple[bytes, int]:
         if self.peer is not None:
             raise Invalid("cannot IDENTIFY again")
         if len(buf) < pos + 4:
@@ -224,7 +224,7 @@ class LookupSession:
             "version": NSQ_VERSION,
         })
 
-    def _topic_channel(self, command: str, params: List[str]) -> Tuple[PeerInfo, str, str]:
+    def _topic_channel(self, command: str, params: list[str]) -> tuple[PeerInfo, str, str]:
         peer = self.peer
         if peer is None:
             raise Invalid("client must IDENTIFY")
@@ -238,14 +238,14 @@ class LookupSession:
             raise BadChannel(f"{command} channel name '{channel}' is not valid")
         return peer, topic, channel
 
-    def _register(self, params: List[str]) -> bytes:
+    def _register(self, params: list[str]) -> bytes:
         peer, topic, channel = self._topic_channel("REGISTER", params)
         for key in self.db.register(peer, topic, channel):
             log.info("DB: client({peer}) REGISTER category:{category} key:{key} subkey:{subkey}",
                      peer=peer.id, category=key.category, key=key.key, subkey=key.subkey)
         return _OK
 
-    def _unregister(self, params: List[str]) -> bytes:
+    def _unregister(self, params: list[str]) -> bytes:
         peer, topic, channel = self._topic_channel("UNREGISTER", params)
         for key in self.db.unregister(peer, topic, channel):
             log.info("DB: client({peer}) UNREGISTER category:{category} key:{key} subkey:{subkey}",
@@ -258,7 +258,7 @@ class LookupSession:
 PING_COMMAND = b"PING\n"
 
 
-def identify_command(fields: Dict[str, Any]) -> bytes:
+def identify_command(fields: dict[str, Any]) -> bytes:
     """``IDENTIFY\\n[size][JSON]`` with the keys sorted, as go-nsq marshals a map."""
     body = json.dumps({k: fields[k] for k in sorted(fields)}, separators=(",", ":")).encode()
     return b"IDENTIFY\n" + _SIZE.pack(len(body)) + body
@@ -283,7 +283,7 @@ class ResponseDecoder:
         self.max_size = max_size
         self._buf = b""
 
-    def feed(self, data: bytes) -> List[bytes]:
+    def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data if self._buf else data
         pos = 0
         out = []

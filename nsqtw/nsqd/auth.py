@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, List, Pattern, Tuple
+from typing import Any
+from re import Pattern
 
 import attr
 
@@ -29,8 +30,8 @@ class AuthResponseError(ValueError):
 @attr.s(frozen=True, slots=True)
 class Authorization:
     topic: Pattern[str] = attr.ib()
-    channels: Tuple[Pattern[str], ...] = attr.ib()
-    permissions: Tuple[str, ...] = attr.ib()
+    channels: tuple[Pattern[str], ...] = attr.ib()
+    permissions: tuple[str, ...] = attr.ib()
 
     def is_allowed(self, topic: str, channel: str) -> bool:
         needed = "subscribe" if channel else "publish"
@@ -48,7 +49,7 @@ class AuthState:
     secret: bytes = attr.ib(repr=False)
     identity: str = attr.ib(default="")
     identity_url: str = attr.ib(default="")
-    authorizations: List[Authorization] = attr.ib(factory=list)
+    authorizations: list[Authorization] = attr.ib(factory=list)
     expires: float = attr.ib(default=0.0)
 
     def expired(self, now: float) -> bool:

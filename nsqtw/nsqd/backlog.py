@@ -30,7 +30,7 @@ retry.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
@@ -45,7 +45,7 @@ __all__ = ["HeldBacklog"]
 log = Logger(namespace="nsqtw.nsqd")
 
 
-def _stored_by(backend: Any, before: Optional[int]) -> int:
+def _stored_by(backend: Any, before: int | None) -> int:
     """How many messages of a failed ``put`` the backend stored anyway (a run that spanned a
     file roll may be stored in part); 0 when the backend cannot tell."""
     after = getattr(backend, "put_count", None)
@@ -61,14 +61,14 @@ class HeldBacklog:
 
     def __init__(self) -> None:
         #: channel -> None (an ordered set)
-        self.channels: Dict["Channel", None] = {}
+        self.channels: dict[Channel, None] = {}
         #: the last disk error seen (for /ping and the log)
         self.error = ""
         self._logged = False
 
     # --- putting back ---------------------------------------------------------
 
-    def put_back(self, ch: "Channel", run: Run, hold: bool = True) -> None:
+    def put_back(self, ch: Channel, run: Run, hold: bool = True) -> None:
         """Store ``run`` (what ``ch``'s memory queue had no room for) in ``ch``'s backend.
 
         If the backend raises :class:`BackendError`, what it did not store is held in
@@ -93,7 +93,7 @@ class HeldBacklog:
         if rest is not None:
             ch.mem.force_put(rest)
 
-    def hold(self, ch: "Channel", run: Run, err: BaseException) -> None:
+    def hold(self, ch: Channel, run: Run, err: BaseException) -> None:
         ch.mem.force_put(run)
         self.error = str(err)
         if ch not in self.channels:
@@ -106,26 +106,26 @@ class HeldBacklog:
     # --- state ------------------------------------------------------------------
 
     @staticmethod
-    def held(ch: "Channel") -> int:
+    def held(ch: Channel) -> int:
         """Messages of ``ch`` above ``--mem-queue-size`` (the part that belongs on disk)."""
         over = ch.mem.depth() - ch.mem.capacity
         return over if over > 0 else 0
 
-    def held_count(self, ch: "Channel") -> int:
+    def held_count(self, ch: Channel) -> int:
         return self.held(ch) if ch in self.channels else 0
 
     def count(self) -> int:
         """Messages held in memory, in every channel, that the disk refused."""
         return sum(self.held(ch) for ch in self.channels) if self.channels else 0
 
-    def health(self) -> Optional[str]:
+    def health(self) -> str | None:
         """nsqd's unhealthy ``/ping`` answer while anything is held, else None."""
         n = self.count()
         if not n:
             return None
         return f"NOK - {n} messages held in memory because the disk refused them - {self.error}"
 
-    def forget(self, ch: "Channel") -> None:
+    def forget(self, ch: Channel) -> None:
         """``ch`` was deleted or emptied (what it held went with it)."""
         self.channels.pop(ch, None)
 
@@ -146,7 +146,7 @@ class HeldBacklog:
                 log.info("disk accepts writes again; every held message is written out")
         return left
 
-    def _write_out(self, ch: "Channel") -> bool:
+    def _write_out(self, ch: Channel) -> bool:
         """Move ``ch``'s messages above ``--mem-queue-size`` to its backend; True if some
         remain held (the disk still refuses)."""
         if not self.held(ch):

@@ -18,7 +18,8 @@ import operator
 import random
 import struct
 from itertools import accumulate, chain, count, repeat
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..backend.dummy import DummyQueue
 from ..backend.runs import Run, run_of_frame
@@ -49,7 +50,7 @@ class Event:
 
 
 BackendFactory = Callable[[str, bool], Any]
-Listener = Callable[[str, str, Optional[str]], None]
+Listener = Callable[[str, str, str | None], None]
 
 
 class _RefusingQueue(DummyQueue):
@@ -70,18 +71,18 @@ class Broker:
     """All topics and channels of one nsqd."""
 
     def __init__(self, options: NsqdOptions, now: float, *,
-                 backend_factory: Optional[BackendFactory] = None,
-                 rng: Optional[random.Random] = None) -> None:
+                 backend_factory: BackendFactory | None = None,
+                 rng: random.Random | None = None) -> None:
         self.options = options
         self.rng = rng or random.Random()
         self.guid = GUIDFactory(options.node_id)
         self.start_time = now
-        self.topics: Dict[str, Topic] = {}
-        self.clients: Dict[int, ClientState] = {}
-        self.dirty: Set[Channel] = set()
-        self.pumping: Set[Topic] = set()
-        self.outbox: List[ClientState] = []
-        self.listeners: List[Listener] = []
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, ClientState] = {}
+        self.dirty: set[Channel] = set()
+        self.pumping: set[Topic] = set()
+        self.outbox: list[ClientState] = []
+        self.listeners: list[Listener] = []
         self.backend_factory: BackendFactory = backend_factory or memory_only_backends
         self.health = "OK"
         #: messages the disk refused, held in memory until it accepts writes again
@@ -213,10 +214,10 @@ class Broker:
         self.dirty.discard(ch)
         self.backlog.forget(ch)
 
-    def channels(self) -> List[Channel]:
+    def channels(self) -> list[Channel]:
         return [ch for t in self.topics.values() for ch in t.channels.values()]
 
-    def set_paused(self, topic_name: str, channel_name: Optional[str], paused: bool) -> None:
+    def set_paused(self, topic_name: str, channel_name: str | None, paused: bool) -> None:
         topic = self.find_topic(topic_name)
         target: Any = topic
         if channel_name is not None:
@@ -229,13 +230,13 @@ class Broker:
             target.unpause()
         self._notify(Event.PAUSED, topic_name, channel_name)
 
-    def _notify(self, event: str, topic: str, channel: Optional[str]) -> None:
+    def _notify(self, event: str, topic: str, channel: str | None) -> None:
         for listener in list(self.listeners):
             listener(event, topic, channel)
 
     # --- publishing -------------------------------------------------------------
 
-    def make_run(self, bodies: Sequence[bytes], now: float, uniform: Optional[int] = None) -> Tuple[Run, int]:
+    def make_run(self, bodies: Sequence[bytes], now: float, uniform: int | None = None) -> tuple[Run, int]:
         """Frames for freshly published bodies (attempts 1, new IDs) as one run, and their
         byte total; ``uniform`` is the common body size when the caller already knows it."""
         n = len(bodies)
@@ -244,7 +245,7 @@ class Broker:
         if n == 1:
             body = bodies[0]
             return run_of_frame(b"".join((_SIZE(len(body) + 30), mid, self.guid.new_id(ts), body))), len(body)
-        sizes: List[int] = []
+        sizes: list[int] = []
         if uniform is None:
             sizes = list(map(len, bodies))
             if sizes.count(sizes[0]) == n:
@@ -261,7 +262,7 @@ class Broker:
         offs.pop()
         return (blob, offs, len(blob)), sum(sizes)
 
-    def publish(self, topic_name: str, bodies: Sequence[bytes], now: float, uniform: Optional[int] = None) -> Topic:
+    def publish(self, topic_name: str, bodies: Sequence[bytes], now: float, uniform: int | None = None) -> Topic:
         """Queue bodies on a topic (created if needed); all or nothing."""
         topic = self.get_topic(topic_name, now)
         topic.check_room(len(bodies))

@@ -18,7 +18,8 @@ from __future__ import annotations
 import heapq
 from itertools import count, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
@@ -58,23 +59,23 @@ class Channel:
         "e2e", "_rr", "__weakref__",
     )
 
-    def __init__(self, topic: "Topic", name: str, broker: "Broker", backend: Any, now: float) -> None:
+    def __init__(self, topic: Topic, name: str, broker: Broker, backend: Any, now: float) -> None:
         self.topic = topic
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.broker = broker
         self.mem = MemoryQueue(broker.options.mem_queue_size)
         self.backend = backend
-        self.inflight: Dict[bytes, Epoch] = {}
-        self.deferred: List[Tuple[float, int, bytes]] = []
-        self.clients: Dict[int, ClientState] = {}
+        self.inflight: dict[bytes, Epoch] = {}
+        self.deferred: list[tuple[float, int, bytes]] = []
+        self.clients: dict[int, ClientState] = {}
         self.paused = False
         self.exiting = False
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
         opts = broker.options
-        self.e2e: Optional[Quantile] = (
+        self.e2e: Quantile | None = (
             Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now,
                      rng=broker.rng)  # the broker's: a Random of its own is 2.5 KB per channel
             if opts.e2e_processing_latency_percentiles else None)
@@ -107,7 +108,7 @@ class Channel:
         if self.clients:
             self.broker.dirty.add(self)
 
-    def _put_back(self, frames: List[bytes]) -> None:
+    def _put_back(self, frames: list[bytes]) -> None:
         """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are
         never refused (a full memory queue without disk keeps them anyway)."""
         if frames:
@@ -197,7 +198,7 @@ class Channel:
             if avail <= 0:
                 break
 
-    def _send(self, client: ClientState, runs: List[Run], now: float) -> None:
+    def _send(self, client: ClientState, runs: list[Run], now: float) -> None:
         inflight = self.inflight
         ep = client.epoch(now)
         msgs = ep.msgs
@@ -220,7 +221,7 @@ class Channel:
         client.in_flight += total
         client.message_count += total
 
-    def _sample(self, frames: List[bytes], rate: int) -> List[bytes]:
+    def _sample(self, frames: list[bytes], rate: int) -> list[bytes]:
         """NSQ's sample_rate: keep a message if ``randint(0, 99) <= rate``; the rest are dropped."""
         rnd = self.broker.rng.randrange
         return [f for f in frames if rnd(100) <= rate]
@@ -243,7 +244,7 @@ class Channel:
             self.e2e.insert(int(now * 1e9) - _TS(frame, 8)[0], now)
         self.broker.dirty.add(self)
 
-    def finish_many(self, client: ClientState, ids: List[bytes], now: float) -> List[FinFailed]:
+    def finish_many(self, client: ClientState, ids: list[bytes], now: float) -> list[FinFailed]:
         """FIN a batch; the common case (all in flight and owned) runs in C builtins."""
         eps = list(map(self.inflight.pop, ids, repeat(None)))
         if None in eps or set(map(_get_client, eps)) != {client}:
@@ -263,8 +264,8 @@ class Channel:
         self.broker.dirty.add(self)
         return []
 
-    def _finish_slow(self, client: ClientState, ids: List[bytes], eps: List[Optional[Epoch]],
-                     now: float) -> List[FinFailed]:
+    def _finish_slow(self, client: ClientState, ids: list[bytes], eps: list[Epoch | None],
+                     now: float) -> list[FinFailed]:
         # put back what the batch pop took, then go one by one in order
         inflight = self.inflight
         for mid, ep in zip(ids, eps):
@@ -347,7 +348,7 @@ class Channel:
 
     def _requeue_epochs(self, epochs: Sequence[Epoch], timeout: bool) -> None:
         inflight = self.inflight
-        frames: List[bytes] = []
+        frames: list[bytes] = []
         for ep in epochs:
             client = ep.client
             n = 0
@@ -381,7 +382,7 @@ class Channel:
         self.mem.empty()
         self.backend.empty()
 
-    def in_flight_frames(self) -> List[bytes]:
+    def in_flight_frames(self) -> list[bytes]:
         """Every in-flight frame, made ready for its next delivery (for clean shutdown)."""
         out = []
         for mid, ep in self.inflight.items():
@@ -390,14 +391,14 @@ class Channel:
                 out.append(requeue_frame(frame))
         return out
 
-    def deferred_items(self) -> List[Tuple[float, bytes]]:
+    def deferred_items(self) -> list[tuple[float, bytes]]:
         return [(at, frame) for at, _, frame in sorted(self.deferred)]
 
     def close_clients(self) -> None:
         for client in list(self.clients.values()):
             client.close()
 
-    def e2e_result(self, now: float) -> Dict[str, object]:
+    def e2e_result(self, now: float) -> dict[str, object]:
         if self.e2e is None:
             return {"count": 0, "percentiles": None}
         return self.e2e.result(now)

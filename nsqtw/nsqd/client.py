@@ -18,7 +18,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from itertools import count
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from zope.interface import Attribute, Interface, implementer
 
@@ -42,11 +43,11 @@ class Epoch:
 
     __slots__ = ("client", "started", "deadline", "msgs")
 
-    def __init__(self, client: "ClientState", started: float, deadline: float) -> None:
+    def __init__(self, client: ClientState, started: float, deadline: float) -> None:
         self.client = client
         self.started = started
         self.deadline = deadline
-        self.msgs: Dict[bytes, bytes] = {}
+        self.msgs: dict[bytes, bytes] = {}
 
 
 class IConsumer(Interface):
@@ -79,7 +80,7 @@ class ClientState:
     )
 
     def __init__(self, client_id: int, remote_address: str, connect_ts: float,
-                 outbox: List["ClientState"], *, heartbeat_interval: float, msg_timeout: float,
+                 outbox: list[ClientState], *, heartbeat_interval: float, msg_timeout: float,
                  output_buffer_timeout: float) -> None:
         self.id = client_id
         self.remote_address = remote_address
@@ -96,7 +97,7 @@ class ClientState:
         self.message_count = 0
         self.finish_count = 0
         self.requeue_count = 0
-        self.pub_counts: Dict[str, int] = {}
+        self.pub_counts: dict[str, int] = {}
         self.heartbeat_interval = heartbeat_interval
         self.output_buffer_size = 16 * 1024
         self.output_buffer_timeout = output_buffer_timeout
@@ -105,16 +106,16 @@ class ClientState:
         self.identified = False
         self.tls = False
         #: () -> (version, cipher, peer common name) once TLS is negotiated
-        self.tls_details: Callable[[], Tuple[str, str, str]] = lambda: ("", "", "")
+        self.tls_details: Callable[[], tuple[str, str, str]] = lambda: ("", "", "")
         self.snappy = False
         self.deflate = False
         self.deflate_level = 0
         self.auth: Any = None
         self.channel: Any = None
-        self.epochs: Deque[Epoch] = deque()
-        self.touched: List[Tuple[float, int, Epoch]] = []
-        self._cur: Optional[Epoch] = None
-        self.out: List[bytes] = []
+        self.epochs: deque[Epoch] = deque()
+        self.touched: list[tuple[float, int, Epoch]] = []
+        self._cur: Epoch | None = None
+        self.out: list[bytes] = []
         self._outbox = outbox
         #: its transport's buffer is full (the client is not reading): deliver nothing more
         self.blocked = False
@@ -163,7 +164,7 @@ class ClientState:
         heapq.heappush(self.touched, (deadline, next(_touch_seq), ep))
         return ep
 
-    def expired_epochs(self, now: float) -> List[Epoch]:
+    def expired_epochs(self, now: float) -> list[Epoch]:
         """Pop every epoch whose deadline has passed (those with messages left)."""
         out = []
         eps = self.epochs
@@ -178,7 +179,7 @@ class ClientState:
                 out.append(ep)
         return out
 
-    def all_epochs(self) -> List[Epoch]:
+    def all_epochs(self) -> list[Epoch]:
         """Every epoch still holding messages, leaving none behind."""
         out = [ep for ep in self.epochs if ep.msgs]
         out.extend(ep for _, _, ep in self.touched if ep.msgs)

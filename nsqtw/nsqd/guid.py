@@ -15,7 +15,6 @@ formatted by ``map`` in C.
 from __future__ import annotations
 
 from itertools import chain
-from typing import List
 
 __all__ = ["GUIDFactory", "TWEPOCH"]
 
@@ -57,7 +56,7 @@ class GUIDFactory:
         self.seq = seq
         return out
 
-    def new_ids(self, count: int, now_ns: int, prefix: bytes = b"") -> List[bytes]:
+    def new_ids(self, count: int, now_ns: int, prefix: bytes = b"") -> list[bytes]:
         """``count`` fresh IDs (16 hex bytes each) for a message batch published at ``now_ns``;
         with ``prefix``, each ID comes with those bytes in front (one object per message)."""
         ts = max(now_ns >> 20, TWEPOCH)  # a clock before 2012 (a test's task.Clock) still mints valid IDs

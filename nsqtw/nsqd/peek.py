@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import base64
 import struct
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -30,8 +31,8 @@ MAX_N = 1000
 _HEAD = struct.Struct(">ii q H 16s")  # size, frame type, timestamp, attempts, ID
 
 
-def _message(frame: bytes, body_size: int, state: str, delivered: int, deliver_at: Optional[float],
-             client_id: Optional[str], max_body: int) -> Dict[str, Any]:
+def _message(frame: bytes, body_size: int, state: str, delivered: int, deliver_at: float | None,
+             client_id: str | None, max_body: int) -> dict[str, Any]:
     """One message as the peek lists it; ``delivered`` is subtracted from the frame's
     attempts (queued and deferred frames carry the count of their next delivery)."""
     _, _, ts, attempts, mid = _HEAD.unpack_from(frame, 0)
@@ -49,7 +50,7 @@ def _message(frame: bytes, body_size: int, state: str, delivered: int, deliver_a
 
 
 def _queued(mem: Any, backend: Any, n: int, max_body: int,
-            deferred_on_disk: List[Tuple[float, bytes, int]]) -> Tuple[List[Dict[str, Any]], bool]:
+            deferred_on_disk: list[tuple[float, bytes, int]]) -> tuple[list[dict[str, Any]], bool]:
     """Up to ``n`` queued messages (memory, then disk) and whether more are queued.  Records
     on disk that are still deferred (written there at a clean stop) go to ``deferred_on_disk``."""
     frames = mem.peek(n + 1)
@@ -74,9 +75,9 @@ def _queued(mem: Any, backend: Any, n: int, max_body: int,
     return out, more
 
 
-def _listing(parts: Sequence[Tuple[str, List[Dict[str, Any]], bool]], states: Sequence[str],
-             n: int) -> Tuple[List[Dict[str, Any]], bool]:
-    messages: List[Dict[str, Any]] = []
+def _listing(parts: Sequence[tuple[str, list[dict[str, Any]], bool]], states: Sequence[str],
+             n: int) -> tuple[list[dict[str, Any]], bool]:
+    messages: list[dict[str, Any]] = []
     truncated = False
     for state, items, more in parts:
         if state not in states:
@@ -90,11 +91,11 @@ def _listing(parts: Sequence[Tuple[str, List[Dict[str, Any]], bool]], states: Se
     return messages, truncated
 
 
-def peek_channel(channel: "Channel", states: Sequence[str], n: int, max_body: int,
-                 now: float) -> Dict[str, Any]:
+def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
+                 now: float) -> dict[str, Any]:
     """The peek answer for one channel (``states`` a subset of :data:`STATES`)."""
-    on_disk: List[Tuple[float, bytes, int]] = []
-    parts: List[Tuple[str, List[Dict[str, Any]], bool]] = []
+    on_disk: list[tuple[float, bytes, int]] = []
+    parts: list[tuple[str, list[dict[str, Any]], bool]] = []
     if "queued" in states:
         queued, more = _queued(channel.mem, channel.backend, n, max_body, on_disk)
         parts.append(("queued", queued, more))
@@ -131,10 +132,10 @@ def peek_channel(channel: "Channel", states: Sequence[str], n: int, max_body: in
     }
 
 
-def peek_topic(topic: "Topic", n: int, max_body: int, now: float) -> Dict[str, Any]:
+def peek_topic(topic: Topic, n: int, max_body: int, now: float) -> dict[str, Any]:
     """The peek answer for a topic's own queue (what waits before it has channels, or while
     it is paused): queued, then deferred."""
-    on_disk: List[Tuple[float, bytes, int]] = []
+    on_disk: list[tuple[float, bytes, int]] = []
     queued, more = _queued(topic.mem, topic.backend, n, max_body, on_disk)
     waiting = sorted(topic.deferred, key=lambda item: item[0])
     deferred = [_message(frame, len(frame) - 34, "deferred", 1, at, None, max_body) for at, frame in waiting[:n]]

@@ -10,7 +10,7 @@ the hot path (one insert per FIN) is a few integer operations.
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 __all__ = ["Quantile", "merge_quantiles"]
 
@@ -21,7 +21,7 @@ class _Half:
     __slots__ = ("samples", "count", "started")
 
     def __init__(self, started: float) -> None:
-        self.samples: List[int] = []
+        self.samples: list[int] = []
         self.count = 0
         self.started = started
 
@@ -32,7 +32,7 @@ class Quantile:
     __slots__ = ("percentiles", "half_window", "_halves", "_rng")
 
     def __init__(self, window: float, percentiles: Sequence[float], now: float,
-                 rng: Optional[random.Random] = None) -> None:
+                 rng: random.Random | None = None) -> None:
         self.percentiles = list(percentiles)
         self.half_window = window / 2
         self._halves = [_Half(now), _Half(now)]
@@ -58,22 +58,22 @@ class Quantile:
         for v in values_ns:
             self.insert(v, now)
 
-    def snapshot(self, now: float) -> "tuple[int, List[int]]":
+    def snapshot(self, now: float) -> tuple[int, list[int]]:
         self._rotate(now)
-        samples: List[int] = []
+        samples: list[int] = []
         count = 0
         for half in self._halves:
             samples.extend(half.samples)
             count += half.count
         return count, samples
 
-    def result(self, now: float) -> Dict[str, object]:
+    def result(self, now: float) -> dict[str, object]:
         """NSQ's JSON: ``{"count": N, "percentiles": [{"quantile": q, "value": ns}, ...]}``."""
         count, samples = self.snapshot(now)
         return _result(count, samples, self.percentiles)
 
 
-def _result(count: int, samples: List[int], percentiles: Sequence[float]) -> Dict[str, object]:
+def _result(count: int, samples: list[int], percentiles: Sequence[float]) -> dict[str, object]:
     if not percentiles:
         return {"count": 0, "percentiles": None}
     if not samples:
@@ -87,10 +87,10 @@ def _result(count: int, samples: List[int], percentiles: Sequence[float]) -> Dic
     return {"count": count, "percentiles": out}
 
 
-def merge_quantiles(quantiles: Sequence[Quantile], percentiles: Sequence[float], now: float) -> Dict[str, object]:
+def merge_quantiles(quantiles: Sequence[Quantile], percentiles: Sequence[float], now: float) -> dict[str, object]:
     """A topic's latency: its channels' streams merged."""
     count = 0
-    samples: List[int] = []
+    samples: list[int] = []
     for q in quantiles:
         c, s = q.snapshot(now)
         count += c

@@ -11,7 +11,7 @@ selection count, not on how many idle channels exist.
 from __future__ import annotations
 
 import random
-from typing import Callable, List, Sequence
+from collections.abc import Callable, Sequence
 
 from .channel import Channel
 
@@ -40,14 +40,14 @@ def scan_channels(channels: Sequence[Channel], now: float, rng: random.Random,
 class ChannelSampler:
     """The cached channel list NSQ refreshes every ``QueueScanRefreshInterval``."""
 
-    def __init__(self, source: Callable[[], List[Channel]], refresh_interval: float) -> None:
+    def __init__(self, source: Callable[[], list[Channel]], refresh_interval: float) -> None:
         self._source = source
         self._refresh_interval = refresh_interval
-        self._cached: List[Channel] = []
+        self._cached: list[Channel] = []
         self._refreshed_at = float("-inf")
         self.stale = True
 
-    def channels(self, now: float) -> List[Channel]:
+    def channels(self, now: float) -> list[Channel]:
         if self.stale or now - self._refreshed_at >= self._refresh_interval:
             self._cached = self._source()
             self._refreshed_at = now

@@ -11,7 +11,7 @@ moves them on when a channel appears or the topic is unpaused.  This is NSQ's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, run_count
@@ -36,14 +36,14 @@ class Topic:
         "exiting", "message_count", "message_bytes", "holds", "__weakref__",
     )
 
-    def __init__(self, name: str, broker: "Broker", backend: Any) -> None:
+    def __init__(self, name: str, broker: Broker, backend: Any) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.broker = broker
-        self.channels: Dict[str, Channel] = {}
+        self.channels: dict[str, Channel] = {}
         self.mem = MemoryQueue(broker.options.mem_queue_size)
         self.backend = backend
-        self.deferred: List[Tuple[float, bytes]] = []
+        self.deferred: list[tuple[float, bytes]] = []
         self.paused = False
         self.exiting = False
         self.message_count = 0

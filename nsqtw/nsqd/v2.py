@@ -21,7 +21,8 @@ import json
 import re
 import struct
 from itertools import repeat
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import attr
 
@@ -52,7 +53,7 @@ _bget = bytes.__getitem__
 
 #: names already validated (raw bytes -> str): a publisher names the same few topics again
 #: and again; bounded, cleared when full
-_VALID_NAMES: Dict[bytes, str] = {}
+_VALID_NAMES: dict[bytes, str] = {}
 
 _BODY_COMMANDS = frozenset((b"PUB", b"MPUB", b"DPUB", b"IDENTIFY", b"AUTH"))
 
@@ -76,7 +77,7 @@ class Upgrade:
     deflate_level: int = 6
 
 
-def base10(data: bytes) -> Optional[int]:
+def base10(data: bytes) -> int | None:
     """nsqd's ``ByteToBase10``: ASCII digits only, ``""`` is 0, anything else fails; the value
     wraps at 2**64 as Go's uint64 does (so a 16 KiB number is just a large one)."""
     if _DIGITS.match(data) is None:
@@ -94,11 +95,11 @@ def base10(data: bytes) -> Optional[int]:
 _FIN_STRUCTS = [struct.Struct("4x16sx" * (1 << i)) for i in range(9)]
 
 
-def _fin_ids(buf: bytes, pos: int, stop: int) -> List[bytes]:
+def _fin_ids(buf: bytes, pos: int, stop: int) -> list[bytes]:
     """The IDs of the FIN lines ``buf[pos:stop]`` (already matched by ``_FIN_RUN``: 21 bytes
     each), cut by ``struct`` in C."""
     n = (stop - pos) // 21
-    ids: List[bytes] = []
+    ids: list[bytes] = []
     i = 8
     while n:
         while (1 << i) > n:
@@ -120,7 +121,7 @@ def _uniform(buf: bytes, p: int, stop: int, stride: int, num: int) -> bool:
 
 #: unpackers of uniform MPUB bodies, by (size, count); a batch of more messages is sliced instead
 #: (bounds what a client's odd batch shapes can make the cache hold)
-_STRUCTS: Dict[Tuple[int, int], struct.Struct] = {}
+_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
 _STRUCT_MAX = 1000
 
 
@@ -152,7 +153,7 @@ def _cut_mpub_message(data: bytes, p: int, i: int) -> NSQError:
 class _Suspend(Exception):
     """The command needs an answer from outside (the auth server) before it can run."""
 
-    def __init__(self, request: Tuple[str, bytes]) -> None:
+    def __init__(self, request: tuple[str, bytes]) -> None:
         self.request = request
 
 
@@ -160,7 +161,7 @@ class _Wait(Exception):
     """More bytes are needed before this command can run; ``keep`` is where the bytes still
     needed start (None: the command's own start, to parse it again)."""
 
-    def __init__(self, need: int = 0, keep: Optional[int] = None) -> None:
+    def __init__(self, need: int = 0, keep: int | None = None) -> None:
         self.need = need
         self.keep = keep
 
@@ -178,7 +179,7 @@ class V2Session:
     """The V2 protocol state machine for one connection (sans-IO)."""
 
     def __init__(self, broker: Broker, client: ClientState, *, features: Features = Features(),
-                 on_identify: Optional[Callable[[ClientState], None]] = None,
+                 on_identify: Callable[[ClientState], None] | None = None,
                  authorizer: Any = None, sync_publish: bool = False) -> None:
         self.broker = broker
         self.client = client
@@ -187,23 +188,23 @@ class V2Session:
         self.authorizer = authorizer
         #: --sync-every=1: a publish is answered only once the fsync covering it is done
         self.sync_publish = sync_publish
-        self._held: Optional[List[Tuple[int, bytes]]] = None
+        self._held: list[tuple[int, bytes]] | None = None
         #: an MPUB whose messages are still arriving (see _MpubWalk)
-        self._walk: Optional["_MpubWalk"] = None
+        self._walk: _MpubWalk | None = None
         #: commands completed so far (the glue's read deadline counts from the last one)
         self.commands = 0
         #: a command yielded the rest of its work to the next reactor turn
         self.busy = False
         #: ("auth" | "requery", secret) while waiting for the auth server; see resume()
-        self.suspended: Optional[Tuple[str, bytes]] = None
+        self.suspended: tuple[str, bytes] | None = None
         self._auth_result: Any = None
         self._want_sync = False
         self._next_gen = 1
         self._last_gen = 0
         self.closed = False
-        self.upgrade: Optional[Upgrade] = None
+        self.upgrade: Upgrade | None = None
         self._buf = b""
-        self._chunks: List[bytes] = []
+        self._chunks: list[bytes] = []
         self._wanted = 0
         self._magic = False
         opts = broker.options
@@ -356,7 +357,7 @@ class V2Session:
         self._wanted = 0
         self._buf = b""
         walk, self._walk = self._walk, None
-        err: Optional[NSQError] = None
+        err: NSQError | None = None
         if walk is not None:
             err = _cut_mpub_message(data, 0, len(walk.bodies))
         else:
@@ -430,7 +431,7 @@ class V2Session:
             if self._held is None:
                 self._held = []
 
-    def take_sync_request(self) -> Optional[int]:
+    def take_sync_request(self) -> int | None:
         """The generation of answers to release once everything published so far is fsynced."""
         if not self._want_sync:
             return None
@@ -513,10 +514,10 @@ class V2Session:
 
     # --- commands without a body ------------------------------------------------------
 
-    def _nop(self, params: List[bytes], now: float) -> None:
+    def _nop(self, params: list[bytes], now: float) -> None:
         pass
 
-    def _rdy(self, params: List[bytes], now: float) -> None:
+    def _rdy(self, params: list[bytes], now: float) -> None:
         client = self.client
         state = client.state
         if state == STATE_CLOSING:
@@ -536,7 +537,7 @@ class V2Session:
             client.rdy = count
             self.broker.dirty.add(client.channel)
 
-    def _fin(self, params: List[bytes], now: float) -> None:
+    def _fin(self, params: list[bytes], now: float) -> None:
         client = self.client
         if client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise Invalid("cannot FIN in current state")
@@ -544,7 +545,7 @@ class V2Session:
             raise Invalid("FIN insufficient number of params")
         client.channel.finish(client, self._message_id(params[1]), now)
 
-    def _req(self, params: List[bytes], now: float) -> None:
+    def _req(self, params: list[bytes], now: float) -> None:
         client = self.client
         if client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise Invalid("cannot REQ in current state")
@@ -557,7 +558,7 @@ class V2Session:
         delay = min(ms / 1000.0, self.broker.options.max_req_timeout)
         client.channel.requeue(client, mid, delay, now)
 
-    def _touch(self, params: List[bytes], now: float) -> None:
+    def _touch(self, params: list[bytes], now: float) -> None:
         client = self.client
         if client.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise Invalid("cannot TOUCH in current state")
@@ -565,7 +566,7 @@ class V2Session:
             raise Invalid("TOUCH insufficient number of params")
         client.channel.touch(client, self._message_id(params[1]), now)
 
-    def _cls(self, params: List[bytes], now: float) -> None:
+    def _cls(self, params: list[bytes], now: float) -> None:
         client = self.client
         if client.state != STATE_SUBSCRIBED:
             raise Invalid("cannot CLS in current state")
@@ -573,7 +574,7 @@ class V2Session:
         client.state = STATE_CLOSING
         self._respond(CLOSE_WAIT_FRAME)
 
-    def _sub(self, params: List[bytes], now: float) -> None:
+    def _sub(self, params: list[bytes], now: float) -> None:
         client = self.client
         if client.state != STATE_INIT:
             raise Invalid("cannot SUB in current state")
@@ -600,7 +601,7 @@ class V2Session:
     # each takes (params, buf, start, end, now) where start is the offset just past the
     # command line, and returns the offset past its body (or raises _Wait)
 
-    def _pub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+    def _pub(self, params: list[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         # the most common command of all (one message per round trip): kept flat
         if len(params) < 2:
             raise Invalid("PUB insufficient number of parameters")
@@ -631,7 +632,7 @@ class V2Session:
             self._respond(OK_FRAME)
         return stop
 
-    def _dpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+    def _dpub(self, params: list[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         if len(params) < 3:
             raise Invalid("DPUB insufficient number of parameters")
         topic_name = self._topic_name(params[1], "DPUB")
@@ -662,7 +663,7 @@ class V2Session:
         self._respond(OK_FRAME)
         return stop
 
-    def _mpub(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+    def _mpub(self, params: list[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         if len(params) < 2:
             raise Invalid("MPUB insufficient number of parameters")
         topic_name = self._topic_name(params[1], "MPUB", prefix="E_BAD_TOPIC ")
@@ -708,7 +709,7 @@ class V2Session:
             raise
 
     def _mpub_done(self, topic_name: str, bodies: Sequence[bytes], now: float, stop: int,
-                   uniform: Optional[int]) -> int:
+                   uniform: int | None) -> int:
         try:
             self.broker.publish(topic_name, bodies, now, uniform)
         except BrokerError as e:
@@ -718,7 +719,7 @@ class V2Session:
         self._respond(OK_FRAME)
         return stop
 
-    def _identify(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+    def _identify(self, params: list[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         client = self.client
         if client.state != STATE_INIT:
             raise Invalid("cannot IDENTIFY in current state")
@@ -817,7 +818,7 @@ class V2Session:
             raise BadBody(f"IDENTIFY msg timeout ({mt}) is invalid")
         client.identified = True
 
-    def _auth(self, params: List[bytes], buf: bytes, start: int, end: int, now: float) -> int:
+    def _auth(self, params: list[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         client = self.client
         if client.state != STATE_INIT:
             raise Invalid("cannot AUTH in current state")
@@ -864,7 +865,7 @@ class _MpubWalk:
         self.topic = topic
         self.num = num
         self.room = room
-        self.bodies: List[bytes] = []
+        self.bodies: list[bytes] = []
         self.queued = 0
 
     def resume(self, buf: bytes, p: int, end: int, now: float) -> int:

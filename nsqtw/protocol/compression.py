@@ -17,7 +17,7 @@ client library.
 from __future__ import annotations
 
 import zlib
-from typing import Any, List
+from typing import Any
 
 __all__ = ["DeflateCodec", "SnappyCodec", "CodecError", "SNAPPY_STREAM_ID"]
 
@@ -87,7 +87,7 @@ class SnappyCodec:
         buf = self._buf + data if self._buf else data
         pos = 0
         end = len(buf)
-        out: List[bytes] = []
+        out: list[bytes] = []
         raw = self._snappy.decompress_raw
         while end - pos >= 4:
             ctype = buf[pos]

@@ -13,7 +13,6 @@ with :class:`FrameDecoder`; the broker writes them with :func:`encode_frame`
 from __future__ import annotations
 
 import struct
-from typing import List, Tuple
 
 __all__ = [
     "MAGIC_V1",
@@ -74,9 +73,9 @@ class FrameDecoder:
         self._buf = b""
         self.max_size = max_size
 
-    def feed(self, data: bytes) -> List[Tuple[int, bytes]]:
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         buf = self._buf + data if self._buf else data
-        out: List[Tuple[int, bytes]] = []
+        out: list[tuple[int, bytes]] = []
         pos = 0
         end = len(buf)
         max_size = self.max_size

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, Optional
+from typing import Any
 
 import attr
 
@@ -33,8 +33,8 @@ class IdentifyDecodeError(ValueError):
 class IdentifyRequest:
     """The fields of nsqd's ``identifyDataV2`` (zero values when absent)."""
 
-    client_id: Optional[str] = None
-    hostname: Optional[str] = None
+    client_id: str | None = None
+    hostname: str | None = None
     heartbeat_interval: int = 0
     output_buffer_size: int = 0
     output_buffer_timeout: int = 0
@@ -44,7 +44,7 @@ class IdentifyRequest:
     deflate_level: int = 0
     snappy: bool = False
     sample_rate: int = 0
-    user_agent: Optional[str] = None
+    user_agent: str | None = None
     msg_timeout: int = 0
 
 
@@ -62,7 +62,7 @@ def cap_text(value: str, limit: int = MAX_STORED_TEXT) -> str:
     return data[:limit].decode("utf-8", "ignore")
 
 
-_FIELDS: Dict[str, Any] = {
+_FIELDS: dict[str, Any] = {
     "client_id": str,
     "hostname": str,
     "heartbeat_interval": _INT64,
@@ -88,7 +88,7 @@ def parse_identify(body: bytes) -> IdentifyRequest:
         return IdentifyRequest()
     if not isinstance(data, dict):
         raise IdentifyDecodeError("cannot unmarshal into identifyDataV2")
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for key, value in data.items():
         name = key.lower()
         kind = _FIELDS.get(name)

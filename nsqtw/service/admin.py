@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any
 
 import attr
 from twisted.application.service import MultiService, Service
@@ -141,11 +141,11 @@ class HistoryPoller(Service):
 
     name = "history"
 
-    def __init__(self, node: "AdminService", interval: float) -> None:
+    def __init__(self, node: AdminService, interval: float) -> None:
         self.node = node
         self.interval = interval
-        self._loop: Optional[task.LoopingCall] = None
-        self._running_poll: Optional[defer.Deferred] = None
+        self._loop: task.LoopingCall | None = None
+        self._running_poll: defer.Deferred | None = None
 
     def startService(self) -> None:
         super().startService()
@@ -153,7 +153,7 @@ class HistoryPoller(Service):
         self._loop.clock = self.node.clock
         self._loop.start(self.interval, now=True)
 
-    def _tick(self) -> Optional[defer.Deferred]:
+    def _tick(self) -> defer.Deferred | None:
         if self._running_poll is not None:
             return None
         return self.poll_once()
@@ -209,7 +209,7 @@ class AdminService(MultiService):
     """One nsqadmin: the web UI and API, the history poller and the notifier."""
 
     def __init__(self, options: AdminOptions, reactor: Any, *, http_client: Any = None,
-                 hostname: Optional[str] = None) -> None:
+                 hostname: str | None = None) -> None:
         super().__init__()
         self.options = options
         self.reactor = reactor
@@ -220,7 +220,7 @@ class AdminService(MultiService):
                                  f"nsqadmin/{NSQ_VERSION} (nsqtw {__version__})")
         self.cluster = ClusterInfo(self.upstream, self._addresses, reactor)
         self.history = History(options.history_size, options.history_interval)
-        self._notifications: Set[defer.Deferred] = set()
+        self._notifications: set[defer.Deferred] = set()
         for name in ("statsd_prefix", "statsd_counter_format", "statsd_gauge_format", "statsd_interval"):
             field = attr.fields_dict(AdminOptions)[name]
             if getattr(options, name) != field.default:
@@ -237,7 +237,7 @@ class AdminService(MultiService):
         self.poller = HistoryPoller(self, options.history_interval)
         self.poller.setServiceParent(self)
 
-    def _addresses(self) -> Tuple[List[str], List[str]]:
+    def _addresses(self) -> tuple[list[str], list[str]]:
         return list(self.options.lookupd_http_addresses), list(self.options.nsqd_http_addresses)
 
     def set_options(self, **changes: Any) -> None:
@@ -246,7 +246,7 @@ class AdminService(MultiService):
 
     # --- notifications ------------------------------------------------------------------
 
-    def notification(self, action: str, topic: str, channel: str, node: str, request: IRequest) -> Dict[str, Any]:
+    def notification(self, action: str, topic: str, channel: str, node: str, request: IRequest) -> dict[str, Any]:
         """nsqadmin's ``AdminAction`` for one request (``channel``, ``node`` and ``user`` omitted when empty)."""
         secure = request.isSecure() or (request.getHeader(b"X-Scheme") or b"").lower() == b"https"
         host = (request.getHeader(b"Host") or b"").decode("latin-1")
@@ -254,7 +254,7 @@ class AdminService(MultiService):
         remote = (join_host_port(client.host, client.port) if getattr(client, "host", None) is not None
                   else str(getattr(client, "name", "") or ""))
         user = (request.getUser() or b"").decode("utf-8", "replace")
-        doc: Dict[str, Any] = {"action": action, "topic": topic}
+        doc: dict[str, Any] = {"action": action, "topic": topic}
         if channel:
             doc["channel"] = channel
         if node:
@@ -297,7 +297,7 @@ class AdminService(MultiService):
     # --- addresses and lifecycle ------------------------------------------------------------
 
     @property
-    def http_port(self) -> Optional[int]:
+    def http_port(self) -> int | None:
         return self.http_listener.bound_port
 
     def ready(self) -> defer.Deferred:

@@ -8,7 +8,7 @@ addresses, APIs and files are exactly those of a multi-process cluster.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
 import attr
 from twisted.application.service import MultiService
@@ -35,8 +35,8 @@ class AllInOneService(MultiService):
     def __init__(self, nsqd_options: NsqdOptions, reactor: Any, *, lookupd_tcp_address: str,
                  lookupd_http_address: str, admin_http_address: str) -> None:
         super().__init__()
-        self.lookupd: Optional[Any] = None
-        self.admin: Optional[Any] = None
+        self.lookupd: Any | None = None
+        self.admin: Any | None = None
         lookupd_tcp = ""
         lookupd_http = ""
         if lookupd_tcp_address:
@@ -49,7 +49,7 @@ class AllInOneService(MultiService):
             lookupd_tcp = local_address(lookupd_tcp_address, "lookupd-tcp-address")
             if lookupd_http_address:
                 lookupd_http = local_address(lookupd_http_address, "lookupd-http-address")
-        peers: List[str] = list(nsqd_options.lookupd_tcp_addresses)
+        peers: list[str] = list(nsqd_options.lookupd_tcp_addresses)
         if lookupd_tcp and lookupd_tcp not in peers:
             peers.insert(0, lookupd_tcp)
         from .nsqd import build_nsqd

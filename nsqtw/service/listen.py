@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from twisted.application.service import Service
 from twisted.internet import defer
@@ -74,8 +75,8 @@ class LazyFactory:
     ``warm`` the factory is built in the reactor turn after start-up."""
 
     def __init__(self, build: Callable[[], Any], prefix: str = "Site",
-                 warm: Optional[Callable[[], Any]] = None) -> None:
-        self._build: Optional[Callable[[], Any]] = build
+                 warm: Callable[[], Any] | None = None) -> None:
+        self._build: Callable[[], Any] | None = build
         self._prefix = prefix
         self._warm = warm
         self._factory: Any = None
@@ -174,7 +175,7 @@ class ListeningService(Service):
         self.label = label
         self.flag = flag
         self.endpoint = endpoint
-        self.port: Optional[IListeningPort] = None
+        self.port: IListeningPort | None = None
         self.ready: defer.Deferred = defer.Deferred()
 
     def startService(self) -> None:
@@ -215,7 +216,7 @@ class ListeningService(Service):
         return None
 
     @property
-    def bound_port(self) -> Optional[int]:
+    def bound_port(self) -> int | None:
         if self.port is None:
             return None
         return getattr(self.port.getHost(), "port", None)

@@ -37,7 +37,8 @@ from __future__ import annotations
 import json
 import socket
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 from urllib.parse import quote
 
 import attr
@@ -83,14 +84,14 @@ class LookupdInfo:
     broadcast_address: str = ""
 
     @classmethod
-    def from_json(cls, body: bytes) -> "LookupdInfo":
+    def from_json(cls, body: bytes) -> LookupdInfo:
         """Decode as Go does into ``peerInfo``; ValueError if it is not that JSON."""
         data = json.loads(body.decode("utf-8", "replace"))
         if data is None:
             return cls()
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        values: Dict[str, Any] = {}
+        values: dict[str, Any] = {}
         for name, kind in (("tcp_port", int), ("http_port", int), ("version", str),
                            ("broadcast_address", str)):
             value = data.get(name)
@@ -107,12 +108,12 @@ class LookupdInfo:
 class LookupPeerProtocol(Protocol):
     """One connection to nsqlookupd: IDENTIFY, the replay, then commands answered in order."""
 
-    def __init__(self, peer: "LookupPeer") -> None:
+    def __init__(self, peer: LookupPeer) -> None:
         self.peer = peer
         self.clock = peer.owner.clock
         self.identified = False
         self._decoder = ResponseDecoder(peer.owner.max_response_size)
-        self._pending: Deque[defer.Deferred] = deque()
+        self._pending: deque[defer.Deferred] = deque()
         self._deadline: Any = None
         self._closing = False
 
@@ -223,7 +224,7 @@ class LookupPeerProtocol(Protocol):
 class _PeerFactory(Factory):
     noisy = False
 
-    def __init__(self, peer: "LookupPeer") -> None:
+    def __init__(self, peer: LookupPeer) -> None:
         self.peer = peer
 
     def buildProtocol(self, addr: Any) -> LookupPeerProtocol:
@@ -245,18 +246,18 @@ def _endpoint(reactor: Any, address: str) -> Any:
 class LookupPeer:
     """One nsqlookupd as nsqd sees it: its address, its IDENTIFY answer, the live connection."""
 
-    def __init__(self, owner: "LookupPeersService", address: str) -> None:
+    def __init__(self, owner: LookupPeersService, address: str) -> None:
         self.owner = owner
         self.address = address
         #: the last IDENTIFY answer; kept across reconnects, as nsqd keeps ``lp.Info``
-        self.info: Optional[LookupdInfo] = None
+        self.info: LookupdInfo | None = None
         #: the connection, once identified
-        self.protocol: Optional[LookupPeerProtocol] = None
+        self.protocol: LookupPeerProtocol | None = None
         self.registered = False
         #: the answer to the last heartbeat sent (tests await it after advancing the clock)
-        self.last_ping: Optional[defer.Deferred] = None
-        self._when_registered: List[defer.Deferred] = []
-        self._when_lost: List[defer.Deferred] = []
+        self.last_ping: defer.Deferred | None = None
+        self._when_registered: list[defer.Deferred] = []
+        self._when_lost: list[defer.Deferred] = []
         self.service = ClientService(_endpoint(owner.nsqd.reactor, address), _PeerFactory(self),
                                      retryPolicy=owner.retry_policy, clock=owner.clock)
 
@@ -264,7 +265,7 @@ class LookupPeer:
         return f"<LookupPeer {self.address}>"
 
     @property
-    def http_address(self) -> Optional[str]:
+    def http_address(self) -> str | None:
         """``broadcast_address:http_port`` from IDENTIFY: where to ask ``/channels``."""
         info = self.info
         if info is None or not info.broadcast_address:
@@ -274,7 +275,7 @@ class LookupPeer:
             host = f"[{host}]"
         return f"{host}:{info.http_port}"
 
-    def command(self, data: bytes) -> Optional[defer.Deferred]:
+    def command(self, data: bytes) -> defer.Deferred | None:
         """Send if identified (the Deferred fires with the answer); else drop it (None)."""
         proto = self.protocol
         if proto is None or not proto.identified:
@@ -319,7 +320,7 @@ class LookupPeer:
             # this connectionLost returns, and a waiter may want to advance the clock
             self.owner.nsqd.reactor.callLater(0, self._fire_lost, waiting)
 
-    def _fire_lost(self, waiting: List[defer.Deferred]) -> None:
+    def _fire_lost(self, waiting: list[defer.Deferred]) -> None:
         for d in waiting:
             d.callback(self)
 
@@ -329,8 +330,8 @@ class LookupPeersService(MultiService):
 
     name = "lookup-peers"
 
-    def __init__(self, nsqd: "NsqdService", *, clock: Any = None, ping_interval: float = PING_INTERVAL,
-                 retry_policy: Optional[Callable[[int], float]] = None,
+    def __init__(self, nsqd: NsqdService, *, clock: Any = None, ping_interval: float = PING_INTERVAL,
+                 retry_policy: Callable[[int], float] | None = None,
                  http_client: Any = None) -> None:
         super().__init__()
         self.nsqd = nsqd
@@ -338,12 +339,12 @@ class LookupPeersService(MultiService):
         self.ping_interval = ping_interval
         # nsqd retries on its next PING (15 s); start quicker, never wait longer
         self.retry_policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=ping_interval)
-        self.peers: Dict[str, LookupPeer] = {}
-        self._addresses: Optional[List[str]] = None
+        self.peers: dict[str, LookupPeer] = {}
+        self._addresses: list[str] | None = None
         self._http_client = http_client
-        self._loop: Optional[task.LoopingCall] = None
-        self._precreating: Set[defer.Deferred] = set()
-        self._idle_waiters: List[defer.Deferred] = []
+        self._loop: task.LoopingCall | None = None
+        self._precreating: set[defer.Deferred] = set()
+        self._idle_waiters: list[defer.Deferred] = []
 
     # --- what the peers ask of the nsqd ---------------------------------------------
 
@@ -351,7 +352,7 @@ class LookupPeersService(MultiService):
     def max_response_size(self) -> int:
         return int(self.nsqd.options.max_body_size)
 
-    def identify_fields(self) -> Dict[str, Any]:
+    def identify_fields(self) -> dict[str, Any]:
         """nsqd's IDENTIFY body (broadcast ports win over the bound ones when set)."""
         opts = self.nsqd.options
         return {
@@ -362,7 +363,7 @@ class LookupPeersService(MultiService):
             "broadcast_address": opts.broadcast_address,
         }
 
-    def registration_commands(self) -> List[bytes]:
+    def registration_commands(self) -> list[bytes]:
         """The replay: REGISTER every topic without channels and every channel."""
         commands = []
         for topic in list(self.nsqd.broker.topics.values()):
@@ -377,7 +378,7 @@ class LookupPeersService(MultiService):
 
     # --- peers ------------------------------------------------------------------
 
-    def set_addresses(self, addresses: List[str]) -> defer.Deferred:
+    def set_addresses(self, addresses: list[str]) -> defer.Deferred:
         """``PUT /config/nsqlookupd_tcp_addresses``: close removed peers, connect new ones;
         fires when the removed peers are closed."""
         wanted = list(dict.fromkeys(addresses))
@@ -393,7 +394,7 @@ class LookupPeersService(MultiService):
                 self._add_peer(address)
         return defer.gatherResults(stops, consumeErrors=True)
 
-    def lookupd_http_addresses(self) -> List[str]:
+    def lookupd_http_addresses(self) -> list[str]:
         """The HTTP addresses of every peer that has identified at least once."""
         return [a for a in (p.http_address for p in self.peers.values()) if a]
 
@@ -425,7 +426,7 @@ class LookupPeersService(MultiService):
 
     # --- broker events ------------------------------------------------------------
 
-    def _on_event(self, event: str, topic: str, channel: Optional[str]) -> None:
+    def _on_event(self, event: str, topic: str, channel: str | None) -> None:
         try:
             if event == Event.TOPIC_CREATED:
                 self.send(register_command(topic))
@@ -458,7 +459,7 @@ class LookupPeersService(MultiService):
         topic.hold()
         d = self._query_channels(name, addresses)
 
-        def create(channels: List[str]) -> None:
+        def create(channels: list[str]) -> None:
             if broker.topics.get(name) is not topic or topic.exiting:
                 return
             now = self.nsqd.reactor.seconds()
@@ -506,15 +507,15 @@ class LookupPeersService(MultiService):
             self._http_client = HTTPClient(agent)
         return self._http_client
 
-    def _query_channels(self, topic: str, addresses: List[str]) -> defer.Deferred:
+    def _query_channels(self, topic: str, addresses: list[str]) -> defer.Deferred:
         """NSQ's ``GetLookupdTopicChannels``: the union of every lookupd's answer, sorted;
         fails only if every lookupd failed."""
         queries = [self._get_channels(f"http://{a}/channels?topic={quote(topic, safe='')}")
                    for a in addresses]
         d = defer.DeferredList(queries, consumeErrors=True)
 
-        def merge(results: List[Any]) -> List[str]:
-            channels: Set[str] = set()
+        def merge(results: list[Any]) -> list[str]:
+            channels: set[str] = set()
             errors = []
             for ok, value in results:
                 if ok:
@@ -539,7 +540,7 @@ class LookupPeersService(MultiService):
         def got(response: Any) -> defer.Deferred:
             body = response.content()
 
-            def parse(data: bytes) -> List[str]:
+            def parse(data: bytes) -> list[str]:
                 if response.code != 200:
                     raise RuntimeError(f"got response {response.code} {data!r}")
                 doc = json.loads(data)

@@ -12,7 +12,7 @@ and re-registers with whatever nsqlookupd it reaches next.
 from __future__ import annotations
 
 import socket
-from typing import Any, Optional
+from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet import defer
@@ -64,11 +64,11 @@ class LookupdService(MultiService):
         return self.options.broadcast_address
 
     @property
-    def tcp_port(self) -> Optional[int]:
+    def tcp_port(self) -> int | None:
         return self.tcp_listener.bound_port
 
     @property
-    def http_port(self) -> Optional[int]:
+    def http_port(self) -> int | None:
         return self.http_listener.bound_port
 
     def ready(self) -> defer.Deferred:

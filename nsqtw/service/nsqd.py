@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import random
 from functools import partial
-from typing import Any, Callable, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 import attr
 from twisted.application.service import MultiService, Service
@@ -51,7 +52,7 @@ class _LoopService(Service):
         self.interval = interval
         self.step = step
         self.setName(name)
-        self._loop: Optional[task.LoopingCall] = None
+        self._loop: task.LoopingCall | None = None
 
     def _safe_step(self) -> None:
         try:
@@ -76,7 +77,7 @@ class _LoopService(Service):
 class NsqdService(MultiService):
     """One nsqd: broker, storage, listeners and timers."""
 
-    def __init__(self, options: NsqdOptions, reactor: Any, *, rng: Optional[random.Random] = None,
+    def __init__(self, options: NsqdOptions, reactor: Any, *, rng: random.Random | None = None,
                  backend_factory: Any = None, sync_thread: bool = True) -> None:
         """``sync_thread=False`` runs disk syncs inline (for throwaway brokers on tmpfs:
         starting the thread is most of a start-up)."""
@@ -121,8 +122,8 @@ class NsqdService(MultiService):
         self.broker.listeners.append(self._on_event)
         self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP", "tcp-address")
         self.tcp_listener.setServiceParent(self)
-        self.http_listener: Optional[ListeningService] = None
-        self.https_listener: Optional[ListeningService] = None
+        self.http_listener: ListeningService | None = None
+        self.https_listener: ListeningService | None = None
         if options.http_address:
             # the HTTP API (klein, werkzeug, twisted.web) is built just after start-up, or at the
             # first request: the TCP port must not wait for its imports
@@ -156,7 +157,7 @@ class NsqdService(MultiService):
         self.lookup_peers: Any = None
         if options.lookupd_tcp_addresses:
             self._lookup_peers_service()
-        self._stopping: Optional[defer.Deferred] = None
+        self._stopping: defer.Deferred | None = None
 
     def _http_site(self, tls_only_http: bool) -> Any:
         from ..http.nsqd_api import NsqdHTTPAPI
@@ -204,7 +205,7 @@ class NsqdService(MultiService):
             self.broker.backlog.retry()
             self.settle()
 
-    def _on_event(self, event: str, topic: str, channel: Optional[str]) -> None:
+    def _on_event(self, event: str, topic: str, channel: str | None) -> None:
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
             self._sampler.stale = True
         if event != Event.PAUSED and not self.broker.loading and not self.broker.exiting:
@@ -227,7 +228,7 @@ class NsqdService(MultiService):
         self.options = attr.evolve(self.options, **changes)
         self.broker.options = self.options
 
-    def set_lookupd_addresses(self, addresses: List[str]) -> None:
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
         """PUT /config/nsqlookupd_tcp_addresses: drop removed peers, connect new ones."""
         self.set_options(lookupd_tcp_addresses=list(addresses))
         if self.lookup_peers is None and not addresses:
@@ -244,15 +245,15 @@ class NsqdService(MultiService):
     # --- addresses ------------------------------------------------------------
 
     @property
-    def tcp_port(self) -> Optional[int]:
+    def tcp_port(self) -> int | None:
         return self.tcp_listener.bound_port
 
     @property
-    def http_port(self) -> Optional[int]:
+    def http_port(self) -> int | None:
         return self.http_listener.bound_port if self.http_listener else None
 
     @property
-    def https_port(self) -> Optional[int]:
+    def https_port(self) -> int | None:
         return self.https_listener.bound_port if self.https_listener else None
 
     def ready(self) -> defer.Deferred:
@@ -351,7 +352,7 @@ class NsqdService(MultiService):
         self._stopping = d
         return d
 
-    def _flush_queues(self) -> List[defer.Deferred]:
+    def _flush_queues(self) -> list[defer.Deferred]:
         """Write every topic's and channel's memory queue, in-flight and deferred messages to
         their backends and close them (nsqd's Topic/Channel exit without deletion).
 
@@ -359,7 +360,7 @@ class NsqdService(MultiService):
         as critical; the command-line nsqd then exits with status 1."""
         from ..backend.runs import run_of_frames
         store = self.broker.backlog.store_all
-        closing: List[defer.Deferred] = []
+        closing: list[defer.Deferred] = []
         lost = 0
         for topic in list(self.broker.topics.values()):
             for ch in list(topic.channels.values()):

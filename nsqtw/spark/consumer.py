@@ -21,7 +21,8 @@ import socket
 import struct
 import time
 import urllib.request
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
 from .. import __version__
@@ -50,8 +51,8 @@ def _body_command(name: str, body: bytes) -> bytes:
 class NsqConnection:
     """One V2 connection: blocking setup, then non-blocking reads driven by the consumer."""
 
-    def __init__(self, address: Tuple[str, int], topic: str, channel: str, identify: Dict[str, Any],
-                 connect_timeout: float = 5.0, auth_secret: Optional[str] = None,
+    def __init__(self, address: tuple[str, int], topic: str, channel: str, identify: dict[str, Any],
+                 connect_timeout: float = 5.0, auth_secret: str | None = None,
                  max_frame: int = 64 * 1024 * 1024) -> None:
         self.address = address
         self.topic = topic
@@ -65,12 +66,12 @@ class NsqConnection:
         sock = socket.create_connection(address, timeout=connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
-        self._pending: List[Tuple[int, bytes]] = []
+        self._pending: list[tuple[int, bytes]] = []
         try:
             sock.sendall(MAGIC_V2)
             sock.sendall(_body_command("IDENTIFY", json.dumps(identify).encode()))
             data = self._expect_response("IDENTIFY")
-            features: Dict[str, Any] = {}
+            features: dict[str, Any] = {}
             if data != b"OK":
                 features = json.loads(data)
                 self.max_rdy_count = int(features.get("max_rdy_count", self.max_rdy_count))
@@ -101,7 +102,7 @@ class NsqConnection:
                     return data
                 self._pending.append((ftype, data))
 
-    def _read_frames_blocking(self) -> List[Tuple[int, bytes]]:
+    def _read_frames_blocking(self) -> list[tuple[int, bytes]]:
         chunk = self.sock.recv(65536)
         if not chunk:
             raise ConnectionError(f"{self}: closed during setup")
@@ -110,7 +111,7 @@ class NsqConnection:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def read(self) -> List[Tuple[int, bytes]]:
+    def read(self) -> list[tuple[int, bytes]]:
         """Frames available now (non-blocking); raises ConnectionError when the peer closed."""
         frames, self._pending = self._pending, []
         while True:
@@ -156,7 +157,7 @@ class NsqConnection:
                 pass
 
 
-def lookup_producers(lookupd: str, topic: str, timeout: float = 5.0) -> List[Tuple[str, int]]:
+def lookup_producers(lookupd: str, topic: str, timeout: float = 5.0) -> list[tuple[str, int]]:
     """nsqlookupd ``/lookup?topic=``: the producers' (broadcast_address, tcp_port)."""
     base = lookupd if "://" in lookupd else "http://" + lookupd
     url = f"{base.rstrip('/')}/lookup?topic={quote(topic, safe='')}"
@@ -172,7 +173,7 @@ def lookup_producers(lookupd: str, topic: str, timeout: float = 5.0) -> List[Tup
     return [(p["broadcast_address"], int(p["tcp_port"])) for p in data.get("producers") or []]
 
 
-def _split(address: str) -> Tuple[str, int]:
+def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
@@ -182,10 +183,10 @@ class BlockingConsumer:
 
     def __init__(self, topic: str, channel: str, *, nsqd_tcp_addresses: Sequence[str] = (),
                  lookupd_http_addresses: Sequence[str] = (), max_in_flight: int = 200,
-                 heartbeat_interval: float = 30.0, msg_timeout: Optional[float] = None,
+                 heartbeat_interval: float = 30.0, msg_timeout: float | None = None,
                  lookupd_poll_interval: float = 60.0, connect_timeout: float = 5.0,
-                 auth_secret: Optional[str] = None, client_id: Optional[str] = None,
-                 user_agent: Optional[str] = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 auth_secret: str | None = None, client_id: str | None = None,
+                 user_agent: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if not nsqd_tcp_addresses and not lookupd_http_addresses:
             raise ValueError("give nsqd TCP addresses or nsqlookupd HTTP addresses")
         self.topic = topic
@@ -198,7 +199,7 @@ class BlockingConsumer:
         self.auth_secret = auth_secret
         self.clock = clock
         host = socket.gethostname()
-        self.identify: Dict[str, Any] = {
+        self.identify: dict[str, Any] = {
             "client_id": client_id or host.split(".")[0],
             "hostname": host,
             "user_agent": user_agent or f"nsqtw-spark/{__version__}",
@@ -207,20 +208,20 @@ class BlockingConsumer:
         }
         if msg_timeout:
             self.identify["msg_timeout"] = int(msg_timeout * 1000)
-        self.conns: Dict[Tuple[str, int], NsqConnection] = {}
-        self._retry_at: Dict[Tuple[str, int], float] = {}
-        self._backoff: Dict[Tuple[str, int], float] = {}
+        self.conns: dict[tuple[str, int], NsqConnection] = {}
+        self._retry_at: dict[tuple[str, int], float] = {}
+        self._backoff: dict[tuple[str, int], float] = {}
         self._next_lookup = 0.0
-        self._known: List[Tuple[str, int]] = list(self.nsqd)
+        self._known: list[tuple[str, int]] = list(self.nsqd)
         self.paused = False
         self.selector = selectors.DefaultSelector()
-        self.errors: List[str] = []
+        self.errors: list[str] = []
         self.heartbeats = 0
         self.connects = 0
 
     # --- connections ------------------------------------------------------------
 
-    def _targets(self) -> List[Tuple[str, int]]:
+    def _targets(self) -> list[tuple[str, int]]:
         now = self.clock()
         if self.lookupd and now >= self._next_lookup:
             self._next_lookup = now + self.lookupd_poll_interval
@@ -285,13 +286,13 @@ class BlockingConsumer:
 
     # --- the loop -----------------------------------------------------------------
 
-    def poll(self, timeout: float) -> List[Tuple[NsqConnection, Message]]:
+    def poll(self, timeout: float) -> list[tuple[NsqConnection, Message]]:
         """Wait up to ``timeout`` for messages; heartbeats are answered on the way."""
         self._connect_missing()
         if not self.conns:
             time.sleep(min(timeout, 0.1))
             return []
-        out: List[Tuple[NsqConnection, Message]] = []
+        out: list[tuple[NsqConnection, Message]] = []
         for key, _ in self.selector.select(timeout):
             conn: NsqConnection = key.data
             try:
@@ -331,9 +332,9 @@ class BlockingConsumer:
         except OSError as e:
             self._drop(conn, e)
 
-    def finish_many(self, items: Sequence[Tuple[NsqConnection, Message]]) -> None:
+    def finish_many(self, items: Sequence[tuple[NsqConnection, Message]]) -> None:
         """FIN a batch with one write per connection."""
-        by_conn: Dict[int, Tuple[NsqConnection, List[bytes]]] = {}
+        by_conn: dict[int, tuple[NsqConnection, list[bytes]]] = {}
         for conn, msg in items:
             by_conn.setdefault(id(conn), (conn, []))[1].append(b"FIN " + msg.id + b"\n")
         for conn, cmds in by_conn.values():

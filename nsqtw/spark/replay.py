@@ -30,13 +30,13 @@ de-duplicated archive (jsonl, gzip by default, partitioned by topic).
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import struct
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
 from urllib.parse import quote, urlsplit
 
 from .session import add_spark_arguments, get_session, parse_conf
@@ -48,8 +48,8 @@ JSONL_SCHEMA = "topic STRING, channel STRING, id STRING, timestamp BIGINT, attem
 COLUMNS = ["topic", "channel", "id", "timestamp", "attempts", "body", "source", "source_mtime", "line"]
 
 
-def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic: Optional[str] = None,
-                  pattern: Optional[str] = None, recursive: bool = False) -> Any:
+def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic: str | None = None,
+                  pattern: str | None = None, recursive: bool = False) -> Any:
     """Archive lines as rows: topic, channel, id, timestamp (ns), attempts, body (bytes), source..."""
     from pyspark.sql import functions as F
 
@@ -109,7 +109,7 @@ def parse_time(text: str) -> int:
     return int(dt.timestamp() * 1_000_000) * 1000
 
 
-def filter_time(df: Any, since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> Any:
+def filter_time(df: Any, since_ns: int | None = None, until_ns: int | None = None) -> Any:
     """[since, until): message timestamp for jsonl rows, file modification time for raw rows."""
     from pyspark.sql import functions as F
 
@@ -168,13 +168,13 @@ class HttpPublisher:
         self.retries = retries
         self.backoff = backoff
         self.sleep = sleep
-        self._conns: Dict[int, http.client.HTTPConnection] = {}
+        self._conns: dict[int, http.client.HTTPConnection] = {}
         self._next = 0
         self.batches = 0
         self.messages = 0
 
     @staticmethod
-    def _split(address: str) -> Tuple[str, int, str]:
+    def _split(address: str) -> tuple[str, int, str]:
         url = urlsplit(address if "://" in address else "http://" + address)
         if url.scheme not in ("http", "https"):
             raise ValueError(f"unsupported scheme in {address!r}")
@@ -231,11 +231,11 @@ class HttpPublisher:
             self._drop(i)
 
 
-def publish_rows(rows: Iterable[Any], publisher: Any, topic: Optional[str] = None, batch_size: int = 100,
+def publish_rows(rows: Iterable[Any], publisher: Any, topic: str | None = None, batch_size: int = 100,
                  max_batch_bytes: int = 4 * 1024 * 1024, rate: float = 0.0, clock: Any = time) -> int:
     """Publish rows in order, batched per destination topic; returns the number published."""
-    pending: Dict[str, List[bytes]] = {}
-    sizes: Dict[str, int] = {}
+    pending: dict[str, list[bytes]] = {}
+    sizes: dict[str, int] = {}
     sent = 0
     started = clock.monotonic()
 
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> Dict[str, int]:
+def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> dict[str, int]:
     out = out or sys.stdout
     if not (args.nsqd_http_address or args.output or args.dry_run):
         raise SystemExit("nothing to do: give --nsqd-http-address, --output or --dry-run")
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> Dict[st
             spark.stop()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     run(build_parser().parse_args(argv))
     return 0
 

@@ -11,24 +11,25 @@ from __future__ import annotations
 import html
 import math
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Sequence
 
 __all__ = ["line_chart", "render_report", "nice_ticks", "utc_text"]
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 
-Point = Tuple[datetime, float]
+Point = tuple[datetime, float]
 
 
-def utc_text(value: Optional[datetime]) -> str:
+def utc_text(value: datetime | None) -> str:
     """A collected Spark timestamp (naive, local time) as UTC text."""
     if value is None:
         return "-"
     return datetime.fromtimestamp(value.timestamp(), timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def nice_ticks(lo: float, hi: float, count: int = 5) -> List[float]:
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values (1, 2, 5 x 10^n steps) covering [lo, hi]."""
     if hi <= lo:
         hi = lo + 1.0
@@ -53,7 +54,7 @@ def _short(v: float) -> str:
     return f"{v:g}"
 
 
-def line_chart(title: str, series: Dict[str, List[Point]], unit: str = "", width: int = 900,
+def line_chart(title: str, series: dict[str, list[Point]], unit: str = "", width: int = 900,
                height: int = 280) -> str:
     """An SVG line chart; x is time (UTC), one coloured polyline and legend entry per series."""
     esc = html.escape
@@ -118,8 +119,8 @@ th{background:#f3f3f3;text-align:left} td.n{text-align:right;font-variant-numeri
 """
 
 
-def render_report(summary_rows: Sequence[Any], series: Dict[str, Dict[str, List[Point]]], window: str,
-                  span: Tuple[Optional[datetime], Optional[datetime]], total: int) -> str:
+def render_report(summary_rows: Sequence[Any], series: dict[str, dict[str, list[Point]]], window: str,
+                  span: tuple[datetime | None, datetime | None], total: int) -> str:
     """The whole page."""
     from .stats import SUMMARY_COLUMNS, summary_table
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, Optional
+from typing import Any
 
 __all__ = ["get_session", "add_spark_arguments", "require_pyspark"]
 
@@ -27,7 +27,7 @@ def add_spark_arguments(parser: Any) -> None:
 
 
 def get_session(app_name: str, master: str = DEFAULT_MASTER,
-                conf: Optional[Dict[str, str]] = None) -> Any:
+                conf: dict[str, str] | None = None) -> Any:
     """A SparkSession; in local mode the workers run this interpreter and stay on loopback."""
     require_pyspark()
     from pyspark.sql import SparkSession
@@ -50,8 +50,8 @@ def get_session(app_name: str, master: str = DEFAULT_MASTER,
     return spark
 
 
-def parse_conf(pairs: Any) -> Dict[str, str]:
-    out: Dict[str, str] = {}
+def parse_conf(pairs: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep:

@@ -56,7 +56,8 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
@@ -80,8 +81,8 @@ def register(spark: Any) -> None:
 class SpoolPartition(InputPartition):
     """A slice of the spool: file pieces for executors, or the records themselves (``inline``)."""
 
-    def __init__(self, topic: str, channel: str, pieces: Sequence[Tuple[str, int, int]],
-                 records: Optional[List[Tuple[bytes, int, int, bytes]]] = None) -> None:
+    def __init__(self, topic: str, channel: str, pieces: Sequence[tuple[str, int, int]],
+                 records: list[tuple[bytes, int, int, bytes]] | None = None) -> None:
         super().__init__(None)
         self.topic = topic
         self.channel = channel
@@ -92,7 +93,7 @@ class SpoolPartition(InputPartition):
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def _row(topic: str, channel: str, mid: bytes, ts: int, attempts: int, body: bytes) -> Tuple[Any, ...]:
+def _row(topic: str, channel: str, mid: bytes, ts: int, attempts: int, body: bytes) -> tuple[Any, ...]:
     when = _EPOCH + timedelta(microseconds=ts // 1000)
     return (mid.decode("ascii", "replace"), when, attempts, body, topic, channel)
 
@@ -107,18 +108,18 @@ class NsqDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA
 
-    def streamReader(self, schema: Any) -> "NsqStreamReader":
+    def streamReader(self, schema: Any) -> NsqStreamReader:
         return NsqStreamReader(dict(self.options))
 
 
-def _split_list(value: Optional[str]) -> List[str]:
+def _split_list(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 class NsqStreamReader(DataSourceStreamReader):
     """Driver side: the consumer thread, the spool and the offsets."""
 
-    def __init__(self, options: Dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str]) -> None:
         opts = {k.lower(): v for k, v in options.items()}
         self.topic = opts.get("topic", "")
         self.channel = opts.get("channel", "spark")
@@ -143,20 +144,20 @@ class NsqStreamReader(DataSourceStreamReader):
         self.lookupd_poll_interval = float(opts.get("lookupdpollinterval", "60"))
         self.auth_secret = opts.get("authsecret") or None
         self.spool_dir = spool_dir
-        self._spool: Optional[Spool] = None
+        self._spool: Spool | None = None
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-        self.consumer: Optional[BlockingConsumer] = None
-        self._last_seq: Optional[int] = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.consumer: BlockingConsumer | None = None
+        self._last_seq: int | None = None
 
     _RUNTIME = ("_spool", "_stop", "_thread", "_error", "consumer", "_last_seq")
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         """Spark pickles the reader to ship ``read`` to executors: only the options travel."""
         return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._spool = None
         self._stop = threading.Event()
@@ -216,10 +217,10 @@ class NsqStreamReader(DataSourceStreamReader):
 
     # --- offsets --------------------------------------------------------------------
 
-    def _offset(self, seq: int) -> Dict[str, Any]:
+    def _offset(self, seq: int) -> dict[str, Any]:
         return {"seq": seq, "spool": self.spool.spool_id}
 
-    def _check_spool(self, offset: Dict[str, Any]) -> int:
+    def _check_spool(self, offset: dict[str, Any]) -> int:
         seq = int(offset.get("seq", 0))
         if offset.get("spool") not in (None, self.spool.spool_id):
             text = (f"nsq source: the checkpoint refers to spool {offset.get('spool')}, but {self.spool.directory} "
@@ -229,7 +230,7 @@ class NsqStreamReader(DataSourceStreamReader):
             log.warning(text)
         return seq
 
-    def initialOffset(self) -> Dict[str, Any]:
+    def initialOffset(self) -> dict[str, Any]:
         self._ensure_consumer()
         self._last_seq = self.spool.first
         return self._offset(self._last_seq)
@@ -238,7 +239,7 @@ class NsqStreamReader(DataSourceStreamReader):
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
-    def latestOffset(self, start: Optional[Dict[str, Any]] = None, limit: Any = None) -> Dict[str, Any]:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         """Spark >= 4.2 passes the batch start and a read limit; 4.0/4.1 pass nothing."""
         if start is None:  # older Spark: the previous end is the start
             seq = self._last_seq if self._last_seq is not None else self.spool.first
@@ -254,10 +255,10 @@ class NsqStreamReader(DataSourceStreamReader):
         self._last_seq = max(seq, end)
         return self._offset(self._last_seq)
 
-    def reportLatestOffset(self) -> Dict[str, Any]:
+    def reportLatestOffset(self) -> dict[str, Any]:
         return self._offset(self.spool.end)
 
-    def partitions(self, start: Dict[str, Any], end: Dict[str, Any]) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         lo = self._check_spool(start)
         hi = int(end.get("seq", 0))
         if hi <= lo:
@@ -268,7 +269,7 @@ class NsqStreamReader(DataSourceStreamReader):
             if self.fail_on_data_loss:
                 raise DataLossError(text + " (set failOnDataLoss=false to skip them)")
             log.warning(text)
-        parts: List[InputPartition] = []
+        parts: list[InputPartition] = []
         for a in range(lo, hi, self.partition_size):
             b = min(hi, a + self.partition_size)
             ranges = self.spool.ranges(a, b)
@@ -281,7 +282,7 @@ class NsqStreamReader(DataSourceStreamReader):
                 parts.append(SpoolPartition(self.topic, self.channel, [(p, x, y) for p, x, y, _l, _h in ranges]))
         return parts
 
-    def read(self, partition: InputPartition) -> Iterator[Tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, SpoolPartition)
         topic, channel = partition.topic, partition.channel
         if partition.records is not None:
@@ -292,7 +293,7 @@ class NsqStreamReader(DataSourceStreamReader):
             for m in read_range(path, a, b):
                 yield _row(topic, channel, m.id, m.timestamp, m.attempts, m.body)
 
-    def commit(self, end: Dict[str, Any]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         if end.get("spool") == self.spool.spool_id:
             self.spool.commit(int(end.get("seq", 0)))
 

@@ -29,7 +29,8 @@ import time
 import uuid
 import zlib
 from array import array
-from typing import IO, Any, Iterator, List, Optional, Sequence, Tuple
+from typing import IO
+from collections.abc import Iterator, Sequence
 
 from ..protocol.message import Message, decode_message, encode_message
 
@@ -72,7 +73,7 @@ def _write_atomic(path: str, data: bytes) -> None:
     _fsync_dir(os.path.dirname(path) or ".")
 
 
-def _scan(path: str) -> Tuple[array, int]:
+def _scan(path: str) -> tuple[array, int]:
     """Byte offsets of the valid records of a segment, and where the valid part ends."""
     offsets = array("Q")
     with open(path, "rb") as f:
@@ -114,7 +115,7 @@ class _Segment:
     def end(self) -> int:
         return self.first + len(self.offsets)
 
-    def byte_range(self, lo: int, hi: int) -> Tuple[int, int]:
+    def byte_range(self, lo: int, hi: int) -> tuple[int, int]:
         """Byte offsets of records [lo, hi) (sequence numbers inside this segment)."""
         a = self.offsets[lo - self.first]
         b = self.offsets[hi - self.first] if hi < self.end else self.size
@@ -131,9 +132,9 @@ class Spool:
         self.channel = channel
         self.segment_bytes = segment_bytes
         self._lock = threading.RLock()
-        self._segments: List[_Segment] = []
-        self._active: Optional[IO[bytes]] = None
-        self._lockfile: Optional[IO[bytes]] = None
+        self._segments: list[_Segment] = []
+        self._active: IO[bytes] | None = None
+        self._lockfile: IO[bytes] | None = None
         self.spool_id = ""
         self.committed = 0
         self._next = 0
@@ -197,7 +198,7 @@ class Spool:
 
     # --- the consumer's side ---------------------------------------------------------------
 
-    def append(self, messages: Sequence[Message]) -> Tuple[int, int]:
+    def append(self, messages: Sequence[Message]) -> tuple[int, int]:
         """Write, fsync, then publish; returns the sequence range [first, end) now durable."""
         if not messages:
             return self._next, self._next
@@ -262,7 +263,7 @@ class Spool:
                     return max(start, seg.first)
             return max(start, self._next)
 
-    def ranges(self, start: int, end: int) -> List[Tuple[str, int, int, int, int]]:
+    def ranges(self, start: int, end: int) -> list[tuple[str, int, int, int, int]]:
         """(path, byte start, byte stop, seq start, seq end) pieces covering [start, end)."""
         out = []
         with self._lock:
@@ -278,7 +279,7 @@ class Spool:
         have = sum(hi - lo for _p, _a, _b, lo, hi in self.ranges(start, end))
         return (end - start) - have
 
-    def read(self, start: int, end: int) -> Iterator[Tuple[int, Message]]:
+    def read(self, start: int, end: int) -> Iterator[tuple[int, Message]]:
         for path, a, b, lo, _hi in self.ranges(start, end):
             for i, m in enumerate(read_range(path, a, b)):
                 yield lo + i, m

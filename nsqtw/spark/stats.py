@@ -47,7 +47,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..options import OptionError, parse_duration
 from .session import add_spark_arguments, get_session, parse_conf
@@ -69,7 +70,7 @@ KEYS = ["node", "topic", "channel"]
 DEFAULT_PATTERN = "nsqd-stats.*"
 
 
-def read_snapshots(spark: Any, paths: Sequence[str], pattern: Optional[str] = DEFAULT_PATTERN) -> Any:
+def read_snapshots(spark: Any, paths: Sequence[str], pattern: str | None = DEFAULT_PATTERN) -> Any:
     """Export lines from files or directories (any Hadoop URI); a torn last line is dropped."""
     reader = spark.read.schema(SNAPSHOT_SCHEMA).option("mode", "DROPMALFORMED")
     if pattern:
@@ -255,7 +256,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return f"{value:,}"
 
 
-def _fmt_duration(seconds: Optional[float]) -> str:
+def _fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "never"
     s = int(round(seconds))
@@ -270,7 +271,7 @@ SUMMARY_COLUMNS = ("node", "topic", "channel", "pub/s", "fin/s", "requeued", "ti
                    "backlog", "drain in", "clients", "e2e p99 ms", "restarts")
 
 
-def summary_table(rows: Sequence[Any]) -> List[List[str]]:
+def summary_table(rows: Sequence[Any]) -> list[list[str]]:
     table = []
     for r in rows:
         table.append([
@@ -284,7 +285,7 @@ def summary_table(rows: Sequence[Any]) -> List[List[str]]:
     return table
 
 
-def format_summary(rows: Sequence[Any], total: Optional[int] = None) -> str:
+def format_summary(rows: Sequence[Any], total: int | None = None) -> str:
     """A plain-text table with aligned columns."""
     table = summary_table(rows)
     widths = [len(h) for h in SUMMARY_COLUMNS]
@@ -302,7 +303,7 @@ def format_summary(rows: Sequence[Any], total: Optional[int] = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def chart_series(result: Any, top: int = 8) -> Dict[str, Dict[str, List[Any]]]:
+def chart_series(result: Any, top: int = 8) -> dict[str, dict[str, list[Any]]]:
     """Cluster-wide series (summed over nodes) for the report: the busiest topics and channels."""
     from pyspark.sql import functions as F
 
@@ -313,7 +314,7 @@ def chart_series(result: Any, top: int = 8) -> Dict[str, Dict[str, List[Any]]]:
         F.sum("publish_rate").alias("publish_rate"), F.sum("finish_rate").alias("finish_rate"),
         F.sum("depth_mean").alias("depth"), F.sum("requeue_rate").alias("requeue_rate"),
         F.sum("timeout_rate").alias("timeout_rate"))
-    out: Dict[str, Dict[str, List[Any]]] = {}
+    out: dict[str, dict[str, list[Any]]] = {}
     plan = (("publish_rate", "topic", "publish_rate"), ("finish_rate", "channel", "finish_rate"),
             ("depth", "channel", "depth"), ("requeue_rate", "channel", "requeue_rate"),
             ("timeout_rate", "channel", "timeout_rate"), ("topic_depth", "topic", "depth"))
@@ -322,7 +323,7 @@ def chart_series(result: Any, top: int = 8) -> Dict[str, Dict[str, List[Any]]]:
                   .agg(F.sum(metric).alias("total")).where(col("total") > 0)
                   .orderBy(col("total").desc()).limit(top).collect())
         names = [r["series"] for r in ranked]
-        series: Dict[str, List[Any]] = {n: [] for n in names}
+        series: dict[str, list[Any]] = {n: [] for n in names}
         if names:
             for r in (per_t.where((col("level") == level) & col("series").isin(names))
                       .select("series", "window_start", metric).orderBy("window_start").collect()):
@@ -355,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> Dict[str, Any]:
+def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> dict[str, Any]:
     """The job behind the CLI; returns figures for callers and tests."""
     out = out or sys.stdout
     try:
@@ -398,7 +399,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> Dict[st
             spark.stop()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run(args)
     return 0

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import socket
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, IO, Optional
+from typing import Any, IO
+from collections.abc import Callable
 
 from twisted.application.service import Service
 from twisted.internet import defer, task
@@ -47,7 +48,7 @@ def host_key(broadcast_address: str, http_port: int) -> str:
     return f"{host}:{http_port}".replace(".", "_").replace(":", "_")
 
 
-def node_identity(node: Any, hostname: Optional[str] = None) -> Dict[str, Any]:
+def node_identity(node: Any, hostname: str | None = None) -> dict[str, Any]:
     """Who wrote a snapshot: broadcast address, broadcast (or bound) ports, hostname."""
     opts = node.options
     tcp_port = opts.broadcast_tcp_port or (node.tcp_port or 0)
@@ -60,13 +61,13 @@ def node_identity(node: Any, hostname: Optional[str] = None) -> Dict[str, Any]:
     }
 
 
-def export_filename(now: float, identity: Dict[str, Any]) -> str:
+def export_filename(now: float, identity: dict[str, Any]) -> str:
     """One file per node and UTC hour; the date leads so globs select time ranges."""
     hour = datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%d_%H")
     return f"{FILE_PREFIX}{hour}.{host_key(identity['broadcast_address'], identity['http_port'])}{FILE_SUFFIX}"
 
 
-def snapshot_line(now: float, identity: Dict[str, Any], doc: Dict[str, Any]) -> bytes:
+def snapshot_line(now: float, identity: dict[str, Any], doc: dict[str, Any]) -> bytes:
     """One JSON Lines record; ``stats`` is exactly ``go_json(doc)``."""
     ts = round(now, 3)
     iso = datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -80,8 +81,8 @@ class _HourlyFiles:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self._name: Optional[str] = None
-        self._file: Optional[IO[bytes]] = None
+        self._name: str | None = None
+        self._file: IO[bytes] | None = None
 
     def write(self, name: str, line: bytes) -> str:
         if name != self._name:
@@ -106,9 +107,9 @@ class StatsExportService(Service):
 
     name = "stats-export"
 
-    def __init__(self, node: Any, *, path: Optional[str] = None, interval: Optional[float] = None,
-                 clock: Any = None, run_in_thread: Optional[ThreadRunner] = None,
-                 hostname: Optional[str] = None) -> None:
+    def __init__(self, node: Any, *, path: str | None = None, interval: float | None = None,
+                 clock: Any = None, run_in_thread: ThreadRunner | None = None,
+                 hostname: str | None = None) -> None:
         self.node = node
         self.path = path if path is not None else node.options.stats_export_path
         self.interval = float(interval if interval is not None else node.options.stats_export_interval)
@@ -121,8 +122,8 @@ class StatsExportService(Service):
         self._run_in_thread = run_in_thread
         self._pool: Any = None
         self._files = _HourlyFiles(self.path)
-        self._loop: Optional[task.LoopingCall] = None
-        self._pending: Optional[defer.Deferred] = None
+        self._loop: task.LoopingCall | None = None
+        self._pending: defer.Deferred | None = None
         self.written = 0
         self.skipped = 0
 
@@ -200,7 +201,7 @@ class StatsExportService(Service):
         d.addErrback(failed)
         return d
 
-    def _write(self, name: str, now: float, identity: Dict[str, Any], doc: Dict[str, Any]) -> str:
+    def _write(self, name: str, now: float, identity: dict[str, Any], doc: dict[str, Any]) -> str:
         written = self._files.write(name, snapshot_line(now, identity, doc))
         self.written += 1
         return written

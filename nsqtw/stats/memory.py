@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Deque, Dict, Optional
 
 __all__ = ["mem_stats", "rss_bytes", "MEM_KEYS", "release_free_memory", "tune_allocator"]
 
@@ -26,11 +25,11 @@ MEM_KEYS = (
     "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs",
 )
 
-_pauses: Deque[int] = deque(maxlen=256)
-_gc_started: Optional[float] = None
+_pauses: deque[int] = deque(maxlen=256)
+_gc_started: float | None = None
 
 
-def _gc_callback(phase: str, info: Dict[str, int]) -> None:
+def _gc_callback(phase: str, info: dict[str, int]) -> None:
     global _gc_started
     if phase == "start":
         _gc_started = time.perf_counter()
@@ -55,8 +54,8 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _status() -> Dict[str, int]:
-    out: Dict[str, int] = {}
+def _status() -> dict[str, int]:
+    out: dict[str, int] = {}
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
@@ -76,7 +75,7 @@ def _percentile(perc: float, values: list) -> int:
     return values[idx]
 
 
-def mem_stats() -> Dict[str, int]:
+def mem_stats() -> dict[str, int]:
     status = _status()
     pauses = sorted(_pauses)
     threshold = gc.get_threshold()[0]

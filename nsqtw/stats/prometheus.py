@@ -16,13 +16,14 @@ monotonic and a Prometheus ``summary`` would lie about ``_count``.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 __all__ = ["render_metrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-Labels = Tuple[Tuple[str, str], ...]
+Labels = tuple[tuple[str, str], ...]
 
 
 def _escape_label(value: str) -> str:
@@ -58,10 +59,10 @@ class _Families:
 
     def __init__(self, const: Labels) -> None:
         self.const = const
-        self.meta: Dict[str, Tuple[str, str]] = {}
-        self.samples: Dict[str, List[str]] = {}
+        self.meta: dict[str, tuple[str, str]] = {}
+        self.samples: dict[str, list[str]] = {}
 
-    def add(self, name: str, kind: str, help_text: str, labels: Iterable[Tuple[str, str]], value: Any) -> None:
+    def add(self, name: str, kind: str, help_text: str, labels: Iterable[tuple[str, str]], value: Any) -> None:
         if name not in self.meta:
             self.meta[name] = (kind, help_text)
             self.samples[name] = []
@@ -73,7 +74,7 @@ class _Families:
             self.samples[name].append(f"{name} {_number(value)}")
 
     def render(self) -> bytes:
-        out: List[str] = []
+        out: list[str] = []
         for name, (kind, help_text) in self.meta.items():
             out.append(f"# HELP {name} {_escape_help(help_text)}")
             out.append(f"# TYPE {name} {kind}")
@@ -119,7 +120,7 @@ _MEM_GAUGES = (
 )
 
 
-def _e2e(fam: _Families, prefix: str, what: str, labels: Labels, e2e: Optional[Mapping[str, Any]]) -> None:
+def _e2e(fam: _Families, prefix: str, what: str, labels: Labels, e2e: Mapping[str, Any] | None) -> None:
     if not e2e or not e2e.get("percentiles"):
         return
     for item in e2e["percentiles"]:
@@ -130,7 +131,7 @@ def _e2e(fam: _Families, prefix: str, what: str, labels: Labels, e2e: Optional[M
             f"Latency samples in the {what}'s current percentile window.", labels, e2e.get("count", 0))
 
 
-def render_metrics(stats_doc: Mapping[str, Any], *, labels: Optional[Mapping[str, str]] = None) -> bytes:
+def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None) -> bytes:
     """The Prometheus text page for one ``/stats`` document; ``labels`` are added to every sample."""
     fam = _Families(tuple((k, str(v)) for k, v in (labels or {}).items()))
     version = stats_doc.get("version", "")

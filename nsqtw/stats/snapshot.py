@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .. import NSQ_VERSION, version_line
 from ..nsqd.broker import Broker
@@ -25,9 +25,9 @@ from .memory import mem_stats
 __all__ = ["broker_stats", "client_stats", "render_text", "go_json", "nanoseconds_to_human", "go_duration_text"]
 
 
-def client_stats(client: ClientState, topic_filter: str = "") -> Dict[str, Any]:
+def client_stats(client: ClientState, topic_filter: str = "") -> dict[str, Any]:
     """nsqd's ``ClientV2Stats`` for one connection."""
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "client_id": client.client_id,
         "hostname": client.hostname,
         "version": "V2",
@@ -66,7 +66,7 @@ def client_stats(client: ClientState, topic_filter: str = "") -> Dict[str, Any]:
     return out
 
 
-def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: float) -> Dict[str, Any]:
+def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: float) -> dict[str, Any]:
     out = {
         "channel_name": ch.name,
         "depth": ch.depth(),
@@ -90,7 +90,7 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
     return out
 
 
-def _topic_stats(topic: Topic, channels: List[Dict[str, Any]], broker: Broker, now: float) -> Dict[str, Any]:
+def _topic_stats(topic: Topic, channels: list[dict[str, Any]], broker: Broker, now: float) -> dict[str, Any]:
     percentiles = broker.options.e2e_processing_latency_percentiles
     streams = [ch.e2e for ch in topic.channels.values() if ch.e2e is not None]
     e2e = merge_quantiles(streams, percentiles, now) if percentiles else {"count": 0, "percentiles": None}
@@ -107,9 +107,9 @@ def _topic_stats(topic: Topic, channels: List[Dict[str, Any]], broker: Broker, n
 
 
 def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = "",
-                 include_clients: bool = True, include_mem: bool = True) -> Dict[str, Any]:
+                 include_clients: bool = True, include_mem: bool = True) -> dict[str, Any]:
     """The ``/stats?format=json`` document."""
-    topics: Optional[List[Dict[str, Any]]]
+    topics: list[dict[str, Any]] | None
     if topic:
         selected = [broker.topics[topic]] if topic in broker.topics else None
     else:
@@ -127,7 +127,7 @@ def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = 
                 chans = sorted(t.channels.values(), key=lambda c: c.name)
             topics.append(_topic_stats(
                 t, [_channel_stats(c, include_clients, topic, now) for c in chans], broker, now))
-    doc: Dict[str, Any] = {
+    doc: dict[str, Any] = {
         "version": NSQ_VERSION,
         "health": broker.health_status(),
         "start_time": int(broker.start_time),
@@ -194,12 +194,12 @@ def go_duration_text(seconds: float, truncate: bool = False) -> str:
     return format_duration(seconds)
 
 
-def _e2e_text(result: Dict[str, Any]) -> str:
+def _e2e_text(result: dict[str, Any]) -> str:
     items = result.get("percentiles") or []
     return ", ".join(nanoseconds_to_human(item["value"]) for item in items)
 
 
-def _client_line(c: Dict[str, Any], now: float) -> str:
+def _client_line(c: dict[str, Any], now: float) -> str:
     duration = go_duration_text(max(0, int(now) - c["connect_ts"]), truncate=True)
     port = c["remote_address"].rsplit(":", 1)[-1] if ":" in c["remote_address"] else ""
     ident = f"{c['hostname']}:{port} {c['user_agent']}"
@@ -212,9 +212,9 @@ def _client_line(c: Dict[str, Any], now: float) -> str:
             f"msgs: {c['message_count']:<8d} connected: {duration}")
 
 
-def render_text(doc: Dict[str, Any], now: float, start_time: float) -> str:
+def render_text(doc: dict[str, Any], now: float, start_time: float) -> str:
     """nsqd's ``printStats``."""
-    lines: List[str] = []
+    lines: list[str] = []
     w = lines.append
     w(version_line("nsqd") + "\n")
     started = datetime.fromtimestamp(int(start_time), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -14,7 +14,8 @@ parts (:func:`statsd_lines`, :func:`mem_lines`, :func:`pack_datagrams`,
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any
+from collections.abc import Iterable
 
 from twisted.application.service import Service
 from twisted.internet import defer, task
@@ -54,14 +55,14 @@ def _percentile_suffix(quantile: float) -> str:
     return "%.0f" % (quantile * 100.0)
 
 
-def _by_name(items: Optional[Iterable[Dict[str, Any]]], key: str) -> Dict[str, Dict[str, Any]]:
+def _by_name(items: Iterable[dict[str, Any]] | None, key: str) -> dict[str, dict[str, Any]]:
     return {item[key]: item for item in items or ()}
 
 
-def statsd_lines(doc: Dict[str, Any], last: Optional[Dict[str, Any]], prefix: str,
-                 exclude_ephemeral: bool = False) -> List[bytes]:
+def statsd_lines(doc: dict[str, Any], last: dict[str, Any] | None, prefix: str,
+                 exclude_ephemeral: bool = False) -> list[bytes]:
     """The topic and channel lines of one push; counters relative to ``last`` (a previous doc)."""
-    out: List[bytes] = []
+    out: list[bytes] = []
     add = out.append
     last_topics = _by_name((last or {}).get("topics"), "topic_name")
     for topic in doc.get("topics") or ():
@@ -102,16 +103,16 @@ _MEM_GAUGES = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_rel
                "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes")
 
 
-def mem_lines(mem: Dict[str, int], last: Optional[Dict[str, int]], prefix: str) -> List[bytes]:
+def mem_lines(mem: dict[str, int], last: dict[str, int] | None, prefix: str) -> list[bytes]:
     """The ``mem.*`` gauges and the ``mem.gc_runs`` counter (delta)."""
     out = [_gauge(prefix, f"mem.{key}", mem[key]) for key in _MEM_GAUGES]
     out.append(_counter(prefix, "mem.gc_runs", mem["gc_total_runs"] - (last or {}).get("gc_total_runs", 0)))
     return out
 
 
-def pack_datagrams(lines: Iterable[bytes], size: int) -> List[bytes]:
+def pack_datagrams(lines: Iterable[bytes], size: int) -> list[bytes]:
     """Go's BoundaryBufferedWriter: whole lines per datagram; a longer line goes alone."""
-    out: List[bytes] = []
+    out: list[bytes] = []
     buf = b""
     for line in lines:
         if len(line) > size - len(buf):
@@ -127,7 +128,7 @@ def pack_datagrams(lines: Iterable[bytes], size: int) -> List[bytes]:
     return out
 
 
-def spread_delays(count: int, interval: float) -> List[float]:
+def spread_delays(count: int, interval: float) -> list[float]:
     """Go's SpreadWriter: the first datagram at once, then one every ``(interval - 1s) / count``."""
     span = interval - 1.0
     if count == 0:
@@ -152,9 +153,9 @@ class StatsdService(Service):
 
     name = "statsd"
 
-    def __init__(self, node: Any, *, address: Optional[str] = None, prefix: Optional[str] = None,
-                 interval: Optional[float] = None, mem_stats: Optional[bool] = None,
-                 packet_size: Optional[int] = None, exclude_ephemeral: Optional[bool] = None,
+    def __init__(self, node: Any, *, address: str | None = None, prefix: str | None = None,
+                 interval: float | None = None, mem_stats: bool | None = None,
+                 packet_size: int | None = None, exclude_ephemeral: bool | None = None,
                  clock: Any = None, reactor: Any = None) -> None:
         opts = node.options
         self.node = node
@@ -172,11 +173,11 @@ class StatsdService(Service):
                                   else exclude_ephemeral)
         self.reactor = reactor if reactor is not None else node.reactor
         self.clock = clock if clock is not None else self.reactor
-        self._last: Optional[Dict[str, Any]] = None
-        self._last_mem: Optional[Dict[str, int]] = None
-        self._loop: Optional[task.LoopingCall] = None
+        self._last: dict[str, Any] | None = None
+        self._last_mem: dict[str, int] | None = None
+        self._loop: task.LoopingCall | None = None
         self._udp: Any = None
-        self._calls: List[Any] = []
+        self._calls: list[Any] = []
         self.pushes = 0
         self.last_push_datagrams = 0
         self.datagrams_sent = 0
@@ -213,7 +214,7 @@ class StatsdService(Service):
         d = self.push()
         d.addErrback(lambda f: log.failure("STATSD: push failed", f))
 
-    def collect(self, now: float) -> List[bytes]:
+    def collect(self, now: float) -> list[bytes]:
         """The lines of one push (updates the counters' baseline)."""
         prefix = self.prefix
         doc = broker_stats(self.node.broker, now, include_clients=False, include_mem=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import Any
 
 from twisted.python import usage
 
@@ -24,7 +24,7 @@ class GoFlagOptions(usage.Options):
         super().__init__()
         self.config: Any = None
 
-    def parseOptions(self, options: Optional[List[str]] = None) -> None:
+    def parseOptions(self, options: list[str] | None = None) -> None:
         argv = sys.argv[1:] if options is None else list(options)
         try:
             self.config = options_from_argv(self.options_class, argv)
@@ -39,7 +39,7 @@ class GoFlagOptions(usage.Options):
         except (TypeError, ValueError) as e:
             raise usage.UsageError(str(e)) from None
 
-    def getUsage(self, width: Optional[int] = None) -> str:
+    def getUsage(self, width: int | None = None) -> str:
         return usage_text(self.options_class, self.prog)
 
     def __str__(self) -> str:

@@ -11,7 +11,6 @@ value leaves that part out.  nsqd registers with the local nsqlookupd (and any
 from __future__ import annotations
 
 import sys
-from typing import Dict, List, Optional, Tuple
 
 from twisted.application.service import IService
 from twisted.python import usage
@@ -21,17 +20,17 @@ from ._base import GoFlagOptions
 
 __all__ = ["Options", "makeService", "split_extra_flags", "EXTRA_FLAGS"]
 
-EXTRA_FLAGS: Dict[str, Tuple[str, str, str]] = {
+EXTRA_FLAGS: dict[str, tuple[str, str, str]] = {
     "lookupd-tcp-listen": ("lookupd_tcp_address", "0.0.0.0:4160", "address nsqlookupd listens on for nsqd (TCP)"),
     "lookupd-http-listen": ("lookupd_http_address", "0.0.0.0:4161", "address nsqlookupd listens on for HTTP"),
     "admin-http-address": ("admin_http_address", "0.0.0.0:4171", "address nsqadmin listens on for HTTP"),
 }
 
 
-def split_extra_flags(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
+def split_extra_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """Take the all-in-one flags (any Go syntax) out of argv; the rest are nsqd's."""
     values = {key: default for key, default, _ in EXTRA_FLAGS.values()}
-    rest: List[str] = []
+    rest: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -56,14 +55,14 @@ class Options(GoFlagOptions):
 
     def __init__(self) -> None:
         super().__init__()
-        self.addresses: Dict[str, str] = {}
+        self.addresses: dict[str, str] = {}
 
-    def parseOptions(self, options: Optional[List[str]] = None) -> None:
+    def parseOptions(self, options: list[str] | None = None) -> None:
         argv = sys.argv[1:] if options is None else list(options)
         self.addresses, rest = split_extra_flags(argv)
         super().parseOptions(rest)
 
-    def getUsage(self, width: Optional[int] = None) -> str:
+    def getUsage(self, width: int | None = None) -> str:
         extra = "".join(f"  -{flag} string\n    \t{help_text} (default \"{default}\")\n"
                         for flag, (_, default, help_text) in sorted(EXTRA_FLAGS.items()))
         return super().getUsage(width) + "\nall-in-one:\n" + extra

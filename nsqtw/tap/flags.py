@@ -18,7 +18,8 @@ the same parser without ``--config`` (``config_flag=False``).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
 
 import attr
 
@@ -51,13 +52,13 @@ def _warn_stderr(text: str) -> None:
     sys.stderr.write(text + "\n")
 
 
-def _field_by_flag(cls: type) -> Dict[str, "attr.Attribute[Any]"]:
+def _field_by_flag(cls: type) -> dict[str, attr.Attribute[Any]]:
     return {f.metadata["flag"]: f for f in option_fields(cls)}
 
 
-def parse_go_flags(cls: type, argv: List[str], *, config_flag: bool = True,
-                   ignored: Optional[Mapping[str, str]] = None,
-                   warn: Optional[Callable[[str], None]] = None) -> Tuple[Dict[str, Any], Optional[str], List[str]]:
+def parse_go_flags(cls: type, argv: list[str], *, config_flag: bool = True,
+                   ignored: Mapping[str, str] | None = None,
+                   warn: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str | None, list[str]]:
     """
     Parse ``argv`` Go-style against the flags of options class ``cls``.
 
@@ -68,8 +69,8 @@ def parse_go_flags(cls: type, argv: List[str], *, config_flag: bool = True,
     """
     ignored = ignored or {}
     fields = _field_by_flag(cls)
-    values: Dict[str, Any] = {}
-    config: Optional[str] = None
+    values: dict[str, Any] = {}
+    config: str | None = None
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -81,7 +82,7 @@ def parse_go_flags(cls: type, argv: List[str], *, config_flag: bool = True,
         name = arg[2:] if arg.startswith("--") else arg[1:]
         if not name or name.startswith("-") or name.startswith("="):
             raise FlagSyntaxError(f"bad flag syntax: {arg}")
-        value: Optional[str] = None
+        value: str | None = None
         if "=" in name:
             name, value = name.split("=", 1)
         i += 1
@@ -126,7 +127,7 @@ def parse_go_flags(cls: type, argv: List[str], *, config_flag: bool = True,
     return values, config, argv[i:]
 
 
-def load_config_file(path: str) -> Dict[str, Any]:
+def load_config_file(path: str) -> dict[str, Any]:
     import tomllib  # only when a --config file is given (start-up time counts)
 
     try:
@@ -138,9 +139,9 @@ def load_config_file(path: str) -> Dict[str, Any]:
         raise OptionError(f"failed to load config file {path} - {e}") from None
 
 
-def _config_keys(cls: type) -> Dict[str, str]:
+def _config_keys(cls: type) -> dict[str, str]:
     """Every key a config file may use for ``cls`` -> its flag name."""
-    keys: Dict[str, str] = {}
+    keys: dict[str, str] = {}
     for f in attr.fields(cls):  # type: ignore[arg-type]
         flag = f.metadata.get("flag")
         if not flag:
@@ -151,12 +152,12 @@ def _config_keys(cls: type) -> Dict[str, str]:
     return keys
 
 
-def config_values(cls: type, doc: Mapping[str, Any], warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+def config_values(cls: type, doc: Mapping[str, Any], warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """A loaded config file's values that ``cls`` knows, Go's way: unknown keys are ignored
     (with a warning here), an empty ``tls_min_version`` means the default."""
     keys = _config_keys(cls)
     kinds = {f.metadata["flag"]: f.metadata["kind"] for f in option_fields(cls)}
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for key, value in doc.items():
         flag = keys.get(key) or keys.get(key.replace("-", "_"))
         if flag is None:
@@ -168,14 +169,14 @@ def config_values(cls: type, doc: Mapping[str, Any], warn: Optional[Callable[[st
     return out
 
 
-def options_from_argv(cls: Type[T], argv: List[str], *, config_flag: bool = True,
-                      ignored: Optional[Mapping[str, str]] = None,
-                      warn: Optional[Callable[[str], None]] = None, **overrides: Any) -> T:
+def options_from_argv(cls: type[T], argv: list[str], *, config_flag: bool = True,
+                      ignored: Mapping[str, str] | None = None,
+                      warn: Callable[[str], None] | None = None, **overrides: Any) -> T:
     """An options object from a Go-style command line (config file first, flags win)."""
     values, config, rest = parse_go_flags(cls, argv, config_flag=config_flag, ignored=ignored, warn=warn)
     if rest:
         raise FlagSyntaxError(f"unexpected argument: {rest[0]}")
-    merged: Dict[str, Any] = {}
+    merged: dict[str, Any] = {}
     if config:
         merged.update(config_values(cls, load_config_file(config), warn))
     merged.update(values)

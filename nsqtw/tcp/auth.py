@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, List, Optional
+from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 
@@ -30,8 +30,8 @@ def auth_endpoint(address: str) -> str:
 class AuthServerClient:
     """Queries the configured auth servers for one broker."""
 
-    def __init__(self, addresses: List[str], method: str, reactor: Any, *, connect_timeout: float,
-                 request_timeout: float, rng: Optional[random.Random] = None, http_client: Any = None) -> None:
+    def __init__(self, addresses: list[str], method: str, reactor: Any, *, connect_timeout: float,
+                 request_timeout: float, rng: random.Random | None = None, http_client: Any = None) -> None:
         self.endpoints = [auth_endpoint(a) for a in addresses]
         self.method = method.lower()
         self.reactor = reactor
@@ -51,7 +51,7 @@ class AuthServerClient:
                   "secret": secret.decode("utf-8", "surrogateescape"), "tls": "true" if tls else "false"}
         n = len(self.endpoints)
         start = self.rng.randrange(n)
-        errors: List[str] = []
+        errors: list[str] = []
         for i in range(n):
             endpoint = self.endpoints[(start + i) % n]
             try:

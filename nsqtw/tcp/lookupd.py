@@ -9,7 +9,7 @@ registrations.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Set
+from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
@@ -29,9 +29,9 @@ log = Logger(namespace="nsqtw.lookupd")
 class LookupdProtocol(Protocol):
     """One nsqd connection."""
 
-    def __init__(self, factory: "LookupdFactory") -> None:
+    def __init__(self, factory: LookupdFactory) -> None:
         self.factory = factory
-        self.session: Optional[LookupSession] = None
+        self.session: LookupSession | None = None
         self.closed: defer.Deferred = defer.Deferred()
 
     def connectionMade(self) -> None:
@@ -67,7 +67,7 @@ class LookupdFactory(Factory):
         self.db = db
         self.server = server
         self.clock = clock
-        self.protocols: Set[LookupdProtocol] = set()
+        self.protocols: set[LookupdProtocol] = set()
 
     def buildProtocol(self, addr: Any) -> LookupdProtocol:
         return LookupdProtocol(self)

@@ -12,7 +12,8 @@ nsqd's read deadline does).
 from __future__ import annotations
 
 from errno import EWOULDBLOCK
-from typing import Any, Callable, Optional, Set
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet import defer
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
@@ -131,11 +132,11 @@ class NsqdProtocol(Protocol):
     deliveries are bounded by its RDY window anyway).
     """
 
-    def __init__(self, factory: "NsqdFactory") -> None:
+    def __init__(self, factory: NsqdFactory) -> None:
         self.factory = factory
         self.clock = factory.clock
-        self.client: Optional[ClientState] = None
-        self.session: Optional[V2Session] = None
+        self.client: ClientState | None = None
+        self.session: V2Session | None = None
         self._last_read = 0.0
         self._magic_call: Any = None
         self._heartbeat_call: Any = None
@@ -442,8 +443,8 @@ class NsqdFactory(Factory):
     protocol = NsqdProtocol  # type: ignore[assignment]
 
     def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
-                 authorizer: Any = None, settle: Optional[Callable[[], None]] = None,
-                 sync_barrier: Optional[Callable[[], Any]] = None,
+                 authorizer: Any = None, settle: Callable[[], None] | None = None,
+                 sync_barrier: Callable[[], Any] | None = None,
                  tls_context: Any = None) -> None:
         self.broker = broker
         self.sync_barrier = sync_barrier
@@ -451,7 +452,7 @@ class NsqdFactory(Factory):
         self.clock = clock
         self.features = features
         self.authorizer = authorizer
-        self.protocols: Set[NsqdProtocol] = set()
+        self.protocols: set[NsqdProtocol] = set()
         self._settle = settle
 
     def buildProtocol(self, addr: Any) -> NsqdProtocol:

@@ -9,7 +9,7 @@ any client certificate, ``require-verify`` also checks it against
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from OpenSSL import SSL
 from twisted.internet import ssl
@@ -40,7 +40,7 @@ class _AnyClientCertificate(ssl.CertificateOptions):
         return ctx
 
 
-def server_context(options: NsqdOptions) -> Optional[Any]:
+def server_context(options: NsqdOptions) -> Any | None:
     """The server context factory, or None when no certificate is configured."""
     if not (options.tls_cert and options.tls_key):
         return None
@@ -66,7 +66,7 @@ def server_context(options: NsqdOptions) -> Optional[Any]:
     return ssl.CertificateOptions(**kwargs)
 
 
-def tls_details(transport: Any) -> Tuple[str, str, str]:
+def tls_details(transport: Any) -> tuple[str, str, str]:
     """(version as Go names it, cipher, peer common name) of a TLS connection, or blanks."""
     conn = None
     proto = getattr(transport, "protocol", None)

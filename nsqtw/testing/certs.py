@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-from typing import Dict, Optional
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -37,7 +36,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def make_certificates(directory: str, server_host: str = "127.0.0.1", client_cn: str = "client",
-                      days: int = 2) -> Dict[str, str]:
+                      days: int = 2) -> dict[str, str]:
     """Write ``ca.pem``, ``server.pem``/``server.key`` (for ``server_host``) and
     ``client.pem``/``client.key`` (CN ``client_cn``); returns their paths by name."""
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -50,7 +49,7 @@ def make_certificates(directory: str, server_host: str = "127.0.0.1", client_cn:
           .sign(ca_key, hashes.SHA256()))
     paths = {"ca": _write(os.path.join(directory, "ca.pem"), ca.public_bytes(serialization.Encoding.PEM))}
 
-    def leaf(kind: str, cn: str, san: Optional[x509.GeneralName]) -> None:
+    def leaf(kind: str, cn: str, san: x509.GeneralName | None) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())

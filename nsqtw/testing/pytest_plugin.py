@@ -32,10 +32,9 @@ message saying so.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -95,7 +94,7 @@ def fast_data_dir() -> str:
 
     return scratch_dir()
 
-def _timeout(d: "Deferred", seconds: Optional[float], what: Callable[[], str]) -> "Deferred":
+def _timeout(d: Deferred, seconds: float | None, what: Callable[[], str]) -> Deferred:
     """Fail ``d`` with a TimeoutError saying what was missing after ``seconds`` of reactor time."""
     from twisted.internet import defer
 
@@ -117,11 +116,11 @@ def _timeout(d: "Deferred", seconds: Optional[float], what: Callable[[], str]) -
 class NsqdFixture:
     """A running in-process nsqd and helpers to talk to it (every helper returns a Deferred)."""
 
-    def __init__(self, handle: Any, data_dir: Optional[str]) -> None:
+    def __init__(self, handle: Any, data_dir: str | None) -> None:
         self.handle = handle
         self._data_dir = data_dir
         self._producer: Any = None
-        self._consumers: List[Any] = []
+        self._consumers: list[Any] = []
         self._stopped = False
 
     # addresses and internals
@@ -130,7 +129,7 @@ class NsqdFixture:
         return self.handle.tcp_address
 
     @property
-    def http_address(self) -> Optional[str]:
+    def http_address(self) -> str | None:
         return self.handle.http_address
 
     @property
@@ -138,7 +137,7 @@ class NsqdFixture:
         return self.handle.tcp_port
 
     @property
-    def http_port(self) -> Optional[int]:
+    def http_port(self) -> int | None:
         return self.handle.http_port
 
     @property
@@ -168,26 +167,26 @@ class NsqdFixture:
             self._producer = Producer(self.handle)  # the in-process bus: real V2 protocol, no socket
         return self._producer
 
-    def publish(self, topic: str, body: Any) -> "Deferred":
+    def publish(self, topic: str, body: Any) -> Deferred:
         """PUB one message (``bytes`` or ``str``); fires once nsqd answered OK."""
         return self._producer_for().publish(topic, body)
 
-    def multi_publish(self, topic: str, bodies: Sequence[Any]) -> "Deferred":
+    def multi_publish(self, topic: str, bodies: Sequence[Any]) -> Deferred:
         """MPUB: all or nothing."""
         return self._producer_for().multi_publish(topic, list(bodies))
 
-    def deferred_publish(self, topic: str, delay: float, body: Any) -> "Deferred":
+    def deferred_publish(self, topic: str, delay: float, body: Any) -> Deferred:
         """DPUB: delivered after ``delay`` seconds."""
         return self._producer_for().deferred_publish(topic, delay, body)
 
-    def wait_for_messages(self, topic: str, channel: str, n: int, timeout: Optional[float] = 5.0) -> "Deferred":
+    def wait_for_messages(self, topic: str, channel: str, n: int, timeout: float | None = 5.0) -> Deferred:
         """Subscribe ``topic``/``channel`` and fire with the first ``n`` messages (FINed);
         fail with TimeoutError after ``timeout`` seconds, naming how many came."""
         from twisted.internet import defer
 
         from nsqtw.client import Config, Consumer
 
-        got: List[Any] = []
+        got: list[Any] = []
         done: defer.Deferred = defer.Deferred()
 
         def handle(msg: Any) -> None:
@@ -221,7 +220,7 @@ class NsqdFixture:
         done.addCallback(lambda _: list(got))
         return done
 
-    def depth(self, topic: str, channel: Optional[str] = None) -> int:
+    def depth(self, topic: str, channel: str | None = None) -> int:
         """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist)."""
         t = self.broker.topics.get(topic)
         if t is None:
@@ -231,13 +230,13 @@ class NsqdFixture:
         ch = t.channels.get(channel)
         return int(ch.depth()) if ch is not None else 0
 
-    def stats(self, topic: Optional[str] = None, channel: Optional[str] = None) -> Dict[str, Any]:
+    def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """The ``/stats?format=json`` document, computed in-process."""
         from nsqtw.stats.snapshot import broker_stats
 
         return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
 
-    def stop(self) -> "Deferred":
+    def stop(self) -> Deferred:
         """Stop everything the fixture started, then the broker; delete its temporary data."""
         from twisted.internet import defer
 
@@ -261,7 +260,7 @@ class NsqdFixture:
         return f"<nsqtw nsqd tcp={self.tcp_address} http={self.http_address}>"
 
 
-def start_nsqd_fixture(**options: Any) -> "Deferred":
+def start_nsqd_fixture(**options: Any) -> Deferred:
     """Start an nsqd for a test (127.0.0.1:0, no HTTPS, data in a fresh tmpfs directory).
 
     With the fixture's own tmpfs directory, the disk sync worker runs its jobs
@@ -302,7 +301,7 @@ def start_nsqd_fixture(**options: Any) -> "Deferred":
     return service.ready().addCallbacks(lambda _: fixture, failed)
 
 
-def _options_from_marker(request: Any, name: str) -> Dict[str, Any]:
+def _options_from_marker(request: Any, name: str) -> dict[str, Any]:
     marker = request.node.get_closest_marker(name)
     return dict(marker.kwargs) if marker else {}
 
@@ -319,12 +318,12 @@ def nsqtw_nsqd(request: Any) -> Iterator[NsqdFixture]:
 
 
 @pytest.fixture
-def nsqtw_nsqd_factory() -> Iterator[Callable[..., "Deferred"]]:
+def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred]]:
     """``await nsqtw_nsqd_factory(**options)``: more nsqd, all stopped after the test."""
     pt = _pytest_twisted()
-    started: List[NsqdFixture] = []
+    started: list[NsqdFixture] = []
 
-    def factory(**options: Any) -> "Deferred":
+    def factory(**options: Any) -> Deferred:
         d = start_nsqd_fixture(**options)
         d.addCallback(lambda n: (started.append(n), n)[1])
         return d
@@ -361,17 +360,17 @@ class LookupdFixture:
     def db(self) -> Any:
         return self.handle.db
 
-    def producers(self, topic: Optional[str] = None) -> List[Any]:
+    def producers(self, topic: str | None = None) -> list[Any]:
         """Registered nsqd: all identified ones, or the producers of ``topic``."""
         if topic is None:
             return list(self.db.find_producers("client", "", ""))
         return list(self.db.find_producers("topic", topic, ""))
 
-    def wait_for_producers(self, n: int, topic: Optional[str] = None, timeout: Optional[float] = 5.0) -> "Deferred":
+    def wait_for_producers(self, n: int, topic: str | None = None, timeout: float | None = 5.0) -> Deferred:
         """Fires once ``n`` nsqd are registered (for ``topic`` when given)."""
         from twisted.internet import defer, task
 
-        async def poll() -> List[Any]:
+        async def poll() -> list[Any]:
             while len(self.producers(topic)) < n:
                 await task.deferLater(_reactor(), 0.002, lambda: None)
             return self.producers(topic)
@@ -381,14 +380,14 @@ class LookupdFixture:
         return _timeout(d, timeout,
                         lambda: f"{len(self.producers(topic))} of {n} nsqd registered for {what} within {timeout}s")
 
-    def stop(self) -> "Deferred":
+    def stop(self) -> Deferred:
         return self.handle.stop()
 
     def __repr__(self) -> str:
         return f"<nsqtw nsqlookupd tcp={self.tcp_address} http={self.http_address}>"
 
 
-def start_lookupd_fixture(**options: Any) -> "Deferred":
+def start_lookupd_fixture(**options: Any) -> Deferred:
     from nsqtw.embed_lookupd import start_nsqlookupd
 
     return start_nsqlookupd(_reactor(), **options).addCallback(LookupdFixture)
@@ -411,23 +410,23 @@ def nsqtw_lookupd() -> Iterator[LookupdFixture]:
 class ClusterFixture:
     """An nsqlookupd and N nsqd registered with it."""
 
-    def __init__(self, lookupd: LookupdFixture, nsqds: List[NsqdFixture]) -> None:
+    def __init__(self, lookupd: LookupdFixture, nsqds: list[NsqdFixture]) -> None:
         self.lookupd = lookupd
         self.nsqds = nsqds
 
     @property
-    def nsqd_tcp_addresses(self) -> List[str]:
+    def nsqd_tcp_addresses(self) -> list[str]:
         return [n.tcp_address for n in self.nsqds]
 
     @property
-    def nsqd_http_addresses(self) -> List[str]:
+    def nsqd_http_addresses(self) -> list[str]:
         return [n.http_address or "" for n in self.nsqds]
 
     @property
     def lookupd_http_address(self) -> str:
         return self.lookupd.http_address
 
-    def stop(self) -> "Deferred":
+    def stop(self) -> Deferred:
         from twisted.internet import defer
 
         d = defer.DeferredList([n.stop() for n in self.nsqds], consumeErrors=True)
@@ -437,13 +436,13 @@ class ClusterFixture:
         return f"<nsqtw cluster lookupd={self.lookupd.http_address} nsqd={self.nsqd_tcp_addresses}>"
 
 
-def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> "Deferred":
+def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred:
     """Start nsqlookupd, then ``n`` nsqd pointed at it; fires once all are registered."""
     from twisted.internet import defer
 
     async def start() -> ClusterFixture:
         lookupd = await start_lookupd_fixture()
-        nsqds: List[NsqdFixture] = []
+        nsqds: list[NsqdFixture] = []
         cluster = ClusterFixture(lookupd, nsqds)
         try:
             for _ in range(n):

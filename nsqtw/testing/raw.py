@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import deque
-from typing import Any, Deque, List, Optional, Tuple
+from typing import Any
 
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
@@ -48,12 +48,12 @@ def identify_command(**fields: Any) -> bytes:
     return body_command("IDENTIFY", body=json.dumps(fields).encode())
 
 
-def mpub_command(topic: str, bodies: List[bytes]) -> bytes:
+def mpub_command(topic: str, bodies: list[bytes]) -> bytes:
     payload = struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b for b in bodies)
     return body_command("MPUB", topic, body=payload)
 
 
-def decode_frames(data: bytes) -> List[Tuple[int, bytes]]:
+def decode_frames(data: bytes) -> list[tuple[int, bytes]]:
     return FrameDecoder().feed(data)
 
 
@@ -62,8 +62,8 @@ class RawV2Client(protocol.Protocol):
 
     def __init__(self, send_magic: bool = True) -> None:
         self._decoder = FrameDecoder()
-        self._frames: Deque[Tuple[int, bytes]] = deque()
-        self._waiters: Deque[defer.Deferred] = deque()
+        self._frames: deque[tuple[int, bytes]] = deque()
+        self._waiters: deque[defer.Deferred] = deque()
         self.closed: defer.Deferred = defer.Deferred()
         self.connected_ = False
         self.send_magic = send_magic
@@ -105,7 +105,7 @@ class RawV2Client(protocol.Protocol):
         d.addTimeout(timeout, clock)
         return d
 
-    async def frame(self, timeout: float = 5.0) -> Tuple[int, bytes]:
+    async def frame(self, timeout: float = 5.0) -> tuple[int, bytes]:
         """The next frame that is not a heartbeat."""
         while True:
             ftype, data = await self.next_frame(timeout)
@@ -131,7 +131,7 @@ class RawV2Client(protocol.Protocol):
             raise AssertionError(f"expected a message frame, got type {ftype}: {data!r}")
         return decode_message(data)
 
-    def pending(self) -> List[Tuple[int, bytes]]:
+    def pending(self) -> list[tuple[int, bytes]]:
         """Frames received and not yet awaited."""
         out = list(self._frames)
         self._frames.clear()

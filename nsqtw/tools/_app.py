@@ -9,7 +9,8 @@ go-nsq ``Consumer`` per topic and stop them all on SIGINT/SIGTERM.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -45,8 +46,8 @@ class App:
         self.reactor = resolve_reactor(reactor)
         self._result: Any = None
         self._finished = False
-        self._waiters: List[defer.Deferred] = []
-        self._stopping: Optional[defer.Deferred] = None
+        self._waiters: list[defer.Deferred] = []
+        self._stopping: defer.Deferred | None = None
 
     @property
     def done(self) -> defer.Deferred:
@@ -103,7 +104,7 @@ class ConsumerApp(App):
 
     def __init__(self, reactor: Any = None) -> None:
         super().__init__(reactor)
-        self.consumers: List[Any] = []
+        self.consumers: list[Any] = []
 
     def connect(self, consumer: Any, nsqd: Sequence[str], lookupd: Sequence[str]) -> defer.Deferred:
         """go-nsq's ConnectToNSQDs then ConnectToNSQLookupds; a failed nsqd dial is fatal."""

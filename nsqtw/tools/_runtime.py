@@ -18,7 +18,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
+from typing import Any, TextIO
+from collections.abc import Callable, Iterable
 
 from .. import NSQ_VERSION, __version__, version_line
 from ..options import OptionError
@@ -38,7 +39,7 @@ __all__ = [
 _LEVEL_NAMES = {1: "DEBUG", 2: "INFO", 3: "WARNING", 4: "ERROR", 5: "FATAL"}
 
 
-def go_log_line(prefix: str, level: int, text: str, when: Optional[float] = None) -> str:
+def go_log_line(prefix: str, level: int, text: str, when: float | None = None) -> str:
     """One line as Go's ``log.New(w, prefix, Ldate|Ltime|Lmicroseconds)`` plus ``lg`` writes it."""
     t = time.time() if when is None else when
     micro = int((t - int(t)) * 1_000_000)
@@ -55,8 +56,8 @@ class GoLogObserver:
     """
 
     def __init__(self, stream: TextIO, prefix: str, level: int = 2,
-                 namespaces: Tuple[str, ...] = ("nsqtw",),
-                 drop: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
+                 namespaces: tuple[str, ...] = ("nsqtw",),
+                 drop: Callable[[dict[str, Any]], bool] | None = None) -> None:
         self.stream = stream
         self.prefix = prefix
         self.level = level
@@ -64,7 +65,7 @@ class GoLogObserver:
         self.drop = drop
 
     @staticmethod
-    def nsq_level(event: Dict[str, Any]) -> int:
+    def nsq_level(event: dict[str, Any]) -> int:
         from twisted.logger import LogLevel
 
         lvl = event.get("log_level")
@@ -73,7 +74,7 @@ class GoLogObserver:
         return {LogLevel.debug: 1, LogLevel.info: 2, LogLevel.warn: 3, LogLevel.error: 4,
                 LogLevel.critical: 5}.get(lvl, 2)
 
-    def __call__(self, event: Dict[str, Any]) -> None:
+    def __call__(self, event: dict[str, Any]) -> None:
         from twisted.logger import formatEvent
 
         level = self.nsq_level(event)
@@ -97,8 +98,8 @@ class GoLogObserver:
             pass
 
 
-def begin_logging(prefix: str, level: int = 2, stream: Optional[TextIO] = None,
-                  drop: Optional[Callable[[Dict[str, Any]], bool]] = None) -> GoLogObserver:
+def begin_logging(prefix: str, level: int = 2, stream: TextIO | None = None,
+                  drop: Callable[[dict[str, Any]], bool] | None = None) -> GoLogObserver:
     """Send Twisted's global log to stderr, Go-style (only ``main()`` does this)."""
     from twisted.logger import globalLogBeginner
 
@@ -119,7 +120,7 @@ def user_agent(prog: str) -> str:
     return f"{prog}/{NSQ_VERSION} nsqtw/{__version__}"
 
 
-def client_config(prog: str, opts: Iterable[str], max_in_flight: Optional[int] = None) -> Any:
+def client_config(prog: str, opts: Iterable[str], max_in_flight: int | None = None) -> Any:
     """A client Config from ``--consumer-opt``/``--producer-opt`` values, as the apps build it
     (go-nsq's ``ConfigFlag``); the user agent and max-in-flight are set after, as in Go."""
     from ..client.config import Config
@@ -138,8 +139,8 @@ def client_config(prog: str, opts: Iterable[str], max_in_flight: Optional[int] =
     return cfg
 
 
-def parse_app_options(options_class: Any, argv: List[str], prog: str,
-                      stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None) -> Tuple[Any, Optional[int]]:
+def parse_app_options(options_class: Any, argv: list[str], prog: str,
+                      stdout: TextIO | None = None, stderr: TextIO | None = None) -> tuple[Any, int | None]:
     """Go's ``flag.Parse`` for an app: ``(options, None)`` or ``(None, exit code)``."""
     from ..tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
 
@@ -162,7 +163,7 @@ def parse_app_options(options_class: Any, argv: List[str], prog: str,
         return None, ExitCode.FATAL
 
 
-def run_app(prog: str, argv: Optional[List[str]], options_class: Any,
+def run_app(prog: str, argv: list[str] | None, options_class: Any,
             make_app: Callable[[Any, Any], Any], *, hup: bool = False) -> int:
     """Parse, log, run the reactor until the app is done; SIGINT/SIGTERM stop it gracefully
     (a second signal stops at once), SIGHUP calls ``app.hup()`` when ``hup``."""

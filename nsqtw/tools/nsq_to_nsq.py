@@ -31,7 +31,7 @@ import math
 from decimal import Decimal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import attr
 from twisted.internet import defer
@@ -61,23 +61,23 @@ class ToNsqdOptions:
                             help="the # of requests between logging status (per destination), 0 disables")
     mode: str = opt("hostpool", flag="mode", kind=STR,
                     help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy")
-    nsqd_tcp_addresses: List[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
+    nsqd_tcp_addresses: list[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
                                         help="nsqd TCP address (may be given multiple times)")
-    destination_nsqd_tcp_addresses: List[str] = opt(flag="destination-nsqd-tcp-address", kind=STRLIST, factory=list,
+    destination_nsqd_tcp_addresses: list[str] = opt(flag="destination-nsqd-tcp-address", kind=STRLIST, factory=list,
                                                     help="destination nsqd TCP address (may be given multiple times)")
-    lookupd_http_addresses: List[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
+    lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
                                             help="lookupd HTTP address (may be given multiple times)")
-    topics: List[str] = opt(flag="topic", kind=STRLIST, factory=list, help="nsq topic (may be given multiple times)")
-    whitelist_json_fields: List[str] = opt(flag="whitelist-json-field", kind=STRLIST, factory=list,
+    topics: list[str] = opt(flag="topic", kind=STRLIST, factory=list, help="nsq topic (may be given multiple times)")
+    whitelist_json_fields: list[str] = opt(flag="whitelist-json-field", kind=STRLIST, factory=list,
                                            help="for JSON messages: pass this field (may be given multiple times)")
     require_json_field: str = opt("", flag="require-json-field", kind=STR,
                                   help="for JSON messages: only pass messages that contain this field")
     require_json_value: str = opt("", flag="require-json-value", kind=STR,
                                   help="for JSON messages: only pass messages in which the required field has this value")
-    consumer_opts: List[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
+    consumer_opts: list[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
                                    help="option to passthrough to nsq.Consumer (may be given multiple times, "
                                         "see http://godoc.org/github.com/nsqio/go-nsq#Config)")
-    producer_opts: List[str] = opt(flag="producer-opt", kind=STRLIST, factory=list,
+    producer_opts: list[str] = opt(flag="producer-opt", kind=STRLIST, factory=list,
                                    help="option to passthrough to nsq.Producer (may be given multiple times, "
                                         "see http://godoc.org/github.com/nsqio/go-nsq#Config)")
 
@@ -160,13 +160,13 @@ class JsonFilter:
 
     field: str = attr.ib(default="")
     value: str = attr.ib(default="")
-    whitelist: Tuple[str, ...] = attr.ib(default=(), converter=tuple)
+    whitelist: tuple[str, ...] = attr.ib(default=(), converter=tuple)
 
     @property
     def active(self) -> bool:
         return bool(self.field or self.whitelist)
 
-    def should_pass(self, doc: Dict[str, Any]) -> Tuple[bool, bool]:
+    def should_pass(self, doc: dict[str, Any]) -> tuple[bool, bool]:
         """(pass, backoff) as Go's ``shouldPassMessage``."""
         if not self.field:
             return True, False
@@ -186,18 +186,18 @@ class JsonFilter:
             return False, False  # not a plain string and the argument is not a number
         return (_is_number(v) and float(v) == wanted), False
 
-    def filter(self, doc: Dict[str, Any], raw: bytes) -> bytes:
+    def filter(self, doc: dict[str, Any], raw: bytes) -> bytes:
         """Only the whitelisted fields, re-marshalled; the body unchanged without a whitelist."""
         if not self.whitelist:
             return raw
-        out: Dict[str, Any] = {}
+        out: dict[str, Any] = {}
         for key in self.whitelist:
             if key in doc:
                 v = doc[key]
                 out[key] = int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63 else v
         return go_json_marshal(out).encode("utf-8")
 
-    def apply(self, body: bytes) -> Tuple[Optional[bytes], bool]:
+    def apply(self, body: bytes) -> tuple[bytes | None, bool]:
         """``(body to publish or None to drop, backoff)``."""
         if not self.active:
             return body, False
@@ -235,7 +235,7 @@ class NsqToNsq(ConsumerApp):
         self.filter = JsonFilter(options.require_json_field, options.require_json_value,
                                  options.whitelist_json_fields)
         self._counter = 0
-        self.published: Dict[str, int] = {a: 0 for a in self.destinations}
+        self.published: dict[str, int] = {a: 0 for a in self.destinations}
         self.dropped = 0
         self.failed = 0
         self.metrics = TimerMetrics(options.status_every, "[aggregate]:")
@@ -298,7 +298,7 @@ class NsqToNsq(ConsumerApp):
         return d
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The ``nsq_to_nsq`` command."""
     return run_app("nsq_to_nsq", argv, ToNsqdOptions, lambda options, reactor: NsqToNsq(options, reactor))
 

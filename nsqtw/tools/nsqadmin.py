@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 __all__ = ["main"]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run nsqadmin with Go's flags until SIGTERM/SIGINT."""
     from ..cli import nsqadmin_main
 

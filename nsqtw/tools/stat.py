@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, TextIO
 from urllib.parse import quote
 
 import attr
@@ -56,9 +56,9 @@ class StatOptions:
     http_client_request_timeout: float = opt(5.0, flag="http-client-request-timeout", kind=DURATION,
                                              help="timeout for HTTP request")
     count: int = opt(0, flag="count", kind=INT, help="number of reports")
-    nsqd_http_addresses: List[str] = opt(flag="nsqd-http-address", kind=STRLIST, factory=list,
+    nsqd_http_addresses: list[str] = opt(flag="nsqd-http-address", kind=STRLIST, factory=list,
                                          help="nsqd HTTP address (may be given multiple times)")
-    lookupd_http_addresses: List[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
+    lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
                                             help="lookupd HTTP address (may be given multiple times)")
 
     def __attrs_post_init__(self) -> None:
@@ -91,7 +91,7 @@ class ChannelTotals:
     message_count: int = attr.ib(default=0)
     client_count: int = attr.ib(default=0)
 
-    def add(self, ch: Dict[str, Any]) -> None:
+    def add(self, ch: dict[str, Any]) -> None:
         depth = int(ch.get("depth", 0))
         backend = int(ch.get("backend_depth", 0))
         self.depth += depth
@@ -129,7 +129,7 @@ class NsqStat(App):
     """The running nsq_stat; ``reports`` counts the lines printed after the baseline."""
 
     def __init__(self, options: StatOptions, reactor: Any = None, *, clock: Any = None,
-                 out: Optional[TextIO] = None, http_client: Any = None) -> None:
+                 out: TextIO | None = None, http_client: Any = None) -> None:
         super().__init__(reactor)
         self.options = options
         self.clock = clock if clock is not None else self.reactor
@@ -137,9 +137,9 @@ class NsqStat(App):
         self._http_client = http_client
         self.iteration = 0
         self.reports = 0
-        self.previous: Optional[ChannelTotals] = None
+        self.previous: ChannelTotals | None = None
         self._call: Any = None
-        self._poll: Optional[defer.Deferred] = None
+        self._poll: defer.Deferred | None = None
 
     def _http(self) -> Any:
         if self._http_client is None:
@@ -170,11 +170,11 @@ class NsqStat(App):
 
     # --- clusterinfo ------------------------------------------------------------------------
 
-    async def producers(self) -> List[str]:
+    async def producers(self) -> list[str]:
         """HTTP addresses of the nsqd holding the topic."""
         topic = quote(self.options.topic, safe="")
-        errors: List[str] = []
-        found: List[str] = []
+        errors: list[str] = []
+        found: list[str] = []
         if self.options.lookupd_http_addresses:
             addrs = self.options.lookupd_http_addresses
             results = await defer.DeferredList(
@@ -206,7 +206,7 @@ class NsqStat(App):
             log.warn("{e}", e=e)
         return found
 
-    async def channel_totals(self, producers: List[str]) -> ChannelTotals:
+    async def channel_totals(self, producers: list[str]) -> ChannelTotals:
         topic = quote(self.options.topic, safe="")
         channel = quote(self.options.channel, safe="")
         results = await defer.DeferredList(
@@ -283,7 +283,7 @@ class NsqStat(App):
         return None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The ``nsq_stat`` command."""
     return run_app("nsq_stat", argv, StatOptions, lambda options, reactor: NsqStat(options, reactor))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import Any, BinaryIO, List, Optional
+from typing import Any, BinaryIO
 
 import attr
 from twisted.internet import defer
@@ -42,12 +42,12 @@ class TailOptions:
     total_messages: int = opt(0, flag="n", kind=INT, help="total messages to show (will wait if starved)")
     print_topic: bool = opt(False, flag="print-topic", kind=BOOL,
                             help="print topic name where message was received")
-    nsqd_tcp_addresses: List[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
+    nsqd_tcp_addresses: list[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
                                         help="nsqd TCP address (may be given multiple times)")
-    lookupd_http_addresses: List[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
+    lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
                                             help="lookupd HTTP address (may be given multiple times)")
-    topics: List[str] = opt(flag="topic", kind=STRLIST, factory=list, help="NSQ topic (may be given multiple times)")
-    consumer_opts: List[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
+    topics: list[str] = opt(flag="topic", kind=STRLIST, factory=list, help="NSQ topic (may be given multiple times)")
+    consumer_opts: list[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
                                    help="option to passthrough to nsq.Consumer (may be given multiple times, "
                                         "http://godoc.org/github.com/nsqio/go-nsq#Config)")
 
@@ -66,7 +66,7 @@ class TailOptions:
             raise OptionError("-n must be >= 0")
 
 
-def random_channel(rng: Optional[random.Random] = None) -> str:
+def random_channel(rng: random.Random | None = None) -> str:
     """Go: ``fmt.Sprintf("tail%06d#ephemeral", rand.Int()%999999)``."""
     return f"tail{(rng or random.Random()).randrange(1 << 62) % 999999:06d}#ephemeral"
 
@@ -74,8 +74,8 @@ def random_channel(rng: Optional[random.Random] = None) -> str:
 class Tail(ConsumerApp):
     """The running nsq_tail; ``shown`` counts the messages printed."""
 
-    def __init__(self, options: TailOptions, reactor: Any = None, *, out: Optional[BinaryIO] = None,
-                 rng: Optional[random.Random] = None) -> None:
+    def __init__(self, options: TailOptions, reactor: Any = None, *, out: BinaryIO | None = None,
+                 rng: random.Random | None = None) -> None:
         super().__init__(reactor)
         self.options = options
         self.out: BinaryIO = out if out is not None else sys.stdout.buffer
@@ -129,7 +129,7 @@ class Tail(ConsumerApp):
         return self.stop_consumers()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The ``nsq_tail`` command."""
     return run_app("nsq_tail", argv, TailOptions, lambda options, reactor: Tail(options, reactor))
 

@@ -50,7 +50,8 @@ import re
 import socket
 import sys
 import time
-from typing import Any, BinaryIO, Callable, Dict, List, Optional
+from typing import Any, BinaryIO
+from collections.abc import Callable
 
 import attr
 from twisted.internet import defer, task
@@ -105,12 +106,12 @@ class ToFileOptions:
                                              help="timeout for HTTP connect")
     http_client_request_timeout: float = opt(5.0, flag="http-client-request-timeout", kind=DURATION,
                                              help="timeout for HTTP request")
-    nsqd_tcp_addresses: List[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
+    nsqd_tcp_addresses: list[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
                                         help="nsqd TCP address (may be given multiple times)")
-    lookupd_http_addresses: List[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
+    lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
                                             help="lookupd HTTP address (may be given multiple times)")
-    topics: List[str] = opt(flag="topic", kind=STRLIST, factory=list, help="nsq topic (may be given multiple times)")
-    consumer_opts: List[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
+    topics: list[str] = opt(flag="topic", kind=STRLIST, factory=list, help="nsq topic (may be given multiple times)")
+    consumer_opts: list[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
                                    help="option to passthrough to nsq.Consumer (may be given multiple times, "
                                         "http://godoc.org/github.com/nsqio/go-nsq#Config)")
     output_format: str = opt("raw", flag="output-format", kind=STR,
@@ -163,7 +164,7 @@ _STRFTIME = {
 
 def strftime(fmt: str, t: time.struct_time) -> str:
     """NSQ's strftime: exactly the directives of jehiah/go-strftime; any other ``%x`` stays as written."""
-    out: List[str] = []
+    out: list[str] = []
     i = 0
     n = len(fmt)
     while i < n:
@@ -186,8 +187,8 @@ def needs_rev(options: ToFileOptions) -> bool:
     return needed
 
 
-def compute_filename_format(options: ToFileOptions, topic: str, hostname: Optional[str] = None,
-                            pid: Optional[int] = None) -> str:
+def compute_filename_format(options: ToFileOptions, topic: str, hostname: str | None = None,
+                            pid: int | None = None) -> str:
     """The format with everything but ``<DATETIME>`` (and ``<REV>`` when used) filled in."""
     host = hostname if hostname is not None else socket.gethostname()
     short = host.split(".")[0]
@@ -241,7 +242,7 @@ def _relative(path: str, base: str) -> str:
 class FileLogger:
     """One topic's consumer and file: the router of Go's ``file_logger.go`` as reactor events."""
 
-    def __init__(self, app: "ToFile", topic: str, filename_format: str) -> None:
+    def __init__(self, app: ToFile, topic: str, filename_format: str) -> None:
         self.app = app
         self.options = app.options
         self.topic = topic
@@ -252,18 +253,18 @@ class FileLogger:
         self.output_dir = app.options.output_dir
         self.jsonl = app.options.output_format == "jsonl"
         self.consumer: Any = None
-        self.batch: List[Any] = []
-        self.out: Optional[BinaryIO] = None
+        self.batch: list[Any] = []
+        self.out: BinaryIO | None = None
         self.out_path = ""
-        self.gz: Optional[gzip.GzipFile] = None
+        self.gz: gzip.GzipFile | None = None
         self.filename = ""
         self.open_time = 0.0
         self.filesize = 0
         self.rev = 0
         self.synced_batches = 0
         self.written = 0  # messages written (synced or not)
-        self.closed_files: List[str] = []  # final paths, in the order they were closed
-        self._ticker: Optional[task.LoopingCall] = None
+        self.closed_files: list[str] = []  # final paths, in the order they were closed
+        self._ticker: task.LoopingCall | None = None
         self._stopping = False
 
     # --- wiring ------------------------------------------------------------------------------------
@@ -482,16 +483,16 @@ class ToFile(ConsumerApp):
     """The running nsq_to_file: a FileLogger per topic, plus discovery when topics are not given."""
 
     def __init__(self, options: ToFileOptions, reactor: Any = None, *, clock: Any = None,
-                 http_client: Any = None, hostname: Optional[str] = None) -> None:
+                 http_client: Any = None, hostname: str | None = None) -> None:
         super().__init__(reactor)
         self.options = options
         self.clock = clock if clock is not None else self.reactor
         self.config = client_config("nsq_to_file", options.consumer_opts, options.max_in_flight)
-        self.loggers: Dict[str, FileLogger] = {}
+        self.loggers: dict[str, FileLogger] = {}
         self.hostname = hostname
         self._pattern = re.compile(options.topic_pattern) if options.topic_pattern else None
         self._http_client = http_client
-        self._refresh: Optional[task.LoopingCall] = None
+        self._refresh: task.LoopingCall | None = None
 
     def start(self) -> defer.Deferred:
         d = self.update_topics(self.options.topics)
@@ -505,7 +506,7 @@ class ToFile(ConsumerApp):
     def topic_allowed(self, topic: str) -> bool:
         return self._pattern is None or self._pattern.search(topic) is not None
 
-    def update_topics(self, topics: List[str]) -> defer.Deferred:
+    def update_topics(self, topics: list[str]) -> defer.Deferred:
         waits = []
         for topic in topics:
             if topic in self.loggers or self._stopping is not None:
@@ -543,7 +544,7 @@ class ToFile(ConsumerApp):
             d.addTimeout(self.options.http_client_request_timeout, self.clock)
 
             def got(response: Any) -> defer.Deferred:
-                def parse(body: bytes) -> List[str]:
+                def parse(body: bytes) -> list[str]:
                     if response.code != 200:
                         raise ValueError(f"{url}/topics answered {response.code}")
                     doc = json.loads(body)
@@ -558,7 +559,7 @@ class ToFile(ConsumerApp):
         addresses = self.options.lookupd_http_addresses
         d = defer.DeferredList([one(a) for a in addresses], consumeErrors=True)
 
-        def merge(results: List[Any]) -> List[str]:
+        def merge(results: list[Any]) -> list[str]:
             topics: set = set()
             errors = []
             for ok, value in results:
@@ -599,7 +600,7 @@ class ToFile(ConsumerApp):
         return defer.DeferredList([lg.stop() for lg in list(self.loggers.values())], consumeErrors=True)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The ``nsq_to_file`` command (SIGHUP syncs and closes the files)."""
     return run_app("nsq_to_file", argv, ToFileOptions, lambda options, reactor: ToFile(options, reactor), hup=True)
 

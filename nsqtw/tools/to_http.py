@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import quote_plus
 
 import attr
@@ -68,7 +68,7 @@ class PacedEndpointFactory:
         self.connect_timeout = connect_timeout
         self.spacing = spacing
         self.tls_policy = BrowserLikePolicyForHTTPS()
-        self._next: Dict[Tuple[bytes, int], float] = {}
+        self._next: dict[tuple[bytes, int], float] = {}
 
     def endpointForURI(self, uri: Any) -> Any:
         from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
@@ -79,7 +79,7 @@ class PacedEndpointFactory:
             endpoint = wrapClientTLS(self.tls_policy.creatorForNetloc(uri.host, uri.port), endpoint)
         return _PacedEndpoint(self, (uri.host, uri.port), endpoint)
 
-    def delay(self, key: Tuple[bytes, int]) -> float:
+    def delay(self, key: tuple[bytes, int]) -> float:
         """How long a new connection to ``key`` waits (and book its slot)."""
         now = self.reactor.seconds()
         at = max(now, self._next.get(key, 0.0))
@@ -88,7 +88,7 @@ class PacedEndpointFactory:
 
 
 class _PacedEndpoint:
-    def __init__(self, factory: PacedEndpointFactory, key: Tuple[bytes, int], endpoint: Any) -> None:
+    def __init__(self, factory: PacedEndpointFactory, key: tuple[bytes, int], endpoint: Any) -> None:
         self.factory = factory
         self.key = key
         self.endpoint = endpoint
@@ -100,9 +100,9 @@ class _PacedEndpoint:
         return task.deferLater(self.factory.reactor, wait, self.endpoint.connect, protocol_factory)
 
 
-def parse_headers(values: List[str]) -> Dict[str, str]:
+def parse_headers(values: list[str]) -> dict[str, str]:
     """``--header "Key: value"`` (Go splits on the first colon and trims both sides)."""
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for text in values:
         key, sep, value = text.partition(":")
         key, value = key.strip(), value.strip()
@@ -131,19 +131,19 @@ class ToHttpOptions:
                             help="the # of requests between logging status (per handler), 0 disables")
     content_type: str = opt(DEFAULT_CONTENT_TYPE, flag="content-type", kind=STR,
                             help="the Content-Type used for POST requests")
-    post: List[str] = opt(flag="post", kind=STRLIST, factory=list,
+    post: list[str] = opt(flag="post", kind=STRLIST, factory=list,
                           help="HTTP address to make a POST request to.  data will be in the body "
                                "(may be given multiple times)")
-    headers: List[str] = opt(flag="header", kind=STRLIST, factory=list,
+    headers: list[str] = opt(flag="header", kind=STRLIST, factory=list,
                              help="Custom header for HTTP requests (may be given multiple times)")
-    get: List[str] = opt(flag="get", kind=STRLIST, factory=list,
+    get: list[str] = opt(flag="get", kind=STRLIST, factory=list,
                          help="HTTP address to make a GET request to. '%s' will be printf replaced with data "
                               "(may be given multiple times)")
-    nsqd_tcp_addresses: List[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
+    nsqd_tcp_addresses: list[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
                                         help="nsqd TCP address (may be given multiple times)")
-    lookupd_http_addresses: List[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
+    lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", kind=STRLIST, factory=list,
                                             help="lookupd HTTP address (may be given multiple times)")
-    consumer_opts: List[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
+    consumer_opts: list[str] = opt(flag="consumer-opt", kind=STRLIST, factory=list,
                                    help="option to passthrough to nsq.Consumer (may be given multiple times, "
                                         "http://godoc.org/github.com/nsqio/go-nsq#Config)")
 
@@ -182,7 +182,7 @@ class ToHttpOptions:
         return float(self.sample)
 
     @property
-    def addresses(self) -> List[str]:
+    def addresses(self) -> list[str]:
         return list(self.post or self.get)
 
 
@@ -199,7 +199,7 @@ class HostPool:
         retry_delay: float = attr.ib(default=0.0)
         next_retry: float = attr.ib(default=0.0)
 
-    def __init__(self, hosts: List[str], clock: Any) -> None:
+    def __init__(self, hosts: list[str], clock: Any) -> None:
         self.hosts = [self._Host(h) for h in hosts]
         self._by_name = {h.name: h for h in self.hosts}
         self.clock = clock
@@ -232,7 +232,7 @@ class HostPool:
             host.retry_delay = self.INITIAL_RETRY
             host.next_retry = self.clock.seconds() + host.retry_delay
 
-    def healthy(self) -> List[str]:
+    def healthy(self) -> list[str]:
         return [h.name for h in self.hosts if not h.dead]
 
 
@@ -242,7 +242,7 @@ class TimerMetrics:
     def __init__(self, every: int, prefix: str) -> None:
         self.every = every
         self.prefix = prefix
-        self.durations: List[float] = []
+        self.durations: list[float] = []
         self.count = 0
 
     def status(self, started: float) -> None:
@@ -266,7 +266,7 @@ class ToHttp(ConsumerApp):
     """The running nsq_to_http; ``sent`` counts successful requests per address."""
 
     def __init__(self, options: ToHttpOptions, reactor: Any = None, *, clock: Any = None,
-                 http_client: Any = None, rng: Optional[random.Random] = None) -> None:
+                 http_client: Any = None, rng: random.Random | None = None) -> None:
         super().__init__(reactor)
         self.options = options
         self.clock = clock if clock is not None else self.reactor
@@ -280,7 +280,7 @@ class ToHttp(ConsumerApp):
         self.user_agent = f"nsq_to_http v{NSQ_VERSION}"
         self._counter = 0
         self._http_client = http_client
-        self.sent: Dict[str, int] = {a: 0 for a in self.addresses}
+        self.sent: dict[str, int] = {a: 0 for a in self.addresses}
         self.failed = 0
         self.skipped = 0
         every = options.status_every
@@ -315,7 +315,7 @@ class ToHttp(ConsumerApp):
             return self.addresses[self._counter % len(self.addresses)]
         return self.pool.get()
 
-    def handle(self, msg: Any) -> Optional[defer.Deferred]:
+    def handle(self, msg: Any) -> defer.Deferred | None:
         if self.sample < 1.0 and self.rng.random() > self.sample:
             self.skipped += 1
             return None
@@ -342,13 +342,13 @@ class ToHttp(ConsumerApp):
         import treq
 
         client = self._http()
-        headers: Dict[bytes, List[bytes]] = {b"User-Agent": [self.user_agent.encode()]}
+        headers: dict[bytes, list[bytes]] = {b"User-Agent": [self.user_agent.encode()]}
         for key, value in self.headers.items():
             headers[key.encode()] = [value.encode()]
         if self.method == "POST":
             headers[b"Content-Type"] = [self.options.content_type.encode()]
             d = client.post(addr, data=body, headers=headers)
-            good: Tuple[int, int] = (200, 300)
+            good: tuple[int, int] = (200, 300)
         else:
             d = client.get(addr.replace("%s", quote_plus(body, safe=""), 1), headers=headers)
             good = (200, 201)
@@ -373,7 +373,7 @@ class ToHttp(ConsumerApp):
         return d.addCallback(close_pool)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The ``nsq_to_http`` command."""
     return run_app("nsq_to_http", argv, ToHttpOptions, lambda options, reactor: ToHttp(options, reactor))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any
 
 import attr
 from twisted.internet import defer, protocol
@@ -48,9 +48,9 @@ class ToNsqOptions:
 
     topic: str = opt("", flag="topic", kind=STR, help="NSQ topic to publish to")
     delimiter: str = opt("\n", flag="delimiter", kind=STR, help="character to split input from stdin")
-    nsqd_tcp_addresses: List[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
+    nsqd_tcp_addresses: list[str] = opt(flag="nsqd-tcp-address", kind=STRLIST, factory=list,
                                         help="destination nsqd TCP address (may be given multiple times)")
-    producer_opts: List[str] = opt(flag="producer-opt", kind=STRLIST, factory=list,
+    producer_opts: list[str] = opt(flag="producer-opt", kind=STRLIST, factory=list,
                                    help="option to passthrough to nsq.Producer (may be given multiple times, "
                                         "http://godoc.org/github.com/nsqio/go-nsq#Config)")
     rate: int = opt(0, flag="rate", kind=INT, help="Throttle messages to n/second. 0 to disable")
@@ -100,14 +100,14 @@ class ToNsq(App):
         self.clock = clock if clock is not None else self.reactor
         self.delimiter = os.fsencode(options.delimiter)
         config = client_config("to_nsq", options.producer_opts)
-        self.producers: Dict[str, Any] = {}
+        self.producers: dict[str, Any] = {}
         for addr in options.nsqd_tcp_addresses:
             self.producers.setdefault(addr, Producer(addr, config, reactor=self.reactor))
         self.bucket = TokenBucket(options.rate, self.clock) if options.rate >= 1 else None
         self.published = 0
         self.transport: Any = None  # stdin's, paused while too much waits
         self._partial = b""
-        self._records: Deque[bytes] = deque()
+        self._records: deque[bytes] = deque()
         self._eof = False
         self._busy = False
         self._wait_call: Any = None
@@ -185,7 +185,7 @@ class ToNsq(App):
 
     # --- stopping -------------------------------------------------------------------------
 
-    _drain_waiter: Optional[defer.Deferred] = None
+    _drain_waiter: defer.Deferred | None = None
 
     def _drained(self) -> None:
         if self._drain_waiter is not None:
@@ -232,7 +232,7 @@ class _Stdin(protocol.Protocol):
         self.app.end_of_input()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The ``to_nsq`` command."""
 
     def make(options: ToNsqOptions, reactor: Any) -> ToNsq:

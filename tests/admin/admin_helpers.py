@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import treq
 from twisted.internet import defer
@@ -19,8 +19,8 @@ def within(d: Any, seconds: float = TIMEOUT) -> defer.Deferred:
     return defer.ensureDeferred(d).addTimeout(seconds, reactor)
 
 
-async def call(method: str, url: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-               raw: Optional[bytes] = None) -> Tuple[int, Any, Any]:
+async def call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
+               raw: bytes | None = None) -> tuple[int, Any, Any]:
     """(status, parsed JSON or text, response headers) of one request."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     hdrs = {k.encode(): [v.encode()] for k, v in (headers or {}).items()}
@@ -33,25 +33,25 @@ async def call(method: str, url: str, body: Any = None, headers: Optional[Dict[s
     return response.code, content.decode("utf-8", "replace"), response.headers
 
 
-async def nsqd_stats(nsqd: Any) -> Dict[str, Any]:
+async def nsqd_stats(nsqd: Any) -> dict[str, Any]:
     """An nsqd's /stats document (through its public HTTP API)."""
     code, doc, _ = await call("GET", f"http://{nsqd.http_address}/stats?format=json")
     assert code == 200, doc
     return doc
 
 
-def find_topic(stats: Dict[str, Any], topic: str) -> Optional[Dict[str, Any]]:
+def find_topic(stats: dict[str, Any], topic: str) -> dict[str, Any] | None:
     return next((t for t in stats.get("topics") or [] if t["topic_name"] == topic), None)
 
 
-def find_channel(stats: Dict[str, Any], topic: str, channel: str) -> Optional[Dict[str, Any]]:
+def find_channel(stats: dict[str, Any], topic: str, channel: str) -> dict[str, Any] | None:
     t = find_topic(stats, topic)
     if t is None:
         return None
     return next((c for c in t.get("channels") or [] if c["channel_name"] == channel), None)
 
 
-async def publish(nsqd: Any, topic: str, bodies: List[bytes]) -> None:
+async def publish(nsqd: Any, topic: str, bodies: list[bytes]) -> None:
     """Publish through nsqd's HTTP /mpub (public API, works for any nsqd)."""
     code, text, _ = await call("POST", f"http://{nsqd.http_address}/mpub?topic={topic}", raw=b"\n".join(bodies))
     assert code == 200, text

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
-import pytest
 import pytest_twisted
 
 
@@ -24,7 +23,7 @@ async def start_admin():
     """``await start_admin(**AdminOptions)`` -> a running nsqadmin, stopped after the test."""
     from nsqtw.embed_admin import start_nsqadmin
 
-    started: List[Any] = []
+    started: list[Any] = []
 
     async def start(**kwargs: Any) -> Any:
         handle = await start_nsqadmin(**kwargs)
@@ -40,7 +39,7 @@ async def start_admin():
 async def admin(nsqds, start_admin, request):
     """nsqadmin in --nsqd-http-address mode over both ``nsqds``; options via ``admin_options``."""
     marker = request.node.get_closest_marker("admin_options")
-    kwargs: Dict[str, Any] = dict(marker.kwargs) if marker else {}
+    kwargs: dict[str, Any] = dict(marker.kwargs) if marker else {}
     kwargs.setdefault("nsqd_http_addresses", [n.http_address for n in nsqds])
     yield await start_admin(**kwargs)
 
@@ -56,7 +55,7 @@ async def cluster(start_admin, request):
     nodes = [await start_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address]) for _ in range(2)]
     peers = [await attach_lookupd(n, lookupd) for n in nodes]
     marker = request.node.get_closest_marker("admin_options")
-    kwargs: Dict[str, Any] = dict(marker.kwargs) if marker else {}
+    kwargs: dict[str, Any] = dict(marker.kwargs) if marker else {}
     kwargs.setdefault("lookupd_http_addresses", [lookupd.http_address])
     admin = await start_admin(**kwargs)
     yield admin, lookupd, nodes, peers

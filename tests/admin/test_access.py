@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
-from typing import Any, List
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -24,9 +24,9 @@ class Collector:
     app = Klein()
 
     def __init__(self) -> None:
-        self.received: List[Any] = []
-        self.headers: List[Any] = []
-        self._waiters: List[defer.Deferred] = []
+        self.received: list[Any] = []
+        self.headers: list[Any] = []
+        self._waiters: list[defer.Deferred] = []
         self.port: Any = None
 
     @app.route("/notify", methods=["POST"])
@@ -38,7 +38,7 @@ class Collector:
             d.callback(None)
         return b"ok"
 
-    async def wait_for(self, count: int) -> List[Any]:
+    async def wait_for(self, count: int) -> list[Any]:
         """Await until ``count`` notifications have arrived (real events, bounded by a timeout)."""
         while len(self.received) < count:
             d: defer.Deferred = defer.Deferred()

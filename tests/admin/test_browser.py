@@ -12,13 +12,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import pytest_twisted
 from twisted.internet import threads
 
-from admin_helpers import attach_lookupd, call, create_channel, find_channel, nsqd_stats, publish, registered, within
+from admin_helpers import call, create_channel, find_channel, nsqd_stats, publish, registered, within
 from nsqtw.testing import command, connect_raw, identify_command
 
 CHROMIUM = os.environ.get("NSQTW_CHROMIUM", "/usr/bin/chromium")
@@ -47,7 +48,7 @@ class Browser:
         self.profile = profile
 
     @classmethod
-    def start(cls) -> "Browser":
+    def start(cls) -> Browser:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
@@ -72,7 +73,7 @@ class Browser:
     async def js(self, script: str, *args: Any) -> Any:
         return await self._run(self.driver.execute_script, script, *args)
 
-    async def css(self, selector: str) -> List[Any]:
+    async def css(self, selector: str) -> list[Any]:
         from selenium.webdriver.common.by import By
         return await self._run(self.driver.find_elements, By.CSS_SELECTOR, selector)
 
@@ -93,7 +94,7 @@ class Browser:
                 lambda d: d.execute_script(script), message=f"timed out waiting for {what}")
         return await self._run(wait)
 
-    async def header(self, name: Optional[str], value: str = "") -> None:
+    async def header(self, name: str | None, value: str = "") -> None:
         """Send an extra request header on every request (what an auth proxy in front would add)."""
         headers = {name: value} if name else {}
         await self._run(self.driver.execute_cdp_cmd, "Network.enable", {})
@@ -105,7 +106,7 @@ class Browser:
         await self._run(self.driver.save_screenshot, str(path))
         return path
 
-    async def console_errors(self) -> List[Any]:
+    async def console_errors(self) -> list[Any]:
         logs = await self._run(self.driver.get_log, "browser")
         return [e for e in logs if e.get("level") == "SEVERE"]
 

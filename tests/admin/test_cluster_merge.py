@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 from klein import Klein
@@ -14,14 +14,14 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 
 from nsqtw.admin.cluster import (
-    ChannelStats, ClusterInfo, E2eAggregate, FetchError, Producer, UpstreamError, Upstream, aggregate_stats,
+    ClusterInfo, E2eAggregate, FetchError, Producer, UpstreamError, Upstream, aggregate_stats,
     counter_stats, merge_lookupd_nodes, merge_topic_producers, producer_from_nsqd, semver_key, topic_totals,
     warning_message,
 )
 
 
 @pytest.fixture
-def go_stats(fixtures_dir) -> Dict[str, Any]:
+def go_stats(fixtures_dir) -> dict[str, Any]:
     """Real Go nsqd 1.3.0 /stats (one topic ``events``, channel ``archive``, one client, e2e percentiles)."""
     raw = (fixtures_dir / "go-nsqd-1.3.0-http" / "stats-json.txt").read_text()
     return json.loads(raw.split("\n\n", 1)[1].strip())

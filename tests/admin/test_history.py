@@ -4,7 +4,7 @@ running on a ``MemoryReactorClock`` against an in-memory fake nsqd (``StubTreq``
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List
+from typing import Any
 
 from klein import Klein
 from treq.testing import StubTreq
@@ -16,7 +16,7 @@ from nsqtw.admin.options import AdminOptions
 from nsqtw.service.admin import AdminService
 
 
-def row(topic: str, node: str, depth: int, count: int, channels: Dict[str, tuple] = None) -> TopicStats:
+def row(topic: str, node: str, depth: int, count: int, channels: dict[str, tuple] = None) -> TopicStats:
     """One node's topic row as aggregate_stats makes it; channels are name -> (depth, in_flight, count)."""
     chans = [ChannelStats(node=node, topic_name=topic, channel_name=name, depth=d, in_flight_count=f,
                           message_count=m, client_count=1)

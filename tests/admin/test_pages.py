@@ -63,7 +63,7 @@ async def test_topic_page_rows_and_fragment(admin, nsqds) -> None:
     for n in nsqds:
         assert f'data-row="node:{n.http_address}"' in html
     assert 'data-row="total"' in html and 'data-row="channel:c"' in html
-    assert 'data-spark="topic/depth"' in html and f'data-api="/api/topics/t"' in html
+    assert 'data-spark="topic/depth"' in html and 'data-api="/api/topics/t"' in html
     assert '<td class="num" data-v="depth">2</td>' in html
     code, fragment, _ = await call("GET", admin.url + "topics/t?fragment=1")
     assert code == 200 and "<html" not in fragment and "<main" not in fragment

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, List
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -32,7 +32,7 @@ async def _get(url: str) -> Any:
     return resp.code, json.loads(await resp.text())
 
 
-async def _setup(nodes: List[Any]) -> Any:
+async def _setup(nodes: list[Any]) -> Any:
     for n in nodes:
         await create_channel(n, "orders", "billing")
     await publish(nodes[0], "orders", [b'{"id": %d, "sku": "A-1"}' % i for i in range(3)] + [b"plain text", b"\xff\x00\x01"])

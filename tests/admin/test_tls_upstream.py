@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Any, Tuple
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 
-def self_signed(tmp_path) -> Tuple[str, str]:
+def self_signed(tmp_path) -> tuple[str, str]:
     """A certificate for 127.0.0.1 (IP SAN) and its key, as PEM files."""
     import ipaddress
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from nsqtw.backend.disk import DiskQueue, SyncWorker
 from nsqtw.backend.runs import Run, run_frames
@@ -16,7 +17,7 @@ def mid(i: int) -> bytes:
     return b"%016x" % i
 
 
-def record(i: int, body: Optional[bytes] = None, attempts: int = 0, ts: Optional[int] = None) -> bytes:
+def record(i: int, body: bytes | None = None, attempts: int = 0, ts: int | None = None) -> bytes:
     """NSQ's message serialization, written out from the spec: ts(8) attempts(2) id(16) body."""
     if body is None:
         body = b"msg-%d" % i
@@ -34,11 +35,11 @@ def frame_of_record(rec: bytes) -> bytes:
     return struct.pack(">iiqH", len(rec) + 4, 2, ts, att + 1) + rec[10:]
 
 
-def frame(i: int, body: Optional[bytes] = None, attempts: int = 0, ts: Optional[int] = None) -> bytes:
+def frame(i: int, body: bytes | None = None, attempts: int = 0, ts: int | None = None) -> bytes:
     return frame_of_record(record(i, body, attempts, ts))
 
 
-def run_of(frames: List[bytes]) -> Run:
+def run_of(frames: list[bytes]) -> Run:
     """A run with explicit offsets (does not depend on the run helpers under test)."""
     offs = []
     at = 0
@@ -48,8 +49,8 @@ def run_of(frames: List[bytes]) -> Run:
     return (b"".join(frames), offs, at)
 
 
-def read_all(q: DiskQueue, batch: int = 1000) -> List[bytes]:
-    out: List[bytes] = []
+def read_all(q: DiskQueue, batch: int = 1000) -> list[bytes]:
+    out: list[bytes] = []
     while True:
         runs = q.read(batch)
         if not runs:
@@ -58,7 +59,7 @@ def read_all(q: DiskQueue, batch: int = 1000) -> List[bytes]:
             out.extend(run_frames(r))
 
 
-def decoded(frames: List[bytes]) -> List[Tuple[bytes, int, bytes, int]]:
+def decoded(frames: list[bytes]) -> list[tuple[bytes, int, bytes, int]]:
     """(id, attempts as stored on disk, body, timestamp) per frame."""
     out = []
     for f in frames:
@@ -73,7 +74,7 @@ class RecordingWorker(SyncWorker):
 
     def __init__(self, clock: Any = None) -> None:
         super().__init__(None, clock=clock, threaded=False)
-        self.log: List[str] = []
+        self.log: list[str] = []
 
     def submit(self, fn: Callable[[], Any]):  # type: ignore[override]
         self.log.append(getattr(getattr(fn, "func", fn), "__name__", "?"))
@@ -83,7 +84,7 @@ class RecordingWorker(SyncWorker):
         return self.log.count("_job_sync")
 
 
-def open_queue(path: Any, name: str = "t", worker: Optional[SyncWorker] = None, **kw: Any) -> DiskQueue:
+def open_queue(path: Any, name: str = "t", worker: SyncWorker | None = None, **kw: Any) -> DiskQueue:
     kw.setdefault("max_bytes_per_file", 1024 * 1024)
     kw.setdefault("max_msg_size", 1024 * 1024)
     kw.setdefault("sync_every", 2500)

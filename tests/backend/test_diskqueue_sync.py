@@ -5,9 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Any, Callable, List, Tuple
+from typing import Any
+from collections.abc import Callable
 
-import pytest
 import pytest_twisted
 from twisted.internet import task
 from twisted.internet.defer import Deferred
@@ -23,7 +23,7 @@ class ManualWorker(SyncWorker):
 
     def __init__(self) -> None:
         super().__init__(None, threaded=False)
-        self.queue: List[Tuple[Callable[[], Any], Deferred]] = []
+        self.queue: list[tuple[Callable[[], Any], Deferred]] = []
 
     def submit(self, fn):  # type: ignore[override]
         d: Deferred = Deferred()
@@ -35,7 +35,7 @@ class ManualWorker(SyncWorker):
         d.callback(fn())
         return fn.func.__name__
 
-    def run_all(self) -> List[str]:
+    def run_all(self) -> list[str]:
         names = []
         while self.queue:
             names.append(self.run_next())
@@ -136,7 +136,7 @@ def test_flush_and_sync_covers_earlier_writes_only():
         q.put(run_of([frame(3)]))
         d3 = q.flush_and_sync()
         assert len(w.queue) == 1  # the second sync waits for the first
-        fired: List[int] = []
+        fired: list[int] = []
         d1.addCallback(lambda _: fired.append(1))
         d2.addCallback(lambda _: fired.append(2))
         d3.addCallback(lambda _: fired.append(3))
@@ -170,12 +170,12 @@ def test_fsync_failure_errbacks_waiters(tmp_path, monkeypatch):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", broken)
-    failures: List[Any] = []
+    failures: list[Any] = []
     q.flush_and_sync().addErrback(failures.append)
     assert failures and failures[0].check(BackendError)
     assert q.error is not None
     monkeypatch.undo()
-    ok: List[Any] = []
+    ok: list[Any] = []
     q.flush_and_sync().addCallback(ok.append)
     assert ok == [None] and q.error is None
 
@@ -190,13 +190,13 @@ def test_failed_sync_fails_waiters_that_came_while_it_was_in_flight(tmp_path):
     q.put(run_of([frame(2)]))
     d2 = q.flush_and_sync()
     assert len(w.queue) == 1
-    failures: List[Any] = []
+    failures: list[Any] = []
     d1.addErrback(failures.append)
     d2.addErrback(failures.append)
     _, job = w.queue.pop(0)
     job.errback(OSError(errno.ENOSPC, "No space left on device"))
     assert len(failures) == 2 and all(f.check(BackendError) for f in failures)
-    ok: List[Any] = []
+    ok: list[Any] = []
     q.flush_and_sync().addCallback(ok.append)  # a later sync is tried again
     w.run_all()
     assert ok == [None]
@@ -206,7 +206,7 @@ def test_data_fsynced_before_metadata(tmp_path, monkeypatch):
     """The data file is fsynced while the metadata still has its old content (never ahead of the data)."""
     q = open_queue(tmp_path, sync_every=1)
     q.put(run_of([frame(1)]))
-    seen: List[bytes] = []
+    seen: list[bytes] = []
     real = os.fsync
 
     def spy(fd):
@@ -234,7 +234,7 @@ async def test_threaded_worker_runs_fsync_off_the_reactor_thread(tmp_path, monke
     """With the real reactor, fsync runs on the worker thread and the Deferred fires in the reactor."""
     from twisted.internet import reactor
 
-    threads: List[int] = []
+    threads: list[int] = []
     real = os.fsync
 
     def spy(fd):
@@ -298,6 +298,6 @@ def test_flush_and_sync_all_fails_with_backend_error(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", broken)
-    failures: List[Any] = []
+    failures: list[Any] = []
     w.flush_and_sync_all().addErrback(failures.append)
     assert failures and failures[0].check(BackendError)

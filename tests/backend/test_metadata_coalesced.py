@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
 
@@ -15,7 +16,7 @@ class ManualWorker:
     """A sync worker whose jobs run only when the test says so."""
 
     def __init__(self) -> None:
-        self.jobs: List[tuple] = []
+        self.jobs: list[tuple] = []
 
     def submit(self, fn: Callable[[], Any]) -> Deferred:
         d: Deferred = Deferred()

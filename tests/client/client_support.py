@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from twisted.internet import defer, task
 from twisted.internet.testing import StringTransport
@@ -44,7 +44,7 @@ def msg_id(n: int) -> bytes:
 class ScriptedRandom(random.Random):
     """``randrange`` returns scripted indexes (then 0); ``random`` a scripted float (then 0.5)."""
 
-    def __init__(self, picks: Optional[List[int]] = None, floats: Optional[List[float]] = None) -> None:
+    def __init__(self, picks: list[int] | None = None, floats: list[float] | None = None) -> None:
         super().__init__(0)
         self.picks = list(picks or [])
         self.floats = list(floats or [])
@@ -69,7 +69,7 @@ class FakeConn:
         self.last_msg_time = clock.seconds()
         self.in_flight = 0
         self.closing = False
-        self.written: List[int] = []
+        self.written: list[int] = []
 
     def is_closing(self) -> bool:
         return self.closing
@@ -93,7 +93,7 @@ class Wire:
         self._seen = len(data)
         return out
 
-    def lines(self) -> List[bytes]:
+    def lines(self) -> list[bytes]:
         """Command lines written since the last call (bodies are kept after their line)."""
         data = self.written()
         return [line for line in data.split(b"\n") if line]
@@ -106,8 +106,8 @@ class WireConnector:
     """A connector that attaches each dialed protocol to a StringTransport."""
 
     def __init__(self) -> None:
-        self.wires: Dict[str, Wire] = {}
-        self.dials: List[str] = []
+        self.wires: dict[str, Wire] = {}
+        self.dials: list[str] = []
         self.refuse: set = set()
 
     def __call__(self, address: Any, proto: Any) -> defer.Deferred:
@@ -130,5 +130,5 @@ class WireConnector:
         return wire
 
 
-def decode_written(data: bytes) -> List[Tuple[int, bytes]]:
+def decode_written(data: bytes) -> list[tuple[int, bytes]]:
     return FrameDecoder().feed(data)

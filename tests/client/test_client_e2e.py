@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import pytest_twisted

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -26,7 +26,7 @@ def _size(n: int) -> bytes:
     return struct.pack(">i", n)
 
 
-def _mpub(bodies: List[bytes], announced: Optional[int] = None) -> bytes:
+def _mpub(bodies: list[bytes], announced: int | None = None) -> bytes:
     payload = b"".join(_size(len(b)) + b for b in bodies)
     count = len(bodies) if announced is None else announced
     return b"MPUB t\n" + _size(4 + len(payload) + 104 * (count - len(bodies))) + _size(count) + payload
@@ -53,7 +53,7 @@ CASES = [
 ]
 
 
-async def _half_close(port: int, data: bytes) -> List[Any]:
+async def _half_close(port: int, data: bytes) -> list[Any]:
     client = await connect_raw(port)
     client.send(data)
     client.transport.loseWriteConnection()
@@ -85,7 +85,7 @@ async def test_complete_commands_before_the_half_close_are_answered(nsqd: Any) -
 
 # --- the same bytes to Go's nsqd ---------------------------------------------------------------
 
-def _go_answers(port: int, data: bytes) -> List[Any]:
+def _go_answers(port: int, data: bytes) -> list[Any]:
     from nsqtw.testing.raw import decode_frames
 
     s = socket.create_connection(("127.0.0.1", port), timeout=5)

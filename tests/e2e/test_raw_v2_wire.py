@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import List, Tuple
 
 import pytest
 import pytest_twisted
@@ -31,7 +30,7 @@ async def closed_within(client, seconds: float = 5.0) -> None:
     await d
 
 
-async def frames_until_closed(port: int, data: bytes, magic: bool = True) -> List[Tuple[int, bytes]]:
+async def frames_until_closed(port: int, data: bytes, magic: bool = True) -> list[tuple[int, bytes]]:
     """Send ``data`` on a fresh connection and return every frame nsqd wrote before closing it."""
     c = await connect_raw(port, send_magic=magic)
     c.send(data)
@@ -219,7 +218,7 @@ async def test_ownership_errors_between_two_consumers(nsqd):
 # --- isolation ----------------------------------------------------------------------------------------
 
 
-def _bad_behaviours() -> List[bytes]:
+def _bad_behaviours() -> list[bytes]:
     return [
         b"\x00\x01\x02garbage\xff\n",
         b"HTTP/1.1 200 OK\r\n\r\n",

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet import defer, task
 from twisted.internet.protocol import Protocol
@@ -32,7 +33,7 @@ from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameDecoder
 from nsqtw.stats.snapshot import broker_stats
 
-Frame = Tuple[int, bytes]
+Frame = tuple[int, bytes]
 
 #: a fixed wall-clock start (seconds): message IDs and timestamps are deterministic from it
 T0 = 1_795_302_682.0
@@ -59,7 +60,7 @@ def body_cmd(*parts: Any, body: bytes) -> bytes:
 # --- frames ---------------------------------------------------------------------------
 
 
-def wellformed(data: bytes) -> List[Frame]:
+def wellformed(data: bytes) -> list[Frame]:
     """Split ``data`` into frames and check each: a known type, a known error code or a
     known response, nothing left over.  Returns the frames."""
     dec = FrameDecoder()
@@ -77,7 +78,7 @@ def wellformed(data: bytes) -> List[Frame]:
     return frames
 
 
-def errors_of(frames: List[Frame]) -> List[bytes]:
+def errors_of(frames: list[Frame]) -> list[bytes]:
     return [p for t, p in frames if t == FRAME_ERROR]
 
 
@@ -109,7 +110,7 @@ class SansIOConn:
         self.session = V2Session(self.broker, self.client, features=features, authorizer=authorizer)
         self.auth_result = auth_result
         self.open = True
-        self.results: List[Any] = []
+        self.results: list[Any] = []
 
     def feed(self, data: bytes) -> bool:
         """One read; what the glue does besides settling (answer a suspended AUTH at once)."""
@@ -138,7 +139,7 @@ class SansIOConn:
         self.out.clear()
         return data
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         st = broker_stats(self.broker, self.now, include_clients=True, include_mem=False)
         st.pop("start_time", None)
         return st
@@ -152,16 +153,16 @@ class LogWatch:
     protocols and Deferreds end up there)."""
 
     def __init__(self) -> None:
-        self.bad: List[Dict[str, Any]] = []
+        self.bad: list[dict[str, Any]] = []
         self.count = 0
 
-    def __call__(self, event: Dict[str, Any]) -> None:
+    def __call__(self, event: dict[str, Any]) -> None:
         self.count += 1
         if event.get("log_failure") is not None or event.get("log_level") == LogLevel.critical \
                 or event.get("isError"):
             self.bad.append(event)
 
-    def __enter__(self) -> "LogWatch":
+    def __enter__(self) -> LogWatch:
         globalLogPublisher.addObserver(self)
         return self
 
@@ -169,7 +170,7 @@ class LogWatch:
         gc.collect()  # unhandled errors in Deferreds are logged when collected
         globalLogPublisher.removeObserver(self)
 
-    def describe(self) -> List[str]:
+    def describe(self) -> list[str]:
         from twisted.logger import formatEvent
         out = []
         for e in self.bad:
@@ -279,15 +280,15 @@ _LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 class NsqdProcess:
     """``python -m nsqtw.cli`` (nsqd) on loopback ports chosen by the OS, stderr to a file."""
 
-    def __init__(self, *flags: str, data_path: Optional[str] = None) -> None:
+    def __init__(self, *flags: str, data_path: str | None = None) -> None:
         self.tmp = tempfile.mkdtemp(prefix="nsqtw-hardening-")
         self.data_path = data_path or self.tmp
         self.log_path = os.path.join(self.tmp, "nsqd.log")
         self.flags = list(flags)
-        self.proc: Optional[subprocess.Popen] = None
-        self.addresses: Dict[str, Tuple[str, int]] = {}
+        self.proc: subprocess.Popen | None = None
+        self.addresses: dict[str, tuple[str, int]] = {}
 
-    def start(self, timeout: float = 20.0) -> "NsqdProcess":
+    def start(self, timeout: float = 20.0) -> NsqdProcess:
         """Start and wait (blocking: call from a thread or a script) for the listening lines."""
         args = [sys.executable, "-m", "nsqtw.cli", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                 f"--data-path={self.data_path}"] + self.flags
@@ -297,7 +298,7 @@ class NsqdProcess:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log, cwd=self.tmp, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with open(self.log_path, "r", errors="replace") as f:
+            with open(self.log_path, errors="replace") as f:
                 text = f.read()
             for kind, addr in _LISTEN.findall(text):
                 host, _, port = addr.rpartition(":")
@@ -323,7 +324,7 @@ class NsqdProcess:
         return self.addresses["HTTP"][1]
 
     def log_text(self) -> str:
-        with open(self.log_path, "r", errors="replace") as f:
+        with open(self.log_path, errors="replace") as f:
             return f.read()
 
     def stop(self) -> int:

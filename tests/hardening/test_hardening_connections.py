@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 BENCH = os.path.join(REPO, "bench", "bench_connections.py")
 
 
-def run_bench(connections: int, idle: float, *extra: str) -> Dict[str, Any]:
+def run_bench(connections: int, idle: float, *extra: str) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out = subprocess.run([sys.executable, BENCH, f"--connections={connections}", "--heartbeat-ms=1000",
@@ -36,7 +36,7 @@ def run_bench(connections: int, idle: float, *extra: str) -> Dict[str, Any]:
 
 
 
-def check_held(fig: Dict[str, Any], n: int) -> None:
+def check_held(fig: dict[str, Any], n: int) -> None:
     assert fig["subscribed"] == n and fig["closed_by_broker"] == 0 and fig["errors"] == []
     assert fig["heartbeats_per_connection_per_second"] >= 0.8  # 1 s heartbeats, each answered with NOP
     assert fig["all_delivered"] and fig["bodies_ok"] and fig["max_messages_on_one_connection"] == 1

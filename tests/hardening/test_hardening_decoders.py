@@ -23,7 +23,7 @@ import shutil
 import struct
 import tempfile
 import zlib
-from typing import Any, Dict, List, Tuple
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -77,7 +77,7 @@ NUMBERS = st.one_of(st.integers(-3, 70).map(lambda n: str(n).encode()),
 BODIES = st.binary(max_size=80)
 
 
-_SETUP_IDS: List[bytes] = []
+_SETUP_IDS: list[bytes] = []
 
 MESSAGE_IDS = st.one_of(
     st.integers(0, 5).map(lambda i: ("pool", i)),
@@ -86,7 +86,7 @@ MESSAGE_IDS = st.one_of(
 )
 
 
-def _sized(name: bytes, params: List[bytes], body: bytes, mutation: str) -> bytes:
+def _sized(name: bytes, params: list[bytes], body: bytes, mutation: str) -> bytes:
     """A body command whose size field is right or mutated (the bytes after it then misparse)."""
     n = len(body)
     size = {"ok": n, "neg": -1 - n, "zero": 0, "big": 70, "bigger": 600, "huge": 2 ** 31 - 1,
@@ -155,7 +155,7 @@ def auth_item(draw) -> Any:
     return _sized(b"AUTH", params, draw(st.binary(min_size=0, max_size=20)), draw(SIZE_MUTATIONS))
 
 
-def _id_bytes(spec: Tuple[str, Any]) -> bytes:
+def _id_bytes(spec: tuple[str, Any]) -> bytes:
     kind, v = spec
     if kind == "pool":
         return _SETUP_IDS[v] if v < len(_SETUP_IDS) else b"%016x" % v
@@ -234,7 +234,7 @@ def _init_ids() -> None:
 _init_ids()
 
 
-def _run(setup: str, auth: str, pieces: List[bytes]) -> Dict[str, Any]:
+def _run(setup: str, auth: str, pieces: list[bytes]) -> dict[str, Any]:
     conn = _setup(setup, auth)
     for piece in pieces:
         if not conn.feed(piece):
@@ -249,7 +249,7 @@ def _run(setup: str, auth: str, pieces: List[bytes]) -> Dict[str, Any]:
             "buffered": len(conn.session._buf) + sum(map(len, conn.session._chunks))}
 
 
-def _cut(stream: bytes, cuts: List[int]) -> List[bytes]:
+def _cut(stream: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted(set(c for c in cuts if 0 < c < len(stream)))
     out, last = [], 0
     for p in points + [len(stream)]:
@@ -321,7 +321,7 @@ def v2_case(draw) -> Any:
     auth = draw(st.sampled_from(["off", "off", "off", "allow", "fail"]))
     if auth == "fail" and setup == "subscribed":
         setup = "magic"  # nothing can SUB when the auth server fails
-    items: List[bytes] = []
+    items: list[bytes] = []
     subscribed = setup == "subscribed"
     if not subscribed:
         if draw(st.booleans()):
@@ -413,7 +413,7 @@ def _big_options():
     return small_options(max_msg_size=128 * 1024, max_body_size=600 * 1024, mem_queue_size=100)
 
 
-def _run_big(pieces: List[bytes]) -> Dict[str, Any]:
+def _run_big(pieces: list[bytes]) -> dict[str, Any]:
     conn = SansIOConn(_big_options())
     for piece in pieces:
         if not conn.feed(piece):
@@ -484,7 +484,7 @@ def check_frame_decoder(frames: Any, cuts: Any, garbage: bytes) -> None:
     either more frames, a partial frame, or FrameTooBig -- nothing else."""
     data = b"".join(encode_frame(t, p) for t, p in frames)
     dec = FrameDecoder()
-    got: List[Tuple[int, bytes]] = []
+    got: list[tuple[int, bytes]] = []
     for piece in _cut(data, cuts):
         got.extend(dec.feed(piece))
     assert got == list(frames) and dec.pending() == 0
@@ -497,7 +497,7 @@ def check_frame_decoder(frames: Any, cuts: Any, garbage: bytes) -> None:
         except FrameTooBig as e:
             whole_err = e
         dec2 = FrameDecoder(max_size)
-        pieces_out: List[Tuple[int, bytes]] = []
+        pieces_out: list[tuple[int, bytes]] = []
         err = None
         for piece in _cut(garbage, cuts):
             try:
@@ -525,7 +525,7 @@ JSON_VALUES = st.recursive(JSON_LEAVES, lambda kids: st.lists(kids, max_size=3)
                            | st.dictionaries(st.text(max_size=5), kids, max_size=3), max_leaves=8)
 
 
-def check_parse_identify(raw: bytes, obj: Any, fields: Dict[str, Any]) -> None:
+def check_parse_identify(raw: bytes, obj: Any, fields: dict[str, Any]) -> None:
     """parse_identify: any bytes and any JSON give an IdentifyRequest or IdentifyDecodeError only;
     every well-typed field is taken over."""
     for body in (raw, json.dumps(obj).encode(), json.dumps(fields).encode()):
@@ -593,14 +593,14 @@ def v1_item(draw) -> Any:
     return b"IDENTIFY\n" + i32(draw(st.integers(0, 30))) + draw(st.binary(max_size=30))
 
 
-def _v1_sizes(out: bytes) -> List[bytes]:
+def _v1_sizes(out: bytes) -> list[bytes]:
     dec = ResponseDecoder(1 << 20)
     frames = dec.feed(out)
     assert dec._buf == b"", out
     return frames
 
 
-def _run_v1(pieces: List[bytes]) -> Any:
+def _run_v1(pieces: list[bytes]) -> Any:
     db = RegistrationDB()
     s = LookupSession(db, "127.0.0.1:5000", _Server())
     out = b""
@@ -615,7 +615,7 @@ def _run_v1(pieces: List[bytes]) -> Any:
     return _v1_sizes(out), keep, regs
 
 
-def check_lookupd_v1(items: List[bytes], magic: bytes, cuts: List[int]) -> None:
+def check_lookupd_v1(items: list[bytes], magic: bytes, cuts: list[int]) -> None:
     """LookupSession.feed: any stream, any cuts -> size-prefixed answers, the same ones and the same
     registrations as in one read; an error answer is always the last."""
     stream = magic + b"".join(items)
@@ -662,7 +662,7 @@ def test_lookupd_identify_deeply_nested_json_is_bad_body():
 # ==========================================================================================
 
 
-def check_codecs_round_trip(chunks: List[bytes], cuts: List[int], level: int) -> None:
+def check_codecs_round_trip(chunks: list[bytes], cuts: list[int], level: int) -> None:
     """Deflate and snappy: what one side encodes, the other decodes, whatever the read cuts."""
     for make in (lambda: DeflateCodec(level), SnappyCodec):
         enc, dec = make(), make()
@@ -676,7 +676,7 @@ test_codecs_round_trip, test_codecs_round_trip_slow = fast_and_slow(
     cuts=st.lists(st.integers(0, 20000), max_size=10), level=st.integers(1, 9))(check_codecs_round_trip)
 
 
-def check_codecs_garbage(prefix_chunks: List[bytes], garbage: bytes, cuts: List[int], flip: int) -> None:
+def check_codecs_garbage(prefix_chunks: list[bytes], garbage: bytes, cuts: list[int], flip: int) -> None:
     """Garbage (or a valid stream with a flipped bit) decodes to bytes or raises CodecError only."""
     for make in (DeflateCodec, SnappyCodec):
         enc = make()
@@ -721,7 +721,7 @@ def test_snappy_refuses_oversized_chunk_at_once():
 QUERY_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 
-def check_parse_query(raw: str, params: Dict[str, List[str]]) -> None:
+def check_parse_query(raw: str, params: dict[str, list[str]]) -> None:
     """parse_query: any string is a dict of lists or ValueError; urlencoded dicts round-trip."""
     from urllib.parse import quote
     try:
@@ -732,7 +732,7 @@ def check_parse_query(raw: str, params: Dict[str, List[str]]) -> None:
         pass
     pairs = [(k, v) for k, vs in params.items() for v in vs]
     encoded = "&".join(quote(k, safe="") + "=" + quote(v, safe="") for k, v in pairs)
-    want: Dict[str, List[str]] = {}
+    want: dict[str, list[str]] = {}
     for k, v in pairs:
         want.setdefault(k, []).append(v)
     assert parse_query(encoded) == want
@@ -819,7 +819,7 @@ def check_disk_reader(case: Any) -> None:
                 with open(target, "wb") as f:
                     f.write(data)
         q = open_q()
-        out: List[bytes] = []
+        out: list[bytes] = []
         for _ in range(200):
             assert q.depth() >= 0
             runs = q.read(7)
@@ -878,7 +878,7 @@ test_disk_reader_corruption, test_disk_reader_corruption_slow = fast_and_slow(
 # ==========================================================================================
 
 
-def check_client_core(answers: List[Tuple[int, bytes]], garbage: bytes, cuts: List[int], ready: bool) -> None:
+def check_client_core(answers: list[tuple[int, bytes]], garbage: bytes, cuts: list[int], ready: bool) -> None:
     """ClientCore.receive: whatever nsqd sends, in any cuts, gives events (frames, or one EV_FAILED
     that ends the connection) and never raises; typed errors come from any error body."""
     core = ClientCore(Config())

@@ -26,7 +26,7 @@ import struct
 import time
 import zlib
 from collections import Counter
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -87,7 +87,7 @@ WRONG_STATE = [cmd("RDY", 1), cmd("FIN", "0" * 16), cmd("SUB", "fuzz-0", "c"), c
 SIZES = [2 ** 31 - 1, -1, -2 ** 31, 0, MAX_MSG + 1, MAX_BODY + 1, 1 << 24]
 
 
-def mutate(rng: random.Random, data: bytes) -> Tuple[bytes, List[str]]:
+def mutate(rng: random.Random, data: bytes) -> tuple[bytes, list[str]]:
     """1-3 random mutations of ``data`` (the magic is left alone half the time)."""
     names = []
     b = bytearray(data)
@@ -139,7 +139,7 @@ def _deflate(data: bytes) -> bytes:
     return c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
 
 
-def targeted_cases() -> List[Tuple[str, bytes, bytes, bytes]]:
+def targeted_cases() -> list[tuple[str, bytes, bytes, bytes]]:
     """(name, prefix state bytes, fault bytes, expected error prefix or SILENT); prefix may be random-extended."""
     sub = cmd("SUB", "fuzz-t", "c")
     return [
@@ -203,7 +203,7 @@ def targeted_cases() -> List[Tuple[str, bytes, bytes, bytes]]:
 # --- the run ---------------------------------------------------------------------------------------
 
 
-def split(rng: random.Random, data: bytes) -> List[bytes]:
+def split(rng: random.Random, data: bytes) -> list[bytes]:
     if len(data) < 2 or rng.random() < 0.3:
         return [data]
     cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(1, 6))))
@@ -219,7 +219,7 @@ async def send_pieces(client: Any, rng: random.Random, data: bytes) -> None:
         await task.deferLater(reactor, 0, lambda: None)  # let the reactor read it as a separate chunk
 
 
-def frames_until_upgrade(data: bytes) -> List[Tuple[int, bytes]]:
+def frames_until_upgrade(data: bytes) -> list[tuple[int, bytes]]:
     """The well-formed frames a connection got, up to a compression upgrade (after it, bytes are compressed)."""
     pos = 0
     while len(data) - pos >= 8:
@@ -235,7 +235,7 @@ def frames_until_upgrade(data: bytes) -> List[Tuple[int, bytes]]:
     return wellformed(data)  # everything must decode, with nothing left over
 
 
-async def dial(port: int, fig: "Figures") -> Any:
+async def dial(port: int, fig: Figures) -> Any:
     from twisted.internet import reactor
     start = reactor.seconds()
     client = await connect_bytes(port)
@@ -245,7 +245,7 @@ async def dial(port: int, fig: "Figures") -> Any:
 
 class Figures:
     def __init__(self) -> None:
-        self.dials: List[float] = []
+        self.dials: list[float] = []
         self.cases = Counter()
         self.errors = Counter()
         self.bytes_sent = 0
@@ -330,16 +330,16 @@ async def run_mutated(port: int, rng: random.Random, fig: Figures, slot: int) ->
         await client.close()
 
 
-async def fuzz(seconds: float, connections: int, seed: int, side_rate: float) -> Dict[str, Any]:
+async def fuzz(seconds: float, connections: int, seed: int, side_rate: float) -> dict[str, Any]:
     from twisted.internet import reactor
 
     fig = Figures()
     with LogWatch() as watch:
         nsqd = await start_nsqd(max_msg_size=MAX_MSG, max_body_size=MAX_BODY, mem_queue_size=2000)
         port = nsqd.tcp_port
-        published: Dict[bytes, float] = {}
-        received: List[bytes] = []
-        latencies: List[float] = []
+        published: dict[bytes, float] = {}
+        received: list[bytes] = []
+        latencies: list[float] = []
         all_in = defer.Deferred()
         n_side = 1 << 30  # the final count is known once the side publisher is done
 
@@ -421,7 +421,7 @@ async def fuzz(seconds: float, connections: int, seed: int, side_rate: float) ->
     return figures
 
 
-def _ch_stats(nsqd: Any) -> Dict[str, Any]:
+def _ch_stats(nsqd: Any) -> dict[str, Any]:
     st = broker_stats(nsqd.broker, nsqd.service.now(), topic="side", channel="c", include_clients=True)
     return st["topics"][0]["channels"][0]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, List, Tuple
+from typing import Any
 
 import pytest
 from twisted.internet import task
@@ -41,7 +41,7 @@ class Node:
         self.factory = NsqdFactory(self.broker, self.clock)
         self.port = 51000
 
-    def connect(self, magic: bool = True) -> "Conn":
+    def connect(self, magic: bool = True) -> Conn:
         self.port += 1
         return Conn(self, self.port, magic)
 
@@ -59,7 +59,7 @@ class Conn:
     def send(self, data: bytes) -> None:
         self.proto.dataReceived(data)
 
-    def frames(self) -> List[Tuple[int, bytes]]:
+    def frames(self) -> list[tuple[int, bytes]]:
         data = self.tr.value()
         self.tr.clear()
         return self.dec.feed(data)

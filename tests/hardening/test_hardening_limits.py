@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -139,10 +139,10 @@ async def test_magic_timeout_end_to_end():
 # --- HTTP bodies -----------------------------------------------------------------------------------
 
 
-def _record_requests(nsqd: Any) -> List[Any]:
+def _record_requests(nsqd: Any) -> list[Any]:
     """Wrap the HTTP site's request factory to keep every request (to look at what it buffered)."""
     site = nsqd.service.http_listener.factory.build()  # the HTTP site is built lazily (LazyFactory)
-    seen: List[Any] = []
+    seen: list[Any] = []
     base = site.requestFactory
 
     def factory(*a: Any, **kw: Any) -> Any:
@@ -165,7 +165,7 @@ def _buffered(req: Any) -> int:
     return size
 
 
-async def _http_exchange(port: int, head: bytes, chunks: List[bytes], seen: List[Any], watch: List[int]) -> bytes:
+async def _http_exchange(port: int, head: bytes, chunks: list[bytes], seen: list[Any], watch: list[int]) -> bytes:
     client = await connect_bytes(port)
     from twisted.internet import reactor
     client.send(head)
@@ -201,7 +201,7 @@ async def test_http_oversized_body_is_discarded_as_it_arrives(path, limit, text,
         else:
             head = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (path.encode(), n * len(piece))
             chunks = [piece] * n
-        watch: List[int] = []
+        watch: list[int] = []
         answer = await _http_exchange(nsqd.http_port, head, chunks, seen, watch)
         assert answer.startswith(b"HTTP/1.1 413 ")
         assert answer.endswith(b'{"message":"%s"}' % text)
@@ -224,7 +224,7 @@ async def test_http_content_length_over_limit_answered_before_the_body():
         await nsqd.stop()
 
 
-def _send_body(s: socket.socket, head: bytes, pieces: Any) -> Tuple[bytes, int]:
+def _send_body(s: socket.socket, head: bytes, pieces: Any) -> tuple[bytes, int]:
     """Send ``head`` then the body pieces until the server answers or closes; (answer, body bytes sent)."""
     s.sendall(head)
     sent = 0
@@ -250,9 +250,9 @@ def _send_body(s: socket.socket, head: bytes, pieces: Any) -> Tuple[bytes, int]:
     return answer, sent
 
 
-def _http_flood_rss(proc: NsqdProcess, megabytes: int) -> Dict[str, Any]:
+def _http_flood_rss(proc: NsqdProcess, megabytes: int) -> dict[str, Any]:
     """Offer ``megabytes`` over the limit, Content-Length and chunked; RSS before and after (blocking)."""
-    out: Dict[str, Any] = {"rss_before_kib": rss_kib(proc.pid)}
+    out: dict[str, Any] = {"rss_before_kib": rss_kib(proc.pid)}
     piece = b"x" * (1 << 20)
     for mode in ("length", "chunked"):
         s = socket.create_connection(("127.0.0.1", proc.http_port))
@@ -317,7 +317,7 @@ async def test_http_content_length_with_5000_digits_is_a_clean_400():
 # --- clients that stop reading -----------------------------------------------------------------------
 
 
-def _flood_without_reading(proc: NsqdProcess, seconds: float) -> Dict[str, Any]:
+def _flood_without_reading(proc: NsqdProcess, seconds: float) -> dict[str, Any]:
     """A publisher that never reads its OKs, and another client timing PUB round trips (blocking)."""
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -330,8 +330,8 @@ def _flood_without_reading(proc: NsqdProcess, seconds: float) -> Dict[str, Any]:
     other.sendall(MAGIC_V2)
     t0 = time.monotonic()
     sent = 0
-    samples: List[List[float]] = []
-    round_trips: List[float] = []
+    samples: list[list[float]] = []
+    round_trips: list[float] = []
     next_sample = t0
     next_probe = t0 + 0.1
     pending = b""
@@ -469,9 +469,9 @@ class ThreadProbe:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.rtts: List[float] = []
+        self.rtts: list[float] = []
         self.stop = threading.Event()
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -495,7 +495,7 @@ class ThreadProbe:
         except BaseException as e:  # reported by finish()
             self.error = e
 
-    def finish(self) -> List[float]:
+    def finish(self) -> list[float]:
         self.stop.set()
         self.thread.join(60)
         if self.error is not None:

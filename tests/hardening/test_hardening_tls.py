@@ -22,7 +22,7 @@ import ssl
 import struct
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -39,19 +39,19 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def certs(tmp_path) -> Dict[str, str]:
+def certs(tmp_path) -> dict[str, str]:
     os.mkdir(tmp_path / "ca1")
     return make_certificates(str(tmp_path / "ca1"))
 
 
 @pytest.fixture
-def other_ca(tmp_path) -> Dict[str, str]:
+def other_ca(tmp_path) -> dict[str, str]:
     """A second, unrelated CA with its own client certificate."""
     os.mkdir(tmp_path / "ca2")
     return make_certificates(str(tmp_path / "ca2"), client_cn="stranger")
 
 
-def _read_frame(sock: Any) -> Tuple[int, bytes]:
+def _read_frame(sock: Any) -> tuple[int, bytes]:
     head = b""
     while len(head) < 8:
         chunk = sock.recv(8 - len(head))
@@ -68,8 +68,8 @@ def _read_frame(sock: Any) -> Tuple[int, bytes]:
     return ftype, data
 
 
-def tls_upgrade(port: int, ca: str, cert: Optional[str] = None, key: Optional[str] = None,
-                max_version: Optional[ssl.TLSVersion] = None) -> str:
+def tls_upgrade(port: int, ca: str, cert: str | None = None, key: str | None = None,
+                max_version: ssl.TLSVersion | None = None) -> str:
     """IDENTIFY tls_v1, then the TLS handshake and a PUB over TLS: "ok", or "refused: <why>" (blocking)."""
     raw = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
@@ -96,8 +96,8 @@ def tls_upgrade(port: int, ca: str, cert: Optional[str] = None, key: Optional[st
         raw.close()
 
 
-def https_get(port: int, ca: str, cert: Optional[str] = None, key: Optional[str] = None,
-              max_version: Optional[ssl.TLSVersion] = None) -> str:
+def https_get(port: int, ca: str, cert: str | None = None, key: str | None = None,
+              max_version: ssl.TLSVersion | None = None) -> str:
     ctx = ssl.create_default_context(cafile=ca)
     if max_version is not None:
         ctx.maximum_version = max_version
@@ -110,7 +110,7 @@ def https_get(port: int, ca: str, cert: Optional[str] = None, key: Optional[str]
         return f"refused: {type(e).__name__}: {e}"
 
 
-async def _broker(certs: Dict[str, str], **opts: Any) -> Any:
+async def _broker(certs: dict[str, str], **opts: Any) -> Any:
     return await start_nsqd(tls_cert=certs["server"], tls_key=certs["server_key"], https_address="127.0.0.1:0",
                             **opts)
 
@@ -202,7 +202,7 @@ async def test_min_version_tls13_refuses_tls12_client(certs):
     assert not watch.bad, watch.describe()
 
 
-def _garbage_after_tls_answer(port: int, garbage: bytes) -> Tuple[bool, bytes]:
+def _garbage_after_tls_answer(port: int, garbage: bytes) -> tuple[bool, bytes]:
     raw = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
         ident = json.dumps({"feature_negotiation": True, "tls_v1": True}).encode()
@@ -216,7 +216,7 @@ def _garbage_after_tls_answer(port: int, garbage: bytes) -> Tuple[bool, bytes]:
                 if not chunk:
                     return True, got
                 got += chunk
-        except socket.timeout:
+        except TimeoutError:
             return False, got
         except ConnectionError:
             return True, got
@@ -258,7 +258,7 @@ async def test_plain_http_and_noise_on_https_listener(certs):
                         if not chunk:
                             break
                         got += chunk
-                except (ConnectionError, socket.timeout):
+                except (TimeoutError, ConnectionError):
                     pass
                 s.close()
                 return got

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
@@ -19,16 +19,16 @@ FIXTURE_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "go-
 class HTTPExchange:
     """One HTTP response: status, reason, headers (name lower-cased -> list of values), body."""
 
-    def __init__(self, status: int, reason: str, headers: List[Tuple[str, str]], body: bytes) -> None:
+    def __init__(self, status: int, reason: str, headers: list[tuple[str, str]], body: bytes) -> None:
         self.status = status
         self.reason = reason
         self.header_list = headers
-        self.headers: Dict[str, List[str]] = {}
+        self.headers: dict[str, list[str]] = {}
         for k, v in headers:
             self.headers.setdefault(k.lower(), []).append(v)
         self.body = body
 
-    def header(self, name: str) -> Optional[str]:
+    def header(self, name: str) -> str | None:
         values = self.headers.get(name.lower())
         return values[0] if values else None
 
@@ -42,10 +42,10 @@ class HTTPExchange:
 class _Ordered(list):
     """JSON object kept as an ordered list of pairs, so key order can be compared."""
 
-    def __init__(self, pairs: List[Tuple[str, Any]]) -> None:
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
         super().__init__(pairs)
 
-    def keys(self) -> List[str]:
+    def keys(self) -> list[str]:
         return [k for k, _ in self]
 
     def get(self, key: str) -> Any:
@@ -98,8 +98,8 @@ class _Collect(protocol.Protocol):
         self.done.callback(self.data)
 
 
-async def raw_http(port: int, method: str, path: str, body: Optional[bytes] = None,
-                   headers: Optional[Dict[str, str]] = None, timeout: float = 10.0) -> HTTPExchange:
+async def raw_http(port: int, method: str, path: str, body: bytes | None = None,
+                   headers: dict[str, str] | None = None, timeout: float = 10.0) -> HTTPExchange:
     """One request on its own connection (Connection: close); the answer exactly as the server framed it."""
     lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
     if body is not None:
@@ -115,13 +115,13 @@ async def raw_http(port: int, method: str, path: str, body: Optional[bytes] = No
     return parse_response(await d)
 
 
-def shape_diff(ours: Any, go: Any, path: str = "$") -> List[str]:
+def shape_diff(ours: Any, go: Any, path: str = "$") -> list[str]:
     """Differences in key order and JSON types between two parsed documents (values ignored).
 
     Lists are compared element by element against the Go document's first element; ``null`` in the Go
     document only matches ``null``.
     """
-    problems: List[str] = []
+    problems: list[str] = []
     if isinstance(go, _Ordered):
         if not isinstance(ours, _Ordered):
             return [f"{path}: expected object, got {type(ours).__name__}"]

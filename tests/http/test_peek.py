@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -14,10 +14,10 @@ import treq
 
 from nsqtw.embed import start_nsqd
 from nsqtw.testing import connect_raw
-from nsqtw.testing.raw import body_command, command, identify_command, mpub_command
+from nsqtw.testing.raw import command, identify_command, mpub_command
 
 
-async def _get(nsqd: Any, path: str) -> Tuple[int, Any]:
+async def _get(nsqd: Any, path: str) -> tuple[int, Any]:
     resp = await treq.get(f"http://127.0.0.1:{nsqd.http_port}{path}")
     text = await resp.text()
     return resp.code, json.loads(text) if text else None
@@ -29,14 +29,14 @@ async def _post(nsqd: Any, path: str) -> int:
     return resp.code
 
 
-async def _publish(nsqd: Any, topic: str, bodies: List[bytes]) -> None:
+async def _publish(nsqd: Any, topic: str, bodies: list[bytes]) -> None:
     pub = await connect_raw(nsqd.tcp_port)
     pub.send(mpub_command(topic, bodies))
     assert await pub.response() == b"OK"
     await pub.close()
 
 
-def _bodies(answer: Dict[str, Any]) -> List[bytes]:
+def _bodies(answer: dict[str, Any]) -> list[bytes]:
     return [base64.b64decode(m["body"]) for m in answer["messages"]]
 
 
@@ -143,7 +143,7 @@ async def test_disk_backlog_is_peeked_in_delivery_order_while_a_consumer_reads()
         await nsqd.stop()
 
 
-async def _run_consumer_scenario(peek: bool) -> Tuple[List[Tuple[bytes, int]], Dict[str, Any]]:
+async def _run_consumer_scenario(peek: bool) -> tuple[list[tuple[bytes, int]], dict[str, Any]]:
     """Publish to memory and disk, consume with a REQ and a deferral, FIN the rest; with
     ``peek``, peek every state between every step.  Returns deliveries and the counters."""
     nsqd = await start_nsqd(peek_enabled=True, mem_queue_size=5)
@@ -155,7 +155,7 @@ async def _run_consumer_scenario(peek: bool) -> Tuple[List[Tuple[bytes, int]], D
         sub.send(command("SUB", "t", "c"))
         assert await sub.response() == b"OK"
         sub.send(command("RDY", 1))
-        seen: List[Tuple[bytes, int]] = []
+        seen: list[tuple[bytes, int]] = []
         for step in range(22):
             if peek:
                 for path in ("/channel/peek?topic=t&channel=c&n=1000", "/channel/peek?topic=t&channel=c&state=queued",

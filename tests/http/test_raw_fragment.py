@@ -6,7 +6,7 @@ HTTP libraries never send a raw ``#``, so these requests go over a plain socket.
 from __future__ import annotations
 
 import json
-from typing import Any, Tuple
+from typing import Any
 
 import pytest_twisted
 from twisted.internet import defer, protocol, reactor
@@ -29,7 +29,7 @@ class _Raw(protocol.Protocol):
         self.done.callback(self.data)
 
 
-async def raw_http(port: int, method: str, target: str) -> Tuple[int, Any]:
+async def raw_http(port: int, method: str, target: str) -> tuple[int, Any]:
     req = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     proto = _Raw(req.encode("latin-1"))
     await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), proto)

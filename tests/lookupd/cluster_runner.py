@@ -13,10 +13,10 @@ http=<port>`` once both listeners are bound.  SIGTERM stops it cleanly.
 from __future__ import annotations
 
 import sys
-from typing import Any, List
+from typing import Any
 
 
-def main(argv: List[str]) -> None:
+def main(argv: list[str]) -> None:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 

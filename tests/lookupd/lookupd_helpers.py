@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any
 
 import attr
 import treq
@@ -22,8 +22,8 @@ TIMEOUT = 10.0
 class FakeServer:
     """What an IDENTIFY answer reports, for sessions built without a service."""
 
-    tcp_port: Optional[int] = 4160
-    http_port: Optional[int] = 4161
+    tcp_port: int | None = 4160
+    http_port: int | None = 4161
     broadcast_address: str = "lookupd.example"
     hostname: str = "lookupd-host"
 
@@ -35,7 +35,7 @@ def within(d: defer.Deferred, seconds: float = TIMEOUT) -> defer.Deferred:
     return d.addTimeout(seconds, reactor)
 
 
-async def get(address: str, path: str, method: str = "GET", data: Optional[bytes] = None) -> Tuple[int, Any, Any]:
+async def get(address: str, path: str, method: str = "GET", data: bytes | None = None) -> tuple[int, Any, Any]:
     """(status, parsed JSON or text, headers) of one request to ``http://address/path``."""
     response = await within(treq.request(method, f"http://{address}{path}", data=data, persistent=False))
     body = await within(response.content())
@@ -45,7 +45,7 @@ async def get(address: str, path: str, method: str = "GET", data: Optional[bytes
     return response.code, body.decode(), response.headers
 
 
-async def post(address: str, path: str) -> Tuple[int, Any, Any]:
+async def post(address: str, path: str) -> tuple[int, Any, Any]:
     return await get(address, path, method="POST")
 
 
@@ -62,8 +62,8 @@ class RawV1Client(Protocol):
     def __init__(self, send_magic: bool = True) -> None:
         self.send_magic = send_magic
         self._decoder = ResponseDecoder(1 << 24)
-        self._answers: Deque[bytes] = deque()
-        self._waiters: Deque[defer.Deferred] = deque()
+        self._answers: deque[bytes] = deque()
+        self._waiters: deque[defer.Deferred] = deque()
         self.closed: defer.Deferred = defer.Deferred()
 
     def connectionMade(self) -> None:
@@ -112,7 +112,7 @@ async def connect_v1(port: int, send_magic: bool = True) -> RawV1Client:
     return client
 
 
-async def identified_v1(port: int, **fields: Any) -> Tuple[RawV1Client, Dict[str, Any]]:
+async def identified_v1(port: int, **fields: Any) -> tuple[RawV1Client, dict[str, Any]]:
     """A V1 connection that has IDENTIFYed as an nsqd (fields override the defaults)."""
     body = {"broadcast_address": "127.0.0.1", "tcp_port": 4150, "http_port": 4151, "version": "1.3.0",
             "hostname": "nsqd-host"}

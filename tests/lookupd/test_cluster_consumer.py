@@ -9,7 +9,8 @@ consumer connections for the topic.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Set
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import pytest_twisted
@@ -39,11 +40,11 @@ async def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str 
         await task.deferLater(reactor, 0.05, lambda: None)
 
 
-async def _lookup_is(lookupd: Any, ports: Set[int]) -> bool:
+async def _lookup_is(lookupd: Any, ports: set[int]) -> bool:
     return await _lookup_ports(lookupd) == ports
 
 
-async def _lookup_ports(lookupd: Any) -> Set[int]:
+async def _lookup_ports(lookupd: Any) -> set[int]:
     r = await treq.get(f"http://{lookupd.http_address}/lookup?topic={TOPIC}")
     if r.code != 200:
         await r.content()

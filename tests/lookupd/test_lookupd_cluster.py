@@ -15,7 +15,8 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Pattern, Tuple
+from typing import Any
+from re import Pattern
 
 import pytest
 import pytest_twisted
@@ -40,9 +41,9 @@ class Daemon(ProcessProtocol):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.lines: List[str] = []
+        self.lines: list[str] = []
         self._partial = ""
-        self._waiters: List[Tuple[Pattern[str], int, List[re.Match], defer.Deferred]] = []
+        self._waiters: list[tuple[Pattern[str], int, list[re.Match], defer.Deferred]] = []
         self.ended: defer.Deferred = defer.Deferred()
 
     def outReceived(self, data: bytes) -> None:
@@ -96,7 +97,7 @@ class Daemon(ProcessProtocol):
             await within(self.ended, 5.0)
 
 
-def _environment(plugin_dir: Path) -> Dict[str, str]:
+def _environment(plugin_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), str(plugin_dir)])
     env["PYTHONUNBUFFERED"] = "1"
@@ -118,9 +119,9 @@ class Cluster:
     def __init__(self, tmp_path: Path, plugin_dir: Path) -> None:
         self.tmp_path = tmp_path
         self.env = _environment(plugin_dir)
-        self.daemons: List[Daemon] = []
+        self.daemons: list[Daemon] = []
 
-    def spawn(self, name: str, argv: List[str]) -> Daemon:
+    def spawn(self, name: str, argv: list[str]) -> Daemon:
         from twisted.internet import reactor
 
         daemon = Daemon(name)
@@ -130,7 +131,7 @@ class Cluster:
         self.daemons.append(daemon)
         return daemon
 
-    async def nsqlookupd(self, name: str, tcp_port: int = 0, *flags: str) -> Tuple[Daemon, int, int]:
+    async def nsqlookupd(self, name: str, tcp_port: int = 0, *flags: str) -> tuple[Daemon, int, int]:
         """``twistd -n nsqlookupd`` on 127.0.0.1; (process, tcp port, http port)."""
         daemon = self.spawn(name, [str(BIN / "twistd"), "-n", "--pidfile=", "--logfile=-", "nsqlookupd",
                                    f"--tcp-address=127.0.0.1:{tcp_port}", "--http-address=127.0.0.1:0",
@@ -139,7 +140,7 @@ class Cluster:
         (http,) = await daemon.wait_for(_LISTEN.format(label="HTTP"))
         return daemon, int(tcp.group(1)), int(http.group(1))
 
-    async def nsqd(self, name: str, lookupd_tcp_port: int, *flags: str, data_name: str = "") -> Tuple[Daemon, int, int]:
+    async def nsqd(self, name: str, lookupd_tcp_port: int, *flags: str, data_name: str = "") -> tuple[Daemon, int, int]:
         """An nsqd process registered with the given nsqlookupd; (process, tcp port, http port)."""
         data = self.tmp_path / (data_name or name) / "data"
         data.mkdir(parents=True, exist_ok=True)
@@ -244,7 +245,7 @@ async def test_consumer_through_lookupd_survives_a_dead_node(cluster) -> None:
         return await _lookup_ports(lk, "events") == {n1_tcp, n2_tcp}
 
     await _until(both_listed, 30, "both nodes in /lookup")
-    got: List[bytes] = []
+    got: list[bytes] = []
     consumer = Consumer("events", "c", lambda m: got.append(m.body),
                         Config(max_in_flight=20, lookupd_poll_interval=0.5, lookupd_poll_jitter=0.0))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, List, Tuple
+from typing import Any
 
 import pytest
 from twisted.internet.address import IPv4Address
@@ -24,7 +24,7 @@ LOOKUPD_ANSWER = json.dumps({"broadcast_address": "lk.example", "hostname": "lk"
 class FakeNsqd:
     """The parts of NsqdService that LookupPeersService reads."""
 
-    def __init__(self, addresses: List[str], **options: Any) -> None:
+    def __init__(self, addresses: list[str], **options: Any) -> None:
         options.setdefault("broadcast_address", "nsqd.example")
         self.options = NsqdOptions(lookupd_tcp_addresses=addresses, https_address="", **options)
         self.reactor = MemoryReactorClock()
@@ -37,7 +37,7 @@ class FakeNsqd:
         self.settled += 1
 
 
-def started(addresses: Tuple[str, ...] = ("127.0.0.1:4160",), **options: Any):
+def started(addresses: tuple[str, ...] = ("127.0.0.1:4160",), **options: Any):
     nsqd = FakeNsqd(list(addresses), **options)
     clock = Clock()
     service = LookupPeersService(nsqd, clock=clock)

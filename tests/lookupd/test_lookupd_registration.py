@@ -4,7 +4,7 @@ reconnect delays and HTTP timeouts run on a ``task.Clock`` the tests advance."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -18,7 +18,7 @@ from nsqtw.service.lookup_peers import COMMAND_TIMEOUT, LookupdInfo, LookupPeers
 pytestmark = pytest.mark.e2e
 
 
-async def attach(nsqd: Any, clock: Optional[Clock] = None, **kwargs: Any) -> LookupPeersService:
+async def attach(nsqd: Any, clock: Clock | None = None, **kwargs: Any) -> LookupPeersService:
     """Give an embedded nsqd its lookupd peers (replacing any the nsqd service made itself)."""
     existing = nsqd.service.namedServices.get(LookupPeersService.name)
     if existing is not None:
@@ -32,7 +32,7 @@ async def lookup(lookupd: Any, topic: str) -> Any:
     return (await get(lookupd.http_address, f"/lookup?topic={topic}"))[1]
 
 
-async def closed_on_lookupd(lookupd: Any, protocols: List[Any]) -> None:
+async def closed_on_lookupd(lookupd: Any, protocols: list[Any]) -> None:
     for proto in protocols:
         await within(proto.closed)
 
@@ -241,8 +241,8 @@ async def test_reconnects_with_backoff_while_lookupd_is_down(lookupd) -> None:
     from nsqtw.embed import start_nsqd
     from nsqtw.embed_lookupd import start_nsqlookupd
 
-    attempts: List[int] = []
-    scheduled: List[defer.Deferred] = []
+    attempts: list[int] = []
+    scheduled: list[defer.Deferred] = []
 
     def policy(attempt: int) -> float:
         attempts.append(attempt)
@@ -292,7 +292,7 @@ async def test_unanswered_command_closes_the_connection() -> None:
 
     from nsqtw.embed import start_nsqd
 
-    received: List[bytes] = []
+    received: list[bytes] = []
     lost = defer.Deferred()
 
     class Silent(Protocol):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import List, Tuple
 
 import pytest
 from twisted.internet.address import IPv4Address
@@ -29,7 +28,7 @@ def identify(fields: dict = NSQD) -> bytes:
     return identify_command(fields)
 
 
-def answers(data: bytes) -> List[bytes]:
+def answers(data: bytes) -> list[bytes]:
     """Split size-prefixed responses."""
     out = []
     pos = 0
@@ -41,12 +40,12 @@ def answers(data: bytes) -> List[bytes]:
     return out
 
 
-def session(db: RegistrationDB = None, remote: str = "127.0.0.1:50001") -> Tuple[LookupSession, RegistrationDB]:
+def session(db: RegistrationDB = None, remote: str = "127.0.0.1:50001") -> tuple[LookupSession, RegistrationDB]:
     db = db if db is not None else RegistrationDB()
     return LookupSession(db, remote, FakeServer()), db
 
 
-def run(s: LookupSession, data: bytes, now: float = 100.0) -> Tuple[List[bytes], bool]:
+def run(s: LookupSession, data: bytes, now: float = 100.0) -> tuple[list[bytes], bool]:
     out, keep = s.feed(data, now)
     return answers(out), keep
 

@@ -15,8 +15,6 @@ from twisted.internet import defer, reactor, threads
 
 from nsqtw.client import Config, Consumer, Producer
 from nsqtw.embed import start_nsqd
-from nsqtw.protocol.compression import SnappyCodec
-from nsqtw.protocol.frames import FrameDecoder
 from nsqtw.testing import command, connect_raw, identify_command
 from nsqtw.testing.certs import make_certificates
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from nsqtw.nsqd.broker import Broker, memory_only_backends
 from nsqtw.nsqd.client import ClientState
@@ -26,7 +26,7 @@ from nsqtw.protocol.frames import (
 )
 from nsqtw.protocol.message import Message, decode_message
 
-Frame = Tuple[int, bytes]
+Frame = tuple[int, bytes]
 
 #: an arbitrary fixed wall-clock start (seconds), so timestamps are realistic
 T0 = 1_795_302_682.0
@@ -54,11 +54,11 @@ def dpub(topic: str, ms: int, body: bytes) -> bytes:
     return body_cmd("DPUB", topic, ms, body=body)
 
 
-def mpub_payload(bodies: List[bytes]) -> bytes:
+def mpub_payload(bodies: list[bytes]) -> bytes:
     return size(len(bodies)) + b"".join(size(len(b)) + b for b in bodies)
 
 
-def mpub(topic: str, bodies: List[bytes]) -> bytes:
+def mpub(topic: str, bodies: list[bytes]) -> bytes:
     return body_cmd("MPUB", topic, body=mpub_payload(bodies))
 
 
@@ -69,7 +69,7 @@ def identify(**fields: Any) -> bytes:
 class Wire:
     """One V2 connection driven without sockets."""
 
-    def __init__(self, h: "Harness", remote: str, magic: bool) -> None:
+    def __init__(self, h: Harness, remote: str, magic: bool) -> None:
         self.h = h
         self.client: ClientState = h.broker.new_client(remote, h.now)
         self.raw = bytearray()
@@ -78,7 +78,7 @@ class Wire:
         self.client.closer = self._closed_by_broker
         self.session = V2Session(h.broker, self.client, features=h.features)
         self._decoder = FrameDecoder()
-        self._frames: List[Frame] = []
+        self._frames: list[Frame] = []
         self.alive = True
         if magic:
             self.send(MAGIC_V2)
@@ -114,7 +114,7 @@ class Wire:
 
     # --- output -------------------------------------------------------------
 
-    def frames(self) -> List[Frame]:
+    def frames(self) -> list[Frame]:
         """Every frame written since the last call."""
         if self.raw:
             data = bytes(self.raw)
@@ -123,7 +123,7 @@ class Wire:
         out, self._frames = self._frames, []
         return out
 
-    def responses(self) -> List[bytes]:
+    def responses(self) -> list[bytes]:
         return [d for t, d in self.frames() if t == FRAME_RESPONSE]
 
     def one(self) -> Frame:
@@ -139,7 +139,7 @@ class Wire:
         assert ftype == FRAME_ERROR, (ftype, data)
         return data
 
-    def messages(self) -> List[Message]:
+    def messages(self) -> list[Message]:
         fs = self.frames()
         assert all(t == FRAME_MESSAGE for t, _ in fs), fs
         return [decode_message(d) for _, d in fs]
@@ -176,14 +176,14 @@ class Harness:
         self.settle()
         return rounds
 
-    def connect(self, magic: bool = True, remote: Optional[str] = None) -> Wire:
+    def connect(self, magic: bool = True, remote: str | None = None) -> Wire:
         self._port += 1
         return Wire(self, remote or f"127.0.0.1:{self._port}", magic)
 
     def producer(self) -> Wire:
         return self.connect()
 
-    def consumer(self, topic: str, channel: str, rdy: Optional[int] = None, **ident: Any) -> Wire:
+    def consumer(self, topic: str, channel: str, rdy: int | None = None, **ident: Any) -> Wire:
         w = self.connect()
         if ident:
             w.send(identify(**ident))
@@ -208,6 +208,6 @@ class Harness:
         return self.broker.find_topic(topic)
 
 
-def stats_of(h: Harness, **kw: Any) -> Dict[str, Any]:
+def stats_of(h: Harness, **kw: Any) -> dict[str, Any]:
     from nsqtw.stats.snapshot import broker_stats
     return broker_stats(h.broker, h.now, **kw)

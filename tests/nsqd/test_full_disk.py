@@ -12,15 +12,13 @@ a clean shutdown (counted and reported as lost, never silently).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, List, Optional
+from typing import Any
 
-import pytest
 
 from nsqtw.backend.runs import Run, run_frames, run_of_frames
 from nsqtw.errors import BackendError
 from nsqtw.nsqd.broker import Broker
 from nsqtw.protocol.frames import FRAME_ERROR
-from nsqtw.protocol.message import decode_message
 
 from nsqd_harness import Harness, cmd, dpub, stats_of
 
@@ -30,7 +28,7 @@ class FakeDisk:
 
     def __init__(self) -> None:
         self.full = False
-        self.room: Optional[int] = None  # messages accepted before it fills up
+        self.room: int | None = None  # messages accepted before it fills up
         self.queues: dict = {}
 
 
@@ -42,7 +40,7 @@ class FailingQueue:
 
     def __init__(self, disk: FakeDisk) -> None:
         self.disk = disk
-        self.frames: Deque[bytes] = deque()
+        self.frames: deque[bytes] = deque()
         self.put_count = 0
         self.deferred_sink = None
 
@@ -62,7 +60,7 @@ class FailingQueue:
         self.put_count += len(frames)
         return None
 
-    def read(self, n: int, max_bytes: int = 0) -> List[Run]:
+    def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         out = []
         while self.frames and len(out) < n:
             out.append(self.frames.popleft())
@@ -81,7 +79,7 @@ class FailingQueue:
         pass
 
 
-def harness(**opts: Any) -> "tuple[Harness, FakeDisk]":
+def harness(**opts: Any) -> tuple[Harness, FakeDisk]:
     opts.setdefault("mem_queue_size", 0)
     h = Harness(**opts)
     disk = FakeDisk()
@@ -95,7 +93,7 @@ def harness(**opts: Any) -> "tuple[Harness, FakeDisk]":
     return h, disk
 
 
-def bodies(msgs: list) -> List[bytes]:
+def bodies(msgs: list) -> list[bytes]:
     return sorted(m.body for m in msgs)
 
 
@@ -108,7 +106,7 @@ def held(h: Harness, topic: str = "t", channel: str = "c") -> int:
     raise AssertionError("no such channel")
 
 
-def drain(h: Harness, n: int) -> List[bytes]:
+def drain(h: Harness, n: int) -> list[bytes]:
     """Consume and FIN every message of t:c with a fresh consumer; their bodies."""
     w = h.consumer("t", "c", rdy=n + 10)
     msgs = w.messages()
@@ -119,7 +117,7 @@ def drain(h: Harness, n: int) -> List[bytes]:
     return bodies(msgs)
 
 
-def sent(n: int) -> List[bytes]:
+def sent(n: int) -> list[bytes]:
     return sorted(b"m%03d" % i for i in range(n))
 
 

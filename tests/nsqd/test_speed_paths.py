@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from typing import Any, List
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -28,7 +28,7 @@ class _Sock:
     def __init__(self, take: Any = None, error: Any = None) -> None:
         self.take = take  # how many bytes each send accepts (None: all)
         self.error = error
-        self.sent: List[bytes] = []
+        self.sent: list[bytes] = []
 
     def send(self, data: bytes) -> int:
         if self.error is not None:
@@ -49,7 +49,7 @@ class _Transport:
         self.TLS = False
         self.connected = True
         self.disconnecting = False
-        self.written: List[bytes] = []
+        self.written: list[bytes] = []
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -101,7 +101,7 @@ def test_direct_writer_is_plain_write_without_a_socket() -> None:
 
 class _Proto:
     def __init__(self) -> None:
-        self.got: List[bytes] = []
+        self.got: list[bytes] = []
 
     def dataReceived(self, data: bytes) -> None:
         self.got.append(data)
@@ -148,7 +148,7 @@ def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> N
     r = SpinningEPollReactor(spin_seconds=30.0)  # a spin that, unbounded, would hang this test
     a, b = socket.socketpair()
     try:
-        seen: List[int] = []
+        seen: list[int] = []
 
         class Reader:
             def fileno(self) -> int:
@@ -220,7 +220,7 @@ def _session(**opts: Any) -> Any:
     return broker, client, session
 
 
-def _frames(broker: Broker, topic: str) -> List[bytes]:
+def _frames(broker: Broker, topic: str) -> list[bytes]:
     from nsqtw.backend.runs import run_frames
 
     return [f for run in broker.topics[topic].mem.drain() for f in run_frames(run)]

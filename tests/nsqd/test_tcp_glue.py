@@ -3,9 +3,8 @@ the 2x heartbeat read deadline, closes, and one write per read (nsqd/protocol_v2
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any
 
-import pytest
 
 from twisted.internet import task
 from twisted.internet.address import IPv4Address
@@ -45,7 +44,7 @@ class Node:
         self.factory = NsqdFactory(self.broker, self.clock)
         self._port = 50000
 
-    def connect(self, magic: bool = True) -> "Conn":
+    def connect(self, magic: bool = True) -> Conn:
         self._port += 1
         return Conn(self, self._port, magic)
 
@@ -63,7 +62,7 @@ class Conn:
     def send(self, data: bytes) -> None:
         self.proto.dataReceived(data)
 
-    def frames(self) -> List[Tuple[int, bytes]]:
+    def frames(self) -> list[tuple[int, bytes]]:
         data = self.tr.value()
         self.tr.clear()
         return self._dec.feed(data)

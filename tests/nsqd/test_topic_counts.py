@@ -3,7 +3,7 @@ disk refused (``E_PUB_FAILED``, HTTP 503) is not counted (issue 14 item 5)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -24,7 +24,7 @@ class FullDisk:
         self.room = room
         self.stored = 0
 
-    def put(self, run: Run) -> Optional[Run]:
+    def put(self, run: Run) -> Run | None:
         n = len(run[1])
         if n > self.room:
             raise BackendError("write failed - No space left on device")

@@ -15,7 +15,6 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Set, Tuple
 
 import pytest
 
@@ -56,7 +55,7 @@ def _connect(port: int) -> socket.socket:
     return s
 
 
-def _frames(s: socket.socket, buf: bytearray) -> Optional[Tuple[int, bytes]]:
+def _frames(s: socket.socket, buf: bytearray) -> tuple[int, bytes] | None:
     while True:
         if len(buf) >= 8:
             size, ftype = _FRAME.unpack_from(buf, 0)
@@ -73,12 +72,12 @@ def _frames(s: socket.socket, buf: bytearray) -> Optional[Tuple[int, bytes]]:
         buf += chunk
 
 
-def _mpub(topic: bytes, bodies: List[bytes]) -> bytes:
+def _mpub(topic: bytes, bodies: list[bytes]) -> bytes:
     payload = _I32.pack(len(bodies)) + b"".join(_I32.pack(len(b)) + b for b in bodies)
     return b"MPUB " + topic + b"\n" + _I32.pack(len(payload)) + payload
 
 
-def publish_until_killed(broker: Broker, acked: Set[bytes], seq: List[int], kill_after: int) -> None:
+def publish_until_killed(broker: Broker, acked: set[bytes], seq: list[int], kill_after: int) -> None:
     """Publish batches of 5 until ``kill_after`` batches were OK'd, then SIGKILL mid-stream."""
     s = _connect(broker.port)
     buf = bytearray()
@@ -99,17 +98,17 @@ def publish_until_killed(broker: Broker, acked: Set[bytes], seq: List[int], kill
         s.close()
 
 
-def drain(port: int, expected: int) -> List[bytes]:
+def drain(port: int, expected: int) -> list[bytes]:
     s = _connect(port)
     s.sendall(b"SUB crash drain\nRDY 500\n")
     buf = bytearray()
     assert _frames(s, buf) == (0, b"OK")
-    got: List[bytes] = []
+    got: list[bytes] = []
     s.settimeout(5)
     while True:
         try:
             frame = _frames(s, buf)
-        except socket.timeout:
+        except TimeoutError:
             break  # nothing more arrives
         if frame is None:
             break
@@ -133,7 +132,7 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path, record_property, flags,
     """Repeated SIGKILLs mid-publish with --mem-queue-size=0: nothing acknowledged is lost."""
     rng = random.Random(20261122)
     data = str(tmp_path)
-    acked: Set[bytes] = set()
+    acked: set[bytes] = set()
     seq = [0]
     for _ in range(kills):
         broker = Broker(data, *flags)

@@ -22,7 +22,7 @@ import time
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, reactor, task
+from twisted.internet import reactor, task
 
 from nsqtw.embed import start_nsqd
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE

@@ -4,11 +4,10 @@ a data directory written by Go's nsqd 1.3.0 opens with the depths nsqd reports."
 from __future__ import annotations
 
 import shutil
-import struct
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor, task
+from twisted.internet import reactor
 
 from nsqtw.embed import start_nsqd
 from nsqtw.testing import body_command, command, connect_raw, mpub_command

@@ -15,7 +15,7 @@ import sys
 import threading
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,16 +39,16 @@ class LiveNsqd:
         self.tcp_address = f"127.0.0.1:{self.tcp_port}"
         self.http_address = f"127.0.0.1:{self.http_port}"
 
-    def http(self, method: str, path: str, body: Optional[bytes] = None) -> bytes:
+    def http(self, method: str, path: str, body: bytes | None = None) -> bytes:
         req = urllib.request.Request(f"http://{self.http_address}{path}", data=body, method=method)
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.read()
 
-    def mpub(self, topic: str, bodies: List[bytes]) -> None:
+    def mpub(self, topic: str, bodies: list[bytes]) -> None:
         from nsqtw.spark.replay import encode_mpub
         self.http("POST", f"/mpub?topic={topic}&binary=true", encode_mpub(bodies))
 
-    def stats(self, topic: str) -> Dict[str, Any]:
+    def stats(self, topic: str) -> dict[str, Any]:
         return json.loads(self.http("GET", f"/stats?format=json&topic={topic}"))
 
     def stop(self) -> None:
@@ -67,7 +67,7 @@ def _main() -> None:
     from nsqtw.embed import start_nsqd
 
     options = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    holder: Dict[str, Any] = {}
+    holder: dict[str, Any] = {}
 
     def started(handle: Any) -> None:
         holder["h"] = handle

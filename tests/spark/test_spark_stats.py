@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
-from datetime import datetime, timezone
 
 import pytest
 

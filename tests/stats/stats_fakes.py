@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import attr
 from twisted.internet import defer, task
@@ -15,7 +15,7 @@ class FakeNode:
     """What exporters ask of an NsqdService: broker, options, reactor, bound ports."""
 
     def __init__(self, clock: task.Clock, options: NsqdOptions, tcp_port: int = 4150,
-                 http_port: Optional[int] = 4151) -> None:
+                 http_port: int | None = 4151) -> None:
         self.options = options
         self.reactor = clock
         self.broker = Broker(options, clock.seconds())

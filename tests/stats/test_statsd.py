@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
-import attr
 import pytest
 import pytest_twisted
 from twisted.internet import defer, task
@@ -16,7 +15,7 @@ from nsqtw.stats.statsd import (StatsdService, mem_lines, pack_datagrams, spread
 from stats_fakes import make_node
 
 
-def _topic(name: str, msgs: int, nbytes: int, depth: int, channels: List[dict], pct=None) -> dict:
+def _topic(name: str, msgs: int, nbytes: int, depth: int, channels: list[dict], pct=None) -> dict:
     return {"topic_name": name, "channels": channels, "depth": depth, "backend_depth": depth // 2,
             "message_count": msgs, "message_bytes": nbytes, "paused": False,
             "e2e_processing_latency": {"count": 1 if pct else 0, "percentiles": pct}}
@@ -111,8 +110,8 @@ def test_spread_delays() -> None:
 
 class _Receiver(DatagramProtocol):
     def __init__(self) -> None:
-        self.datagrams: List[bytes] = []
-        self.waiters: List[Any] = []
+        self.datagrams: list[bytes] = []
+        self.waiters: list[Any] = []
 
     def datagramReceived(self, data: bytes, addr: Any) -> None:
         self.datagrams.append(data)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from twisted.internet import threads
 from twisted.internet.utils import getProcessOutputAndValue
@@ -22,23 +22,31 @@ LISTENING = re.compile(r"^\[(\w+)\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: 
                        re.M)
 
 
-def env() -> Dict[str, str]:
+def env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port nothing listens on, never one this process handed out before (the kernel may
+    give the same ephemeral port to two quick binds in a row)."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 class Daemon:
     """``python -m nsqtw.cli <prog> <flags>`` with stderr in a file the test can watch."""
 
-    def __init__(self, tmp: Path, prog: str, *flags: str, cwd: Optional[Path] = None,
-                 module: Optional[str] = None, script: Optional[Path] = None) -> None:
+    def __init__(self, tmp: Path, prog: str, *flags: str, cwd: Path | None = None,
+                 module: str | None = None, script: Path | None = None) -> None:
         self.prog = prog
         self.err_path = tmp / f"{prog}-{len(list(tmp.glob(prog + '-*.err')))}.err"
         self._err = open(self.err_path, "wb")
@@ -54,10 +62,10 @@ class Daemon:
     def stderr(self) -> str:
         return self.err_path.read_text(errors="replace")
 
-    def addresses(self) -> Dict[str, Tuple[str, int]]:
+    def addresses(self) -> dict[str, tuple[str, int]]:
         return {m.group(2): (m.group(3), int(m.group(4))) for m in LISTENING.finditer(self.stderr())}
 
-    async def listening(self, *labels: str, timeout: float = 30.0) -> Dict[str, Tuple[str, int]]:
+    async def listening(self, *labels: str, timeout: float = 30.0) -> dict[str, tuple[str, int]]:
         labels = labels or ("TCP", "HTTP")
         await wait_for(lambda: all(l in self.addresses() for l in labels) or self.proc.poll() is not None,
                        timeout, f"{self.prog} listening")
@@ -133,7 +141,7 @@ PYNSQ_SCRIPT = textwrap.dedent(r'''
 ''')
 
 
-async def pynsq_round_trip(tmp: Path, nsqd_tcp: str, topic: str, n: int = 20, lookupd_http: str = "") -> Dict[str, Any]:
+async def pynsq_round_trip(tmp: Path, nsqd_tcp: str, topic: str, n: int = 20, lookupd_http: str = "") -> dict[str, Any]:
     """pynsq's Writer publishes n messages to nsqd, its Reader (direct or through lookupd) gets them back."""
     import json
 

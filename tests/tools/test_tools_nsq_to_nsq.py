@@ -12,7 +12,7 @@ import pytest_twisted
 from nsqtw.options import OptionError
 from nsqtw.tools.nsq_to_nsq import JsonFilter, NsqToNsq, ToNsqdOptions, go_json_marshal
 
-from tools_support import drain, tool_options, wait_for, within
+from tools_support import tool_options, wait_for, within
 
 
 def publish(nsqd, topic: str, bodies) -> None:

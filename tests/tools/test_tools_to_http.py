@@ -4,8 +4,7 @@ escapes the body into %s, --header / --content-type / User-Agent are sent, --sam
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -31,8 +30,8 @@ class Endpoint:
         self.fail_every = fail_every
         self.always_fail = always_fail
         self.requests = 0
-        self.bodies: List[bytes] = []
-        self.headers: List[Dict[bytes, bytes]] = []
+        self.bodies: list[bytes] = []
+        self.headers: list[dict[bytes, bytes]] = []
 
     def _answer(self, request: Any, body: bytes) -> bytes:
         self.requests += 1
@@ -192,8 +191,8 @@ class _Recorder:
         import threading
 
         self.lock = threading.Lock()
-        self.posts: List[bytes] = []
-        self.gets: List[str] = []
+        self.posts: list[bytes] = []
+        self.gets: list[str] = []
 
 
 def _threading_server(rec: _Recorder) -> Any:

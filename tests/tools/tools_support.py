@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from typing import Any, Callable, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 from twisted.internet import defer, task
 
@@ -38,15 +39,15 @@ def tool_options(cls: type, *argv: str) -> Any:
 class Out(io.BytesIO):
     """A stdout stand-in whose lines can be read while the tool runs."""
 
-    def lines(self) -> List[bytes]:
+    def lines(self) -> list[bytes]:
         return self.getvalue().splitlines()
 
 
-async def drain(nsqd: Any, topic: str, channel: str, n: int, timeout: float = 10.0) -> List[bytes]:
+async def drain(nsqd: Any, topic: str, channel: str, n: int, timeout: float = 10.0) -> list[bytes]:
     """Consume ``n`` bodies of ``topic``/``channel`` from an embedded nsqd (TCP) and stop."""
     from nsqtw.client import Config, Consumer
 
-    got: List[bytes] = []
+    got: list[bytes] = []
     c = Consumer(topic, channel, lambda m: got.append(m.body), Config(max_in_flight=max(1, n)))
     await c.connect_to_nsqd(nsqd.tcp_address)
     try:
