@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from twisted.python import usage
@@ -11,7 +14,37 @@ from .. import version_line
 from ..options import OptionError
 from .flags import HelpRequested, VersionRequested, options_from_argv, usage_text
 
-__all__ = ["GoFlagOptions"]
+__all__ = ["GoFlagOptions", "exit_1_on_loss"]
+
+
+def exit_1_on_loss(reactor: Any, lost: Callable[[], int]) -> None:
+    """Make twistd exit with status 1 when a clean stop could not write what it held to disk.
+
+    twistd itself exits 0 once its reactor has stopped, whatever the services' ``stopService``
+    said; a shutdown that lost messages (a full disk) must never look like a success to a
+    supervisor. After the reactor's shutdown (so after every service stopped and the loss was
+    logged as critical), a loss installs an exit hook that runs once twistd has removed its
+    pidfile and returned: it flushes standard output and error and ends the process with 1.
+    twistd ends a process stopped by a signal with that same signal (SIGTERM: -15); a loss
+    overrides that too, since "stopped by SIGTERM" reads as a normal stop."""
+
+    def check() -> None:
+        if not lost():
+            return
+        if getattr(reactor, "_exitSignal", None) is not None:
+            reactor._exitSignal = None  # twistd reads it after the reactor returns
+
+        def exit_1() -> None:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(1)
+
+        atexit.register(exit_1)
+
+    reactor.addSystemEventTrigger("after", "shutdown", check)
 
 
 class GoFlagOptions(usage.Options):

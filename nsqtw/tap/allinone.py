@@ -16,7 +16,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from ..options import NsqdOptions
-from ._base import GoFlagOptions
+from ._base import GoFlagOptions, exit_1_on_loss
 
 __all__ = ["Options", "makeService", "split_extra_flags", "EXTRA_FLAGS"]
 
@@ -75,4 +75,7 @@ def makeService(options: Options) -> IService:
     tune_allocator()
     from ..service.listen import enable_warm_up_threads
     enable_warm_up_threads()
-    return build_allinone(options.config, resolve_reactor(), **options.addresses)
+    reactor = resolve_reactor()
+    service = build_allinone(options.config, reactor, **options.addresses)
+    exit_1_on_loss(reactor, lambda: service.nsqd.lost_at_shutdown)
+    return service

@@ -6,7 +6,7 @@ from __future__ import annotations
 from twisted.application.service import IService
 
 from ..options import NsqdOptions
-from ._base import GoFlagOptions
+from ._base import GoFlagOptions, exit_1_on_loss
 
 __all__ = ["Options", "makeService"]
 
@@ -23,4 +23,7 @@ def makeService(options: Options) -> IService:
     tune_allocator()
     from ..service.listen import enable_warm_up_threads
     enable_warm_up_threads()
-    return build_nsqd(options.config, resolve_reactor())
+    reactor = resolve_reactor()
+    service = build_nsqd(options.config, reactor)
+    exit_1_on_loss(reactor, lambda: service.lost_at_shutdown)
+    return service
