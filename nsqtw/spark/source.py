@@ -54,6 +54,7 @@ always true in local mode), ``failOnDataLoss`` (true), ``msgTimeout``,
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -64,7 +65,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from .consumer import BlockingConsumer
 from .spool import DataLossError, Spool, read_range
 
-__all__ = ["NsqDataSource", "NsqStreamReader", "SpoolPartition", "register", "SCHEMA"]
+__all__ = ["NsqDataSource", "NsqStreamReader", "SpoolPartition", "register", "check_workers", "WorkerImportError",
+           "SCHEMA"]
 
 log = logging.getLogger("nsqtw.spark.source")
 
@@ -73,8 +75,53 @@ SCHEMA = "id STRING, timestamp TIMESTAMP, attempts INT, body BINARY, topic STRIN
 _TRUE = ("true", "1", "yes", "on")
 
 
-def register(spark: Any) -> None:
-    """Make ``format("nsq")`` known to this SparkSession."""
+class WorkerImportError(RuntimeError):
+    """Spark's Python workers cannot import nsqtw, so ``format("nsq")`` cannot run there."""
+
+
+def _probe(module: str) -> Any:
+    """Run in a Spark Python worker: import ``module``, say where from (or which error)."""
+    def probe(_partition: Any) -> Any:
+        import importlib
+        import sys as worker_sys
+        try:
+            mod = importlib.import_module(module)
+        except Exception as e:  # reported to the driver, not raised: the driver words the advice
+            yield ("error", f"{type(e).__name__}: {e}", worker_sys.executable)
+        else:
+            yield ("ok", getattr(mod, "__file__", ""), worker_sys.executable)
+    return probe
+
+
+def check_workers(spark: Any, module: str = "nsqtw.spark.source") -> str:
+    """Fail at once, with the fix, when Spark's Python workers cannot import nsqtw.
+
+    The data source class travels to the workers by reference (module and name), so each worker
+    must import ``nsqtw`` itself; otherwise the query dies inside a worker with
+    ``ModuleNotFoundError: No module named 'nsqtw'``.  One tiny task finds out first.
+    Returns the worker's interpreter.
+    """
+    sc = spark.sparkContext
+    try:
+        status, detail, executable = sc.parallelize([0], 1).mapPartitions(_probe(module)).collect()[0]
+    except Exception as e:  # the worker itself failed to start (a wrong PYSPARK_PYTHON...)
+        from .cli import describe_error
+        status, detail, executable = "error", describe_error(e), getattr(sc, "pythonExec", "?")
+    if status == "ok":
+        return str(executable)
+    raise WorkerImportError(
+        f"nsq source: Spark's Python workers cannot import {module} ({detail}; worker Python: "
+        f"{executable}, from PYSPARK_PYTHON or spark.pyspark.python, default python3). The workers run "
+        "format('nsq') and need nsqtw: in local mode set PYSPARK_PYTHON to this interpreter "
+        f"({sys.executable}) before the SparkSession is created; on a cluster install nsqtw on every "
+        "executor (pip install nsqtw) or ship it with spark-submit --py-files nsqtw.zip (spark.submit.pyFiles)")
+
+
+def register(spark: Any, check: bool = True) -> None:
+    """Make ``format("nsq")`` known to this SparkSession; first check (``check``) that Spark's Python
+    workers can import nsqtw, and raise :class:`WorkerImportError` with the fix when they cannot."""
+    if check:
+        check_workers(spark)
     spark.dataSource.register(NsqDataSource)
 
 
