@@ -7,6 +7,7 @@ Node A (snapshots every 10 s, t = 0..150):
     message_count); the channel's consumer finishes 30/s: backlog 1,390 at t = 80, then -10/s.
 Node B (topic ``tb``, 10 msg/s): snapshots t = 0..50, a restart at t = 58 (start_time), then
   snapshots t = 64..114 with counters from zero.
+Node C (topic ``tc``): snapshots t = 0..50, then none until t = 190 (a gap over windows 60 and 120).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ T0 = 1_700_000_040  # a minute boundary
 START = T0 - 1000
 A = "a.acc:4151"
 B = "b.acc:4151"
+C = "c.acc:4151"
 
 
 def _node_a() -> list[bytes]:
@@ -46,11 +48,16 @@ def _node_b() -> list[bytes]:
     return out
 
 
+def _node_c() -> list[bytes]:
+    return [line(T0 + s, "c.acc", 4151, START, [topic("tc", msgs=s)]) for s in [*range(0, 51, 10), 190, 200]]
+
+
 @pytest.fixture(scope="module")
 def snapshot_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("acc")
     (d / "nsqd-stats.2023-11-14_22.a_acc_4151.jsonl").write_bytes(b"".join(_node_a()))
     (d / "nsqd-stats.2023-11-14_22.b_acc_4151.jsonl").write_bytes(b"".join(_node_b()))
+    (d / "nsqd-stats.2023-11-14_22.c_acc_4151.jsonl").write_bytes(b"".join(_node_c()))
     return d
 
 
@@ -127,3 +134,25 @@ def test_summary_says_keeping_up_not_never(spark, snapshot_dir) -> None:
     assert "keeping up" in healthy and "never" not in healthy
     assert "1m09s" in late
     assert "never" not in buf.getvalue()
+
+
+def test_report_marks_restarts_and_gaps(spark, snapshot_dir, tmp_path) -> None:
+    """chart_marks: node B's restart in window 0; node C's windows 60 and 120 without a snapshot; both drawn."""
+    from datetime import datetime, timezone
+
+    from nsqtw.spark.stats import build_parser, chart_marks, compute_stats, read_snapshots, run
+
+    result = compute_stats(read_snapshots(spark, [str(snapshot_dir)]), window=60.0)
+    marks = chart_marks(result)
+
+    def ts(v):
+        return int(v.timestamp()) - T0
+
+    assert [(ts(t), n) for t, n in marks["restarts"]] == [(0, B)]
+    assert [(ts(a), ts(b), n) for a, b, n in marks["gaps"]] == [(60, 180, C)]
+    report = tmp_path / "r.html"
+    run(build_parser().parse_args([str(snapshot_dir), "-o", "", "--quiet", "--html", str(report)]), spark=spark,
+        out=io.StringIO())
+    page = report.read_text()
+    assert 'class="restart"' in page and 'class="gap"' in page and "no snapshots from c.acc:4151" in page
+    assert datetime.fromtimestamp(T0, timezone.utc).strftime("%H:%M") in page
