@@ -80,3 +80,47 @@ def test_failing_sql_error_class(spark) -> None:
     assert cli.run_main("job", parser, lambda _a: spark.sql("SELECT raise_error('boom')").collect(), [],
                         stderr=err) == 1
     assert err.getvalue().count("\n") == 1 and "boom" in err.getvalue()
+
+
+def test_progress_stage_lines_on_stderr_and_quiet(spark, tmp_path) -> None:
+    """A run prints its stages on stderr (stdout keeps only the results); --quiet prints none."""
+    from spark_data import line, topic
+
+    from nsqtw.spark import stats
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "nsqd-stats.2024-01-01_00.n_4151.jsonl").write_bytes(b"".join(
+        line(1_700_000_040 + s, "n", 4151, 1_699_000_000, [topic("t", msgs=s)]) for s in range(0, 60, 10)))
+    out, err = io.StringIO(), io.StringIO()
+    stats.run(stats.build_parser().parse_args([str(src), "-o", str(tmp_path / "o.parquet")]), spark=spark,
+              out=out, err=err)
+    stages = [ln.split("] ", 1)[1] for ln in err.getvalue().splitlines()]
+    assert [s.split(" ")[0] for s in stages] == ["reading", "computing", "writing", "summarizing", "done"], stages
+    assert all(ln.startswith("nsqtw-stats: [") for ln in err.getvalue().splitlines())
+    assert "reading" not in out.getvalue() and "1 node/topic/channel series" in out.getvalue()
+    quiet = io.StringIO()
+    stats.run(stats.build_parser().parse_args([str(src), "-o", "", "--quiet"]), spark=spark,
+              out=io.StringIO(), err=quiet)
+    assert quiet.getvalue() == ""
+
+
+def test_cli_spark_failure_is_one_line_not_a_java_traceback(tmp_path) -> None:
+    """The real command, Spark started, its read failing: exit 1, the cause on one line, no traceback,
+    none of Spark's log lines (Spark's JVM may still print its own start-up notes)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-m", "nsqtw.spark", "stats", "nosuchfs://bucket/stats", "-o", "",
+                           "--quiet", "--master", "local[1]"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("nsqtw-stats: error: ") and 'No FileSystem for scheme "nosuchfs"' in lines[-1]
+    assert "Traceback" not in proc.stderr and " WARN " not in proc.stderr and "\tat " not in proc.stderr
+    assert len(lines) <= 5, proc.stderr
+    assert proc.stdout == ""
