@@ -37,7 +37,10 @@ per node, topic, channel and time window (default 1 minute):
 Counters are differenced with ``lag`` over (node, topic, channel) ordered by
 time.  A broker restart (``start_time`` changes) or a counter that decreases
 (topic deleted and re-created) is a reset: the delta is the new value, and
-after a restart only the time since ``start_time`` counts.  A gap (missing
+after a restart only the time since ``start_time`` counts (``restarts``
+counts it in the window holding ``start_time``).  A series first seen in a
+node's snapshot was created since the node's previous snapshot: that first
+interval counts from zero (a new channel's taken-over backlog is arrivals).  A gap (missing
 snapshots) is fine: each delta is spread over the windows its interval
 overlaps, in proportion to the overlap, so rates stay right; intervals longer
 than ``--max-gap`` (default 1h) are not trusted for rates.  Topic-level rows
