@@ -139,7 +139,7 @@ class NsqConnection:
                 view = view[n:]
             except (BlockingIOError, InterruptedError):
                 if time.monotonic() > deadline:
-                    raise ConnectionError(f"{self}: write timed out")
+                    raise ConnectionError(f"{self}: write timed out") from None
                 select.select([], [self.sock], [], 1.0)
 
     def set_rdy(self, count: int) -> None:

@@ -6,10 +6,16 @@ as ``nsq_to_file --gzip`` writes them; Hadoop's codec reads them all):
 
 * **jsonl** (nsqtw's ``nsq_to_file --output-format=jsonl``), one object a line::
 
-      {"topic": "t", "channel": "c", "id": "<16 hex>", "timestamp": <ns>, "attempts": 1, "body": "<base64>"}
+      {"topic": "t", "channel": "c", "node": "host:4150", "id": "<16 hex>", "timestamp": <ns>,
+       "attempts": 1, "body": "<base64>"}
 
-  De-duplicated by ``(topic, id)`` (nsqd message IDs are unique per node): of
-  the copies, the one with the fewest attempts is kept.
+  ``node`` is the nsqd (TCP address) the message was read from; archives
+  written before it existed have none and are still read (``node`` null).
+  De-duplicated by ``(topic, node, id)``: nsqd message IDs are unique per node
+  only, so two nodes' messages with one id are both kept.  Of the copies, the
+  one with the fewest attempts is kept.  A record without ``node`` and one
+  with it are different keys (an old archive and a new one of the same
+  messages are not de-duplicated against each other).
 * **raw** (Go's ``nsq_to_file``): the body, one per line, no IDs.  Fallback:
   de-duplicated by the exact body per topic (so identical bodies published
   twice on purpose collapse to one).  The topic is the file name up to its
@@ -17,6 +23,10 @@ as ``nsq_to_file --gzip`` writes them; Hadoop's codec reads them all):
   topic names contain dots.  Lines split on ``\\n`` only; bodies are kept as
   bytes (not decoded).  A body that itself contains ``\\n`` was already split
   by ``nsq_to_file``; nothing can rejoin it.
+
+The two formats never de-duplicate against each other: a raw line has no id
+and a jsonl record's key is its id, so the same messages archived once raw
+and once as jsonl are all kept (twice).  Replay one format (``--format``).
 
 ``--format auto`` (the default) decides per line: a JSON object with a 16-hex
 ``id``, a ``topic`` and a base64 ``body`` is a jsonl record, anything else a
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import struct
 import sys
 import time
@@ -39,13 +50,15 @@ from typing import Any
 from collections.abc import Iterable, Iterator, Sequence
 from urllib.parse import quote, urlsplit
 
+from .cli import (InputError, Progress, UsageError, add_common_arguments, check_local_inputs, describe_error, error_class,
+                  local_path, run_main)
 from .session import add_spark_arguments, get_session, parse_conf
 
 __all__ = ["read_archives", "deduplicate", "filter_time", "encode_mpub", "HttpPublisher", "publish_rows",
            "write_archive", "parse_time", "main"]
 
-JSONL_SCHEMA = "topic STRING, channel STRING, id STRING, timestamp BIGINT, attempts INT, body STRING"
-COLUMNS = ["topic", "channel", "id", "timestamp", "attempts", "body", "source", "source_mtime", "line"]
+JSONL_SCHEMA = "topic STRING, channel STRING, node STRING, id STRING, timestamp BIGINT, attempts INT, body STRING"
+COLUMNS = ["topic", "channel", "node", "id", "timestamp", "attempts", "body", "source", "source_mtime", "line"]
 
 
 def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic: str | None = None,
@@ -71,13 +84,15 @@ def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic
                & F.col("j.body").isNotNull())
     lines = lines.withColumn("j", parsed if fmt != "raw" else F.lit(None).cast(_jsonl_struct()))
     jsonl = lines.where(is_json).select(
-        F.col("j.topic").alias("topic"), F.col("j.channel").alias("channel"), F.col("j.id").alias("id"),
+        F.col("j.topic").alias("topic"), F.col("j.channel").alias("channel"), F.col("j.node").alias("node"),
+        F.col("j.id").alias("id"),
         F.col("j.timestamp").alias("timestamp"), F.col("j.attempts").alias("attempts"),
         F.unbase64(F.col("j.body")).alias("body"), "source", "source_mtime", "line")
     name = F.regexp_extract(F.col("source"), r"([^/]+)$", 1)
     topic = F.lit(raw_topic) if raw_topic else F.split(name, r"\.").getItem(0)
     raw = lines.where(~F.coalesce(is_json, F.lit(False))).select(
-        topic.alias("topic"), F.lit(None).cast("string").alias("channel"), F.lit(None).cast("string").alias("id"),
+        topic.alias("topic"), F.lit(None).cast("string").alias("channel"), F.lit(None).cast("string").alias("node"),
+        F.lit(None).cast("string").alias("id"),
         F.lit(None).cast("long").alias("timestamp"), F.lit(None).cast("int").alias("attempts"),
         F.col("value").cast("binary").alias("body"), "source", "source_mtime", "line")
     if fmt == "jsonl":
@@ -90,7 +105,7 @@ def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic
 def _jsonl_struct() -> Any:
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
     return StructType([StructField("topic", StringType()), StructField("channel", StringType()),
-                       StructField("id", StringType()), StructField("timestamp", LongType()),
+                       StructField("node", StringType()), StructField("id", StringType()), StructField("timestamp", LongType()),
                        StructField("attempts", IntegerType()), StructField("body", StringType())])
 
 
@@ -123,11 +138,16 @@ def filter_time(df: Any, since_ns: int | None = None, until_ns: int | None = Non
 
 
 def deduplicate(df: Any) -> Any:
-    """One row per (topic, id) for jsonl rows, per (topic, body) for raw rows."""
+    """One row per (topic, node, id) for jsonl rows, per (topic, body) for raw rows.
+
+    A jsonl record without ``node`` (an archive from before it) has the key (topic, no node, id).
+    """
     from pyspark.sql import functions as F
 
     cols = COLUMNS
-    keyed = df.withColumn("_key", F.when(F.col("id").isNotNull(), F.concat(F.lit(b"i"), F.col("id").cast("binary")))
+    node = F.when(F.col("node").isNull(), F.lit(b"-")).otherwise(F.concat(F.lit(b"n"), F.col("node").cast("binary")))
+    keyed = df.withColumn("_key", F.when(F.col("id").isNotNull(),
+                                         F.concat(F.lit(b"i"), F.col("id").cast("binary"), node))
                           .otherwise(F.concat(F.lit(b"b"), F.col("body"))))
     order = F.struct(F.coalesce("attempts", F.lit(0)), F.coalesce("timestamp", F.lit(0)), "source_mtime", "source",
                      "line")
@@ -273,7 +293,7 @@ def write_archive(df: Any, output: str, output_format: str = "jsonl", compressio
     from pyspark.sql import functions as F
 
     if output_format == "jsonl":
-        value = F.to_json(F.struct("topic", "channel", "id", "timestamp", "attempts",
+        value = F.to_json(F.struct("topic", "channel", "node", "id", "timestamp", "attempts",
                                    F.base64("body").alias("body")), {"ignoreNullFields": "false"})
     else:
         value = F.col("body").cast("string")
@@ -313,31 +333,88 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-format", choices=("jsonl", "raw"), default="jsonl")
     p.add_argument("--compression", default="gzip", help="gzip (default), none, or any Spark text codec")
     p.add_argument("--dry-run", action="store_true", help="count only")
+    add_common_arguments(p)
     add_spark_arguments(p)
     return p
 
 
-def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> dict[str, int]:
-    out = out or sys.stdout
+def check_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything that can be wrong before Spark starts: values, and local inputs that are not there."""
     if not (args.nsqd_http_address or args.output or args.dry_run):
-        raise SystemExit("nothing to do: give --nsqd-http-address, --output or --dry-run")
+        raise UsageError("nothing to do: give --nsqd-http-address, --output or --dry-run")
+    times: dict[str, int | None] = {}
+    for name in ("since", "until"):
+        text = getattr(args, name)
+        try:
+            times[name] = parse_time(text) if text else None
+        except ValueError:
+            raise UsageError(f"--{name} {text!r}: not a time (give unix seconds or ISO 8601, "
+                             "e.g. 2024-05-01T10:00:00Z)") from None
+    since, until = times["since"], times["until"]
+    if since is not None and until is not None and since >= until:
+        raise UsageError(f"--since {args.since} is not before --until {args.until}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {args.batch_size}")
+    if args.max_batch_bytes < 8:
+        raise UsageError(f"--max-batch-bytes must be at least 8, not {args.max_batch_bytes}")
+    if args.rate < 0:
+        raise UsageError(f"--rate must not be negative, not {args.rate}")
+    for address in args.nsqd_http_address:
+        try:
+            HttpPublisher._split(address)
+        except ValueError as e:
+            raise UsageError(f"--nsqd-http-address {address!r}: {e}") from None
+    if args.output and not args.dry_run:
+        local = local_path(args.output)
+        if local is not None and os.path.exists(local):
+            raise UsageError(f"--output {args.output} already exists (a clean archive goes to a new directory)")
+    conf = parse_conf(args.conf)
+    files = check_local_inputs(args.paths, args.pattern or None, args.recursive, args.allow_empty)
+    return {"since": since, "until": until, "conf": conf, "files": files}
+
+
+def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any = None) -> dict[str, int]:
+    """The job behind the CLI; raises :class:`~nsqtw.spark.cli.JobError` (one line) for bad arguments
+    and missing or empty input."""
+    out = out or sys.stdout
+    checked = check_args(args)
+    progress = Progress("nsqtw-replay", getattr(args, "quiet", False), err)
     own = spark is None
     if own:
-        spark = get_session("nsqtw-replay", args.master, parse_conf(args.conf))
+        progress(f"starting Spark ({args.master})")
+        spark = get_session("nsqtw-replay", args.master, checked["conf"], progress=not args.quiet,
+                            verbose=args.verbose)
+    df = result = None
     try:
-        df = read_archives(spark, args.paths, args.format, args.topic or None, args.pattern or None,
-                           args.recursive)
-        df = filter_time(df, parse_time(args.since) if args.since else None,
-                         parse_time(args.until) if args.until else None).cache()
+        found = "" if checked["files"] is None else f" ({checked['files']} files)"
+        progress(f"reading archives from {', '.join(args.paths)}{found}")
+        try:
+            df = read_archives(spark, args.paths, args.format, args.topic or None, args.pattern or None,
+                               args.recursive)
+        except Exception as e:
+            if error_class(e) == "PATH_NOT_FOUND":
+                raise InputError("input not found: " + describe_error(e)) from e
+            raise
+        df = filter_time(df, checked["since"], checked["until"]).cache()
         read = df.count()
+        if read == 0:
+            what = f"no messages in {', '.join(args.paths)}" + (
+                " between --since and --until" if args.since or args.until else "")
+            if not args.allow_empty:
+                raise InputError(what + " (--allow-empty to accept that)")
+            out.write(f"nsqtw-replay: 0 messages read: {what}; nothing written or published\n")
+            return {"read": 0, "kept": 0, "duplicates": 0, "published": 0}
+        progress(f"{read} messages read; de-duplicating" if not args.no_dedupe else f"{read} messages read")
         result = df if args.no_dedupe else deduplicate(df).cache()
         kept = result.count()
         figures = {"read": read, "kept": kept, "duplicates": read - kept, "published": 0}
         out.write(f"nsqtw-replay: {read} messages read, {read - kept} duplicates dropped, {kept} kept\n")
         if args.output and not args.dry_run:
+            progress(f"writing the archive to {args.output}")
             write_archive(result, args.output, args.output_format, args.compression)
             out.write(f"archive written to {args.output}\n")
         if args.nsqd_http_address and not args.dry_run:
+            progress(f"publishing {kept} messages to {', '.join(args.nsqd_http_address)}")
             publisher = HttpPublisher(args.nsqd_http_address)
             try:
                 rows: Iterator[Any] = ordered(result).select("topic", "body").toLocalIterator()
@@ -346,18 +423,18 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> dict[st
             finally:
                 publisher.close()
             out.write(f"published {figures['published']} messages in {publisher.batches} batches\n")
-        df.unpersist()
-        if result is not df:
-            result.unpersist()
+        progress("done")
         return figures
     finally:
+        for frame in (df, result):
+            if frame is not None:
+                frame.unpersist()
         if own:
             spark.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    run(build_parser().parse_args(argv))
-    return 0
+    return run_main("nsqtw-replay", build_parser(), run, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,9 +12,10 @@ import html
 import math
 from datetime import datetime, timezone
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["line_chart", "render_report", "nice_ticks", "utc_text"]
+__all__ = ["line_chart", "render_report", "nice_ticks", "utc_text", "SUMMARY_COLUMNS", "summary_table",
+           "format_summary", "drain_text"]
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -54,9 +55,40 @@ def _short(v: float) -> str:
     return f"{v:g}"
 
 
+def _ts(value: datetime | float) -> float:
+    return value.timestamp() if isinstance(value, datetime) else float(value)
+
+
+#: Tick steps for the time axis (seconds): round minutes, hours and days.
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+              86400, 2 * 86400, 7 * 86400, 14 * 86400, 28 * 86400)
+
+
+def time_ticks(x0: float, x1: float, count: int = 6) -> list[float]:
+    """Tick times (unix seconds) on round UTC times (whole minutes, hours, days) inside [x0, x1]."""
+    span = max(x1 - x0, 1.0)
+    step = next((s for s in TIME_STEPS if span / s <= count), TIME_STEPS[-1])
+    first = math.ceil(x0 / step - 1e-9) * step
+    ticks = []
+    t = float(first)
+    while t <= x1 + 1e-6:
+        ticks.append(t)
+        t += step
+    return ticks
+
+
+def time_label(t: float, span: float) -> str:
+    """A tick label: seconds only when the axis is that short, the date when it spans days."""
+    fmt = "%H:%M:%S" if span < 600 else ("%m-%d %H:%M" if span > 86400 else "%H:%M")
+    return datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
+
+
 def line_chart(title: str, series: dict[str, list[Point]], unit: str = "", width: int = 900,
-               height: int = 280) -> str:
-    """An SVG line chart; x is time (UTC), one coloured polyline and legend entry per series."""
+               height: int = 280, marks: Mapping[str, Sequence[Any]] | None = None) -> str:
+    """An SVG line chart; x is time (UTC), one coloured polyline and legend entry per series.
+
+    ``marks``: ``restarts`` [(time, node)] drawn as dashed red lines, ``gaps`` [(start, end, node)]
+    as grey bands (no snapshots there)."""
     esc = html.escape
     points = [p for pts in series.values() for p in pts]
     head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 24 * ((len(series) + 3) // 4)}" ' \
@@ -87,12 +119,23 @@ def line_chart(title: str, series: dict[str, list[Point]], unit: str = "", width
         y = sy(v)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#e5e5e5"/>')
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{esc(_short(v))}</text>')
-    for i in range(6):
-        t = x0 + (x1 - x0) * i / 5
+    for t in time_ticks(x0, x1):
         x = sx(t)
-        label = datetime.fromtimestamp(t, timezone.utc).strftime("%m-%d %H:%M" if x1 - x0 > 86400 else "%H:%M")
+        label = time_label(t, x1 - x0)
         parts.append(f'<line x1="{x:.1f}" y1="{top + ph}" x2="{x:.1f}" y2="{top + ph + 4}" stroke="#888"/>')
         parts.append(f'<text x="{x:.1f}" y="{top + ph + 17}" font-size="11" text-anchor="middle">{label}</text>')
+    for start, end, node in (marks or {}).get("gaps", ()):
+        a, b = max(x0, _ts(start)), min(x1, _ts(end))
+        if b > a:
+            parts.append(f'<rect class="gap" x="{sx(a):.1f}" y="{top}" width="{sx(b) - sx(a):.1f}" height="{ph}" '
+                         f'fill="#bbb" fill-opacity="0.35"><title>no snapshots from {esc(str(node))}: '
+                         f'{esc(utc_text(start))} .. {esc(utc_text(end))}</title></rect>')
+    for when, node in (marks or {}).get("restarts", ()):
+        t = _ts(when)
+        if x0 <= t <= x1:
+            parts.append(f'<line class="restart" x1="{sx(t):.1f}" y1="{top}" x2="{sx(t):.1f}" y2="{top + ph}" '
+                         f'stroke="#d62728" stroke-dasharray="4 3"><title>restart (counters reset) of '
+                         f'{esc(str(node))} in the window from {esc(utc_text(when))}</title></line>')
     if unit:
         parts.append(f'<text x="14" y="{top + ph / 2:.0f}" font-size="11" transform="rotate(-90 14 '
                      f'{top + ph / 2:.0f})" text-anchor="middle">{esc(unit)}</text>')
@@ -110,6 +153,79 @@ def line_chart(title: str, series: dict[str, list[Point]], unit: str = "", width
     return "".join(parts)
 
 
+# --- the summary table (printed by nsqtw-stats and repeated in the report) ---------------------------
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def _fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def drain_text(state: str | None, seconds: float | None) -> str:
+    """The "drain in" cell: a time while draining, "keeping up", "never" only for a growing backlog."""
+    if state == "empty":
+        return "0s"
+    if state == "draining":
+        return _fmt_duration(seconds)
+    if state == "keeping up":
+        return "keeping up"
+    if state == "growing":
+        return "never"
+    return "-"
+
+
+SUMMARY_COLUMNS = ("node", "topic", "channel", "pub/s", "fin/s", "requeued", "timed out", "depth max",
+                   "backlog", "drain in", "clients", "e2e p99 ms", "restarts")
+
+
+def summary_table(rows: Sequence[Any]) -> list[list[str]]:
+    table = []
+    for r in rows:
+        table.append([
+            r["node"], r["topic"], r["channel"] if r["channel"] is not None else "(topic)",
+            _fmt(r["publish_rate"]), _fmt(r["finish_rate"]),
+            _fmt(r["requeued"], 0), _fmt(r["timed_out"], 0), _fmt(r["depth_max"]),
+            _fmt(r["backlog_last"]),
+            "-" if r["channel"] is None and r["drain_state"] == "empty"
+            else drain_text(r["drain_state"], r["time_to_drain_s"]),
+            _fmt(r["clients_max"]), _fmt(r["e2e_p99_ms"]), _fmt(r["restarts"]),
+        ])
+    return table
+
+
+def format_summary(rows: Sequence[Any], total: int | None = None) -> str:
+    """A plain-text table with aligned columns."""
+    table = summary_table(rows)
+    widths = [len(h) for h in SUMMARY_COLUMNS]
+    for line in table:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, line, strict=True)]
+    left = {0, 1, 2}
+
+    def fmt_line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    out = [fmt_line(SUMMARY_COLUMNS), "  ".join("-" * w for w in widths)]
+    out.extend(fmt_line(line) for line in table)
+    if total is not None and total > len(rows):
+        out.append(f"... {total - len(rows)} more rows in the Parquet output")
+    return "\n".join(out) + "\n"
+
+
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222}
 h1{font-size:20px} h2{font-size:16px;margin-top:28px}
@@ -120,10 +236,9 @@ th{background:#f3f3f3;text-align:left} td.n{text-align:right;font-variant-numeri
 
 
 def render_report(summary_rows: Sequence[Any], series: dict[str, dict[str, list[Point]]], window: str,
-                  span: tuple[datetime | None, datetime | None], total: int) -> str:
+                  span: tuple[datetime | None, datetime | None], total: int,
+                  marks: Mapping[str, Sequence[Any]] | None = None) -> str:
     """The whole page."""
-    from .stats import SUMMARY_COLUMNS, summary_table
-
     esc = html.escape
     charts = [
         ("Publish rate by topic (all nodes)", "publish_rate", "msg/s"),
@@ -136,10 +251,11 @@ def render_report(summary_rows: Sequence[Any], series: dict[str, dict[str, list[
     body = [f"<h1>NSQ stats report</h1><p class='note'>{total} node/topic/channel series; "
             f"windows of {esc(window)}; {esc(utc_text(span[0]))} .. {esc(utc_text(span[1]))}. "
             "Finish rate = messages put to the channel minus the change of its backlog "
-            "(depth + in flight + deferred).</p>"]
+            "(depth + in flight + deferred). Dashed red lines: restarts (counters reset); grey bands: "
+            "no snapshots from a node.</p>"]
     for title, key, unit in charts:
         body.append(f"<h2>{esc(title)}</h2>")
-        body.append(line_chart(title, series.get(key, {}), unit))
+        body.append(line_chart(title, series.get(key, {}), unit, marks=marks))
     body.append("<h2>Summary</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in SUMMARY_COLUMNS) + "</tr>")
     for line in summary_table(summary_rows):
         body.append("<tr>" + "".join(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from typing import Any
+
+from .cli import UsageError
 
 __all__ = ["get_session", "add_spark_arguments", "require_pyspark"]
 
@@ -26,9 +29,35 @@ def add_spark_arguments(parser: Any) -> None:
                         help="extra Spark configuration (repeatable)")
 
 
-def get_session(app_name: str, master: str = DEFAULT_MASTER,
-                conf: dict[str, str] | None = None) -> Any:
-    """A SparkSession; in local mode the workers run this interpreter and stay on loopback."""
+_QUIET_LOG4J = """\
+rootLogger.level = off
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _quiet_log4j() -> str:
+    """A log4j2 configuration that keeps the driver JVM silent (the job tells what went wrong)."""
+    path = os.path.join(tempfile.gettempdir(), f"nsqtw-spark-log4j2-quiet-{os.getuid()}.properties")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(_QUIET_LOG4J)
+        os.replace(tmp, path)
+    return path
+
+
+def get_session(app_name: str, master: str = DEFAULT_MASTER, conf: dict[str, str] | None = None,
+                progress: bool = False, verbose: bool = True) -> Any:
+    """A SparkSession; in local mode the workers run this interpreter and stay on loopback.
+
+    ``progress`` shows Spark's console progress bar on stderr; ``verbose=False`` silences the
+    driver's log (the CLI jobs say what failed in one line instead of Spark's stack traces).
+    """
     require_pyspark()
     from pyspark.sql import SparkSession
 
@@ -39,14 +68,16 @@ def get_session(app_name: str, master: str = DEFAULT_MASTER,
     builder = SparkSession.builder.appName(app_name).master(master)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     builder = builder.config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    builder = builder.config("spark.ui.showConsoleProgress", "true" if progress else "false")
+    if not verbose:
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}")
     if master.startswith("local"):
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
         builder = builder.config("spark.driver.host", "127.0.0.1")
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel("WARN" if verbose else "OFF")
     return spark
 
 
@@ -55,6 +86,6 @@ def parse_conf(pairs: Any) -> dict[str, str]:
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"--conf {pair!r}: expected KEY=VALUE")
+            raise UsageError(f"--conf {pair!r}: expected KEY=VALUE")
         out[key.strip()] = value
     return out

@@ -53,7 +53,12 @@ always true in local mode), ``failOnDataLoss`` (true), ``msgTimeout``,
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
+import os
+import re
+import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -64,7 +69,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from .consumer import BlockingConsumer
 from .spool import DataLossError, Spool, read_range
 
-__all__ = ["NsqDataSource", "NsqStreamReader", "SpoolPartition", "register", "SCHEMA"]
+__all__ = ["NsqDataSource", "NsqStreamReader", "SpoolPartition", "register", "check_workers", "WorkerImportError",
+           "explain_failure", "await_termination", "SourceProcessDied", "SCHEMA"]
 
 log = logging.getLogger("nsqtw.spark.source")
 
@@ -73,8 +79,113 @@ SCHEMA = "id STRING, timestamp TIMESTAMP, attempts INT, body BINARY, topic STRIN
 _TRUE = ("true", "1", "yes", "on")
 
 
-def register(spark: Any) -> None:
-    """Make ``format("nsq")`` known to this SparkSession."""
+class WorkerImportError(RuntimeError):
+    """Spark's Python workers cannot import nsqtw, so ``format("nsq")`` cannot run there."""
+
+
+def _probe(module: str) -> Any:
+    """Run in a Spark Python worker: import ``module``, say where from (or which error)."""
+    def probe(_partition: Any) -> Any:
+        import importlib
+        import sys as worker_sys
+        try:
+            mod = importlib.import_module(module)
+        except Exception as e:  # reported to the driver, not raised: the driver words the advice
+            yield ("error", f"{type(e).__name__}: {e}", worker_sys.executable)
+        else:
+            yield ("ok", getattr(mod, "__file__", ""), worker_sys.executable)
+    return probe
+
+
+def check_workers(spark: Any, module: str = "nsqtw.spark.source") -> str:
+    """Fail at once, with the fix, when Spark's Python workers cannot import nsqtw.
+
+    The data source class travels to the workers by reference (module and name), so each worker
+    must import ``nsqtw`` itself; otherwise the query dies inside a worker with
+    ``ModuleNotFoundError: No module named 'nsqtw'``.  One tiny task finds out first.
+    Returns the worker's interpreter.
+    """
+    sc = spark.sparkContext
+    try:
+        status, detail, executable = sc.parallelize([0], 1).mapPartitions(_probe(module)).collect()[0]
+    except Exception as e:  # the worker itself failed to start (a wrong PYSPARK_PYTHON...)
+        from .cli import describe_error
+        status, detail, executable = "error", describe_error(e), getattr(sc, "pythonExec", "?")
+    if status == "ok":
+        return str(executable)
+    raise WorkerImportError(
+        f"nsq source: Spark's Python workers cannot import {module} ({detail}; worker Python: "
+        f"{executable}, from PYSPARK_PYTHON or spark.pyspark.python, default python3). The workers run "
+        "format('nsq') and need nsqtw: in local mode set PYSPARK_PYTHON to this interpreter "
+        f"({sys.executable}) before the SparkSession is created; on a cluster install nsqtw on every "
+        "executor (pip install nsqtw) or ship it with spark-submit --py-files nsqtw.zip (spark.submit.pyFiles)")
+
+
+class SourceProcessDied(RuntimeError):
+    """The query stopped because the process running ``format("nsq")`` died (Spark: "no cause message")."""
+
+
+def _holder_gone(directory: str) -> tuple[bool, str]:
+    """Whether the process that held the spool's lock is gone (its flock released), and its pid."""
+    path = os.path.join(directory, "lock")
+    try:
+        with open(path, "rb") as f:
+            pid = f.read().split(b"\n", 1)[0].decode("ascii", "replace").strip() or "?"
+        with open(path, "ab") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False, pid
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return True, pid
+    except OSError:
+        return False, "?"
+
+
+def explain_failure(error: Any) -> str | None:
+    """Why a query reading ``format("nsq")`` stopped when Spark cannot say.
+
+    When the Python process that runs the source (a Spark Python worker on the driver) dies, from
+    a signal (``kill -9``, the OOM killer) or a crash, Spark ends the query with ``STREAM_FAILED
+    ... (no cause message)``.  Spark's error lists the source's offsets, which name the spool
+    directory; a spool whose lock is free lost its process.  Returns one line, or None when the
+    error is not that.
+    """
+    text = str(error or "")
+    if "(no cause message)" not in text:
+        return None
+    dirs = list(dict.fromkeys(json.loads('"' + d + '"') for d in re.findall(r'"dir": "((?:[^"\\]|\\.)*)"', text)))
+    for directory in dirs:
+        gone, pid = _holder_gone(directory)
+        if gone:
+            return (f"the nsq source's process (pid {pid}, the Spark Python worker that ran format('nsq') with "
+                    f"spoolDir {directory}) died without an error: killed by a signal (kill -9, the OOM killer) "
+                    "or crashed. Nothing spooled is lost: start the query again with the same checkpoint and "
+                    "spoolDir")
+    if dirs or "] nsq" in text:
+        return ("a Spark Python worker of the query died without an error (killed by a signal, e.g. the OOM "
+                "killer, or crashed); with format('nsq') start the query again with the same checkpoint and spoolDir")
+    return None
+
+
+def await_termination(query: Any, timeout: float | None = None) -> Any:
+    """``query.awaitTermination()``, raising :class:`SourceProcessDied` with the cause when the nsq
+    source's process died and Spark only says "(no cause message)"."""
+    try:
+        return query.awaitTermination(timeout) if timeout is not None else query.awaitTermination()
+    except Exception as e:
+        why = explain_failure(e)
+        if why is None:
+            raise
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+        raise SourceProcessDied(f"{why} (Spark: {first.strip()})") from e
+
+
+def register(spark: Any, check: bool = True) -> None:
+    """Make ``format("nsq")`` known to this SparkSession; first check (``check``) that Spark's Python
+    workers can import nsqtw, and raise :class:`WorkerImportError` with the fix when they cannot."""
+    if check:
+        check_workers(spark)
     spark.dataSource.register(NsqDataSource)
 
 
@@ -218,7 +329,9 @@ class NsqStreamReader(DataSourceStreamReader):
     # --- offsets --------------------------------------------------------------------
 
     def _offset(self, seq: int) -> dict[str, Any]:
-        return {"seq": seq, "spool": self.spool.spool_id}
+        # "dir" is for people and explain_failure (Spark prints offsets in its errors); only
+        # "seq" and "spool" are read back
+        return {"seq": seq, "spool": self.spool.spool_id, "dir": self.spool.directory}
 
     def _check_spool(self, offset: dict[str, Any]) -> int:
         seq = int(offset.get("seq", 0))

@@ -21,11 +21,15 @@ per node, topic, channel and time window (default 1 minute):
   restart, messages lost with the process).  Requeues and timeouts move
   messages between in-flight and depth, so they cancel out.
 * ``requeue_rate``, ``timeout_rate``: ``requeue_count``/``timeout_count`` deltas.
-* ``depth_max``, ``depth_mean`` (over the window's snapshots), ``backlog_last``
-  (depth + in-flight + deferred; the topic's depth for topic rows),
-  ``backlog_growth_rate`` (Δbacklog/s, = publish_rate − finish_rate) and
-  ``time_to_drain_s`` (backlog_last / drain rate when the backlog shrinks, 0
-  when empty, null when it does not shrink).
+* ``depth_max``, ``depth_mean`` (over the window's snapshots), ``depth_last``,
+  ``backlog_last`` (depth + in-flight + deferred; the topic's depth for topic
+  rows), ``backlog_growth_rate`` (Δbacklog/s, = publish_rate − finish_rate),
+  ``drain_state`` and ``time_to_drain_s``: "empty" (0 s); "keeping up" when
+  nothing waits in the queue (depth 0: the backlog is what is in flight or
+  deferred) or the backlog did not change (by less than half a message over
+  the window), drain time = backlog / finish rate; "draining" when it shrinks,
+  backlog / shrink rate; "growing" when it grows (null: it never drains at
+  this rate).
 * ``e2e_ms``: for each configured percentile, the worst value (ms) that nsqd
   reported in the window (nsqd's percentiles are already windowed).
 * ``clients_max``, ``clients_mean``; ``restarts`` (counter resets seen).
@@ -33,7 +37,10 @@ per node, topic, channel and time window (default 1 minute):
 Counters are differenced with ``lag`` over (node, topic, channel) ordered by
 time.  A broker restart (``start_time`` changes) or a counter that decreases
 (topic deleted and re-created) is a reset: the delta is the new value, and
-after a restart only the time since ``start_time`` counts.  A gap (missing
+after a restart only the time since ``start_time`` counts (``restarts``
+counts it in the window holding ``start_time``).  A series first seen in a
+node's snapshot was created since the node's previous snapshot: that first
+interval counts from zero (a new channel's taken-over backlog is arrivals).  A gap (missing
 snapshots) is fine: each delta is spread over the windows its interval
 overlaps, in proportion to the overlap, so rates stay right; intervals longer
 than ``--max-gap`` (default 1h) are not trusted for rates.  Topic-level rows
@@ -45,16 +52,18 @@ have ``channel`` null and ``level`` "topic".  Output: Parquet partitioned by
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import sys
 from typing import Any
 from collections.abc import Sequence
 
 from ..options import OptionError, parse_duration
+from .cli import InputError, Progress, UsageError, add_common_arguments, check_local_inputs, describe_error, error_class, run_main
+from .report import SUMMARY_COLUMNS, format_summary, render_report, summary_table, utc_text
 from .session import add_spark_arguments, get_session, parse_conf
 
 __all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "snapshot_rows", "compute_stats", "summarize",
-           "format_summary", "chart_series", "main"]
+           "format_summary", "summary_table", "SUMMARY_COLUMNS", "chart_series", "chart_marks", "main"]
 
 _E2E = "STRUCT<count: BIGINT, percentiles: ARRAY<STRUCT<quantile: DOUBLE, value: DOUBLE>>>"
 _CHANNEL = ("STRUCT<channel_name: STRING, depth: BIGINT, backend_depth: BIGINT, in_flight_count: BIGINT, "
@@ -79,15 +88,30 @@ def read_snapshots(spark: Any, paths: Sequence[str], pattern: str | None = DEFAU
 
 
 def snapshot_rows(snapshots: Any) -> Any:
-    """One row per snapshot and topic (channel ``""``) or channel, with counters and gauges (one scan)."""
+    """One row per snapshot and topic (channel ``""``) or channel, with counters and gauges (one scan).
+
+    Each row also carries its node's previous snapshot (``node_p_t``, ``node_p_start_time``): a topic
+    or channel first seen in a snapshot was created since then, so its first counts are not lost.
+    The node window partitions by node, which the per-series window then reuses (no second shuffle).
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    base = snapshots.where(F.col("timestamp").isNotNull() & F.col("stats").isNotNull()).select(
+    snaps = snapshots.where(F.col("timestamp").isNotNull() & F.col("stats").isNotNull()).select(
         F.col("timestamp").alias("t"),
         F.concat_ws(":", F.col("node.broadcast_address"), F.col("node.http_port").cast("string")).alias("node"),
         F.col("node.hostname").alias("hostname"),
         F.col("stats.start_time").cast("double").alias("start_time"),
-        F.explode("stats.topics").alias("tp"),
+        F.col("stats.topics").alias("topics"),
+    )
+    # the node's previous snapshot strictly before this one (a duplicated line is not "previous")
+    before = (Window.partitionBy("node").orderBy(F.round(F.col("t") * 1000).cast("long"))
+              .rangeBetween(Window.unboundedPreceding, -1))
+    base = snaps.select(
+        "t", "node", "hostname", "start_time",
+        F.max("t").over(before).alias("node_p_t"),
+        F.last("start_time").over(before).alias("node_p_start_time"),
+        F.explode("topics").alias("tp"),
     )
     null_long = F.lit(None).cast("long")
 
@@ -104,9 +128,10 @@ def snapshot_rows(snapshots: Any) -> Any:
         c["channel_name"], c["message_count"], null_long, c["requeue_count"], c["timeout_count"], c["depth"],
         c["depth"] + c["in_flight_count"] + c["deferred_count"], c["client_count"],
         c["e2e_processing_latency"]["percentiles"]))
-    rows = base.select("t", "node", "hostname", "start_time", tp["topic_name"].alias("topic"),
+    rows = base.select("t", "node", "hostname", "start_time", "node_p_t", "node_p_start_time",
+                       tp["topic_name"].alias("topic"),
                        F.explode(F.concat(F.array(topic_entry), channel_entries)).alias("e"))
-    return rows.select("t", "node", "hostname", "start_time", "topic", "e.*")
+    return rows.select("t", "node", "hostname", "start_time", "node_p_t", "node_p_start_time", "topic", "e.*")
 
 
 def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0) -> Any:
@@ -130,6 +155,14 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     x = x.where(F.col("p_t").isNull() | (F.col("t") > F.col("p_t")))
 
     col = F.col
+    # A series first seen here (no previous row) while its node has an earlier snapshot was created
+    # in between: its counters and backlog started from zero then (messages a new channel took over
+    # from its topic's backlog are in its message_count: arrivals, like any other).
+    new = col("p_t").isNull() & col("node_p_t").isNotNull()
+    for c in ("msg", "bytes", "req", "tmo", "backlog"):
+        x = x.withColumn("p_" + c, F.when(new, F.when(col(c).isNotNull(), F.lit(0))).otherwise(col("p_" + c)))
+    x = (x.withColumn("p_start_time", F.when(new, col("node_p_start_time")).otherwise(col("p_start_time")))
+         .withColumn("p_t", F.when(new, col("node_p_t")).otherwise(col("p_t"))))
     restart = col("start_time") != col("p_start_time")
     decreased = ((col("msg") < col("p_msg")) | F.coalesce(col("bytes") < col("p_bytes"), F.lit(False))
                  | F.coalesce(col("req") < col("p_req"), F.lit(False))
@@ -144,8 +177,8 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         return F.when(usable, F.when(reset, col(c)).otherwise(col(c) - col("p_" + c)).cast("double"))
 
     # after a restart only the time since start_time produced the new counts
-    begin = F.when(restart & (col("start_time") > col("p_t")) & (col("start_time") < col("t")),
-                   col("start_time")).otherwise(col("p_t"))
+    restarted_inside = restart & (col("start_time") > col("p_t")) & (col("start_time") < col("t"))
+    begin = F.when(restarted_inside, col("start_time")).otherwise(col("p_t"))
     d_backlog = F.when(usable, (col("backlog") - col("p_backlog")).cast("double"))
     finished = F.when(col("channel") != "", F.greatest(delta("msg") - d_backlog, F.lit(0.0)))
     own = F.floor(col("t") / W)
@@ -155,6 +188,9 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         delta("msg").alias("d_msg"), delta("bytes").alias("d_bytes"), delta("req").alias("d_req"),
         delta("tmo").alias("d_tmo"), finished.alias("d_fin"), d_backlog.alias("d_backlog"),
         F.when(usable & reset, 1).otherwise(0).alias("reset"),
+        # a restart counts in the window holding its start_time, other resets in the snapshot's own
+        F.when(usable & F.coalesce(restarted_inside, F.lit(False)), F.floor(col("start_time") / W))
+        .otherwise(own).alias("reset_k"),
     )
     # the windows the interval (a, t] overlaps, and always the snapshot's own window
     k0 = F.when(col("a").isNotNull(), F.floor(col("a") / W)).otherwise(col("own"))
@@ -174,6 +210,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         F.max(g("depth")).alias("depth_max"),
         F.avg(g("depth")).alias("depth_mean"),
         F.max_by("backlog", g("t")).alias("backlog_last"),
+        F.max_by("depth", g("t")).alias("depth_last"),
         F.max(g("clients")).alias("clients_max"),
         F.avg(g("clients")).alias("clients_mean"),
         F.flatten(F.collect_list(F.when(sample & col("e2e").isNotNull(), col("e2e")))).alias("e2e_all"),
@@ -184,7 +221,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         F.sum(col("d_req") * col("wgt")).alias("requeued"),
         F.sum(col("d_tmo") * col("wgt")).alias("timed_out"),
         F.sum(col("d_backlog") * col("wgt")).alias("backlog_change"),
-        F.sum(F.when(sample, col("reset")).otherwise(0)).alias("restarts"),
+        F.sum(F.when(col("k") == col("reset_k"), col("reset")).otherwise(0)).alias("restarts"),
     )
     quantiles = F.array_distinct(F.transform("e2e_all", lambda p: p["quantile"]))
     e2e_ms = F.when(F.size("e2e_all") > 0, F.map_from_arrays(
@@ -198,12 +235,25 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         return F.when(covered, col(c) / col("covered_s"))
 
     growth = per_s("backlog_change")
-    drain = (F.when(col("backlog_last") == 0, F.lit(0.0))
-             .when(col("backlog_growth_rate") < 0, col("backlog_last") / -col("backlog_growth_rate")))
+    # Less than half a message of change over the window is no change (the deltas are spread
+    # over windows in proportion, so a steady backlog can sum to 1e-13 instead of 0).
+    steady = F.abs(col("backlog_change")) < 0.5
+    state = (F.when(col("backlog_last").isNull(), F.lit(None).cast("string"))
+             .when(col("backlog_last") == 0, F.lit("empty"))
+             .when(col("depth_last") == 0, F.lit("keeping up"))  # everything left is in flight or deferred
+             .when(~covered, F.lit(None).cast("string"))
+             .when(steady, F.lit("keeping up"))
+             .when(col("backlog_change") < 0, F.lit("draining"))
+             .otherwise(F.lit("growing")))
+    finish_rate = per_s("finished")
+    drain = (F.when(col("drain_state") == "empty", F.lit(0.0))
+             .when(col("drain_state") == "draining", col("backlog_last") / -col("backlog_growth_rate"))
+             .when((col("drain_state") == "keeping up") & (finish_rate > 0), col("backlog_last") / finish_rate))
     is_topic = col("channel") == ""
     window_start = F.timestamp_seconds(col("k") * W)
     return (agg
             .withColumn("backlog_growth_rate", growth)
+            .withColumn("drain_state", state)
             .select(
                 F.to_date(window_start).alias("date"),
                 window_start.alias("window_start"),
@@ -217,8 +267,8 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
                 F.when(covered, col("finished")).alias("finished"), per_s("finished").alias("finish_rate"),
                 F.when(covered, col("requeued")).alias("requeued"), per_s("requeued").alias("requeue_rate"),
                 F.when(covered, col("timed_out")).alias("timed_out"), per_s("timed_out").alias("timeout_rate"),
-                "depth_max", "depth_mean", "backlog_last", "backlog_growth_rate",
-                drain.alias("time_to_drain_s"),
+                "depth_max", "depth_mean", "depth_last", "backlog_last", "backlog_growth_rate",
+                "drain_state", drain.alias("time_to_drain_s"),
                 "clients_max", "clients_mean", e2e_ms.alias("e2e_ms"),
                 "restarts",
             ))
@@ -236,7 +286,9 @@ def summarize(result: Any) -> Any:
         F.sum("requeued").alias("requeued"), F.sum("timed_out").alias("timed_out"),
         F.max("depth_max").alias("depth_max"),
         F.max_by("backlog_last", F.when(col("backlog_last").isNotNull(), col("window_start"))).alias("backlog_last"),
-        F.max_by("time_to_drain_s", F.when(col("backlog_last").isNotNull(), col("window_start")))
+        # the state of the last window that has one (a window with a single snapshot has no rates)
+        F.max_by("drain_state", F.when(col("drain_state").isNotNull(), col("window_start"))).alias("drain_state"),
+        F.max_by("time_to_drain_s", F.when(col("drain_state").isNotNull(), col("window_start")))
         .alias("time_to_drain_s"),
         F.max("clients_max").alias("clients_max"),
         F.max(F.col("e2e_ms").getItem("0.99")).alias("e2e_p99_ms"),
@@ -244,63 +296,6 @@ def summarize(result: Any) -> Any:
     ).withColumn("publish_rate", F.when(col("covered_s") > 0, col("published") / col("covered_s")))
         .withColumn("finish_rate", F.when(col("covered_s") > 0, col("finished") / col("covered_s")))
         .orderBy("topic", F.col("channel").asc_nulls_first(), "node"))
-
-
-def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        return f"{value:,.{digits}f}"
-    return f"{value:,}"
-
-
-def _fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-SUMMARY_COLUMNS = ("node", "topic", "channel", "pub/s", "fin/s", "requeued", "timed out", "depth max",
-                   "backlog", "drain in", "clients", "e2e p99 ms", "restarts")
-
-
-def summary_table(rows: Sequence[Any]) -> list[list[str]]:
-    table = []
-    for r in rows:
-        table.append([
-            r["node"], r["topic"], r["channel"] if r["channel"] is not None else "(topic)",
-            _fmt(r["publish_rate"]), _fmt(r["finish_rate"]),
-            _fmt(r["requeued"], 0), _fmt(r["timed_out"], 0), _fmt(r["depth_max"]),
-            _fmt(r["backlog_last"]),
-            _fmt_duration(r["time_to_drain_s"]) if r["channel"] is not None or r["backlog_last"] else "-",
-            _fmt(r["clients_max"]), _fmt(r["e2e_p99_ms"]), _fmt(r["restarts"]),
-        ])
-    return table
-
-
-def format_summary(rows: Sequence[Any], total: int | None = None) -> str:
-    """A plain-text table with aligned columns."""
-    table = summary_table(rows)
-    widths = [len(h) for h in SUMMARY_COLUMNS]
-    for line in table:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, line)]
-    left = {0, 1, 2}
-
-    def fmt_line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    out = [fmt_line(SUMMARY_COLUMNS), "  ".join("-" * w for w in widths)]
-    out.extend(fmt_line(line) for line in table)
-    if total is not None and total > len(rows):
-        out.append(f"... {total - len(rows)} more rows in the Parquet output")
-    return "\n".join(out) + "\n"
 
 
 def chart_series(result: Any, top: int = 8) -> dict[str, dict[str, list[Any]]]:
@@ -333,11 +328,48 @@ def chart_series(result: Any, top: int = 8) -> dict[str, dict[str, list[Any]]]:
     return out
 
 
+def chart_marks(result: Any, limit: int = 200) -> dict[str, list[Any]]:
+    """What the report's charts mark: ``restarts`` [(window_start, node)] (counter resets) and ``gaps``
+    [(start, end, node)]: runs of windows inside a node's time span with no snapshot of that node."""
+    from pyspark.sql import functions as F
+
+    per_node = (result.groupBy("node", "window_start", "window_end")
+                .agg(F.max("samples").alias("samples"), F.max("restarts").alias("restarts"))
+                .orderBy("node", "window_start").collect())
+    restarts: list[Any] = []
+    gaps: list[Any] = []
+    by_node: dict[str, list[Any]] = {}
+    for r in per_node:
+        by_node.setdefault(r["node"], []).append(r)
+    for node, rows in by_node.items():
+        with_data = [r for r in rows if r["samples"]]
+        if not with_data:
+            continue
+        first, last = with_data[0]["window_start"], with_data[-1]["window_start"]
+        gap_start = None
+        prev_end = None
+        for r in rows:
+            if r["restarts"]:
+                restarts.append((r["window_start"], node))
+            if r["window_start"] < first or r["window_start"] > last:
+                continue
+            if prev_end is not None and r["window_start"] > prev_end and gap_start is None:
+                gap_start = prev_end  # windows missing altogether (an interval longer than --max-gap)
+            if not r["samples"]:
+                gap_start = gap_start if gap_start is not None else r["window_start"]
+            elif gap_start is not None:
+                gaps.append((gap_start, r["window_start"], node))
+                gap_start = None
+            prev_end = r["window_end"]
+    return {"restarts": restarts[:limit], "gaps": gaps[:limit]}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nsqtw-stats",
         description="Rates, depths and latencies per node/topic/channel/window from nsqd "
-                    "--stats-export-path snapshots (JSON Lines), with Spark.")
+                    "--stats-export-path snapshots (JSON Lines), with Spark. Exit status: 0 done, "
+                    "1 the Spark job failed, 2 bad arguments, 3 input missing or empty.")
     p.add_argument("paths", nargs="+", help="snapshot files or directories: local paths or Hadoop URIs "
                                             "(file:///, hdfs://, s3a://...)")
     p.add_argument("--window", default="1m", help="window length, a Go duration (default 1m)")
@@ -352,57 +384,105 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", default="", help="also write a one-page HTML report with SVG charts to this file")
     p.add_argument("--limit", type=int, default=50, help="rows of the printed summary (default 50)")
     p.add_argument("--top", type=int, default=8, help="series per chart in the HTML report (default 8)")
+    add_common_arguments(p)
     add_spark_arguments(p)
     return p
 
 
-def run(args: argparse.Namespace, spark: Any = None, out: Any = None) -> dict[str, Any]:
-    """The job behind the CLI; returns figures for callers and tests."""
-    out = out or sys.stdout
+def check_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything that can be wrong before Spark starts: values, and local inputs that are not there."""
     try:
         window = parse_duration(args.window, "window")
         max_gap = parse_duration(args.max_gap, "max-gap")
     except OptionError as e:
-        raise SystemExit(str(e)) from None
+        raise UsageError(str(e)) from None
     if window <= 0:
-        raise SystemExit("--window must be positive")
+        raise UsageError(f"--window must be positive, not {args.window!r}")
+    if max_gap < 0:
+        raise UsageError(f"--max-gap must not be negative, not {args.max_gap!r}")
+    if args.limit < 0:
+        raise UsageError(f"--limit must not be negative, not {args.limit}")
+    if args.top < 1:
+        raise UsageError(f"--top must be at least 1, not {args.top}")
+    if args.html:
+        parent = os.path.dirname(os.path.abspath(args.html))
+        if not os.path.isdir(parent):
+            raise UsageError(f"--html {args.html}: directory {parent} does not exist")
+    conf = parse_conf(args.conf)
+    files = check_local_inputs(args.paths, args.pattern or None, allow_empty=args.allow_empty)
+    return {"window": window, "max_gap": max_gap, "conf": conf, "files": files}
+
+
+def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any = None) -> dict[str, Any]:
+    """The job behind the CLI; returns figures for callers and tests.
+
+    Raises :class:`~nsqtw.spark.cli.JobError` (one line) for bad arguments and missing or empty input.
+    """
+    out = out or sys.stdout
+    checked = check_args(args)
+    window, max_gap = checked["window"], checked["max_gap"]
+    progress = Progress("nsqtw-stats", getattr(args, "quiet", False), err)
     own = spark is None
     if own:
-        spark = get_session("nsqtw-stats", args.master, parse_conf(args.conf))
+        progress(f"starting Spark ({args.master})")
+        spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=not args.quiet,
+                            verbose=args.verbose)
+    result = None
     try:
-        snapshots = read_snapshots(spark, args.paths, args.pattern or None)
+        found = "" if checked["files"] is None else f" ({checked['files']} files)"
+        progress(f"reading snapshots from {', '.join(args.paths)}{found}")
+        snapshots = _read_or_fail(spark, args.paths, args.pattern or None)
+        progress(f"computing {args.window} windows")
         result = compute_stats(snapshots, window, max_gap).cache()
+        rows_total = result.count()
+        if rows_total == 0:
+            what = f"no snapshots in {', '.join(args.paths)}" + (
+                f" (files matching --pattern {args.pattern!r} hold no export records)" if args.pattern else "")
+            if not args.allow_empty:
+                raise InputError(what + " (--allow-empty to accept that)")
+            out.write(f"nsqtw-stats: 0 node/topic/channel series: {what}; nothing written\n")
+            return {"series": 0, "rows": []}
         if args.output:
+            progress(f"writing {rows_total} rows to {args.output}")
             result.write.mode(args.mode).partitionBy("date").parquet(args.output)
+        progress("summarizing")
         summary = summarize(result)
         total = summary.count()
         rows = summary.limit(args.limit).collect()
         from pyspark.sql import functions as F
         span = result.agg(F.min("window_start"), F.max("window_end")).collect()[0]
-        from .report import utc_text
         out.write(f"nsqtw-stats: {total} node/topic/channel series, windows of {args.window}, "
                   f"{utc_text(span[0])} .. {utc_text(span[1])}\n\n")
         out.write(format_summary(rows, total))
         if args.html:
-            from .report import render_report
+            progress(f"writing the report to {args.html}")
             html = render_report(summary_rows=summary.limit(max(args.limit, 200)).collect(),
                                  series=chart_series(result, args.top), window=args.window,
-                                 span=(span[0], span[1]), total=total)
+                                 span=(span[0], span[1]), total=total, marks=chart_marks(result))
             with open(args.html, "w", encoding="utf-8") as f:
                 f.write(html)
             out.write(f"\nreport written to {args.html}\n")
+        progress("done")
         return {"series": total, "rows": rows}
     finally:
-        if "result" in locals():
+        if result is not None:
             result.unpersist()
         if own:
             spark.stop()
 
 
+def _read_or_fail(spark: Any, paths: Sequence[str], pattern: str | None) -> Any:
+    """:func:`read_snapshots`, with Spark's "path does not exist" as one :class:`InputError` line."""
+    try:
+        return read_snapshots(spark, paths, pattern)
+    except Exception as e:
+        if error_class(e) == "PATH_NOT_FOUND":
+            raise InputError("input not found: " + describe_error(e)) from e
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    run(args)
-    return 0
+    return run_main("nsqtw-stats", build_parser(), run, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,7 +32,11 @@ Topics are ``--topic`` (repeatable), or discovered: with ``--topic-pattern``
 nsqtw extension: ``--output-format=jsonl`` writes one JSON object per
 message instead of the raw body (what ``nsqtw-replay`` reads)::
 
-    {"topic": "t", "channel": "c", "id": "<16 hex>", "timestamp": <ns>, "attempts": 1, "body": "<base64>"}
+    {"topic": "t", "channel": "c", "node": "host:4150", "id": "<16 hex>", "timestamp": <ns>,
+     "attempts": 1, "body": "<base64>"}
+
+``node`` is the nsqd (its TCP address) the message came from: message IDs are
+unique per nsqd only, so ``nsqtw-replay`` de-duplicates by (topic, node, id).
 
 Differences from Go, on purpose: a ``--filename-format`` without ``<REV>``
 where one is needed is refused at start (Go logs it per topic and writes
@@ -208,7 +212,8 @@ def compute_filename_format(options: ToFileOptions, topic: str, hostname: str | 
 def jsonl_record(topic: str, channel: str, msg: Any) -> bytes:
     """One ``--output-format=jsonl`` line (the format nsqtw-replay reads; keep it exactly)."""
     mid = msg.id.decode("ascii") if isinstance(msg.id, bytes) else str(msg.id)
-    doc = {"topic": topic, "channel": channel, "id": mid, "timestamp": int(msg.timestamp),
+    node = getattr(msg, "nsqd_address", "") or None
+    doc = {"topic": topic, "channel": channel, "node": node, "id": mid, "timestamp": int(msg.timestamp),
            "attempts": int(msg.attempts), "body": base64.b64encode(msg.body).decode("ascii")}
     return json.dumps(doc).encode("ascii") + b"\n"
 

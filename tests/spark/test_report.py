@@ -29,3 +29,40 @@ def test_line_chart_points_inside_plot() -> None:
             x, y = map(float, pair.split(","))
             assert left - 0.1 <= x <= left + width + 0.1 and top - 0.1 <= y <= top + height + 0.1
     assert "no data" in line_chart("empty", {}, "")
+
+
+def _labels(svg: str) -> list[str]:
+    return re.findall(r'text-anchor="middle">([^<]+)</text>', svg)
+
+
+def test_time_axis_ticks_on_round_distinct_times() -> None:
+    """A short span gets second ticks (no repeated 13:17 labels); a long one whole half hours, not 00:47."""
+    from nsqtw.spark.report import time_ticks
+
+    t0 = datetime(2024, 1, 1, 13, 17, 5, tzinfo=timezone.utc)
+    short = {"s": [(t0 + timedelta(seconds=s), 1.0) for s in range(0, 156, 5)]}
+    labels = _labels(line_chart("x", short))
+    assert labels and len(labels) == len(set(labels)), labels
+    assert all(lb.endswith(("00", "30")) for lb in labels), labels
+    t1 = datetime(2024, 1, 1, 0, 47, 13, tzinfo=timezone.utc)
+    long = {"s": [(t1 + timedelta(minutes=m), 1.0) for m in range(0, 168)]}
+    labels = _labels(line_chart("x", long))
+    assert labels == ["01:00", "01:30", "02:00", "02:30", "03:00", "03:30"], labels
+    for lo, hi in ((0, 59), (100, 7300), (1_700_000_000, 1_700_000_000 + 3 * 86400)):
+        ticks = time_ticks(lo, hi)
+        steps = {round(b - a, 6) for a, b in zip(ticks[:-1], ticks[1:], strict=True)}
+        assert len(steps) == 1 and all(t % next(iter(steps)) == 0 for t in ticks) and lo <= ticks[0] <= ticks[-1] <= hi
+    days = {"s": [(t1 + timedelta(hours=h), 1.0) for h in range(0, 80)]}
+    labels = _labels(line_chart("x", days))
+    assert len(labels) == len(set(labels)) and all("-" in lb for lb in labels)
+
+
+def test_gaps_and_restarts_marked() -> None:
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    series = {"a": [(t0 + timedelta(minutes=i), 1.0) for i in range(60)]}
+    marks = {"gaps": [(t0 + timedelta(minutes=10), t0 + timedelta(minutes=15), "n1:4151")],
+             "restarts": [(t0 + timedelta(minutes=30), "n2:4151")]}
+    svg = line_chart("x", series, marks=marks)
+    assert svg.count('class="gap"') == 1 and "no snapshots from n1:4151" in svg
+    assert svg.count('class="restart"') == 1 and "restart (counters reset) of n2:4151" in svg
+    assert 'class="gap"' not in line_chart("x", series)

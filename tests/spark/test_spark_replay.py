@@ -113,7 +113,7 @@ def test_cli_writes_deduplicated_archive(spark, archive_dir, tmp_path) -> None:
     assert sorted(records) == ["topic=audit", "topic=clicks", "topic=events"]
     events = records["topic=events"]
     assert [r["id"] for r in events] == ["%016x" % (0xabc000 + i) for i in range(1, 8)]  # time order
-    assert list(events[0]) == ["topic", "channel", "id", "timestamp", "attempts", "body"]
+    assert list(events[0]) == ["topic", "channel", "node", "id", "timestamp", "attempts", "body"]
     assert base64.b64decode(events[3]["body"]) == b"events-message-4\n\x00\xff"
     assert len(records["topic=clicks"]) == 5 and records["topic=clicks"][0]["id"] is None
 
@@ -168,3 +168,47 @@ def test_publish_rows_batching() -> None:
     publish_rows(rows[:5], rec2, batch_size=100, max_batch_bytes=4 + 3 * 14)
     assert [len(b) for _t, b in rec2.calls] == [3, 2]
     assert encode_mpub([b"ab", b"c"]) == b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x01c"
+
+
+def _node_rec(topic: str, node, i: int, body: bytes, attempts: int = 1) -> bytes:
+    doc = {"topic": topic, "channel": "archive", "node": node, "id": "%016x" % (0xdef000 + i),
+           "timestamp": (T + i) * 1_000_000_000, "attempts": attempts, "body": base64.b64encode(body).decode()}
+    if node is None:
+        del doc["node"]  # an archive written before the format had the node
+    return json.dumps(doc).encode() + b"\n"
+
+
+def test_node_in_the_dedupe_key_and_old_archives_still_read(spark, tmp_path) -> None:
+    """Message IDs are unique per nsqd only: one id from two nodes is two messages; the same node's
+    copies are one (fewest attempts kept); records without a node are read, keyed without one."""
+    from nsqtw.spark.replay import deduplicate, read_archives, run
+
+    d = tmp_path / "archives"
+    d.mkdir()
+    (d / "orders.h1.log").write_bytes(
+        _node_rec("orders", "nsqd-1:4150", 1, b"from node 1")
+        + _node_rec("orders", "nsqd-2:4150", 1, b"from node 2")          # same id, another node: kept
+        + _node_rec("orders", "nsqd-1:4150", 1, b"from node 1", attempts=2)  # a redelivery: dropped
+        + _node_rec("orders", None, 2, b"old archive")
+        + _node_rec("orders", None, 2, b"old archive", attempts=3))
+    rows = read_archives(spark, [str(d)]).collect()
+    assert sorted((r["node"] or "-") for r in rows) == ["-", "-", "nsqd-1:4150", "nsqd-1:4150", "nsqd-2:4150"]
+    kept = deduplicate(read_archives(spark, [str(d)])).collect()
+    assert sorted((r["node"] or "-", bytes(r["body"]), r["attempts"]) for r in kept) == [
+        ("-", b"old archive", 1), ("nsqd-1:4150", b"from node 1", 1), ("nsqd-2:4150", b"from node 2", 1)]
+    out = tmp_path / "clean"
+    figures = run(_args(str(d), "--output", str(out), "--compression", "none", "--quiet"), spark=spark,
+                  out=io.StringIO())
+    assert figures["kept"] == 3
+    written = [json.loads(ln) for p in sorted((out / "topic=orders").iterdir()) if not p.name.startswith((".", "_"))
+               for ln in p.read_bytes().splitlines()]
+    assert sorted((w["node"] or "-") for w in written) == ["-", "nsqd-1:4150", "nsqd-2:4150"]
+
+
+def test_raw_and_jsonl_copies_are_not_deduplicated_against_each_other(spark, tmp_path) -> None:
+    """As the README says: a raw line has no id, so the same message archived raw and as jsonl is kept twice."""
+    from nsqtw.spark.replay import deduplicate, read_archives
+
+    (tmp_path / "orders.h1.log").write_bytes(_node_rec("orders", "nsqd-1:4150", 1, b"same"))
+    (tmp_path / "orders.h2.log").write_bytes(b"same\n")
+    assert len(deduplicate(read_archives(spark, [str(tmp_path)])).collect()) == 2

@@ -74,6 +74,10 @@ def test_every_message_arrives_across_a_driver_crash(spark, broker, tmp_path) ->
         os.kill(pid, signal.SIGKILL)  # the driver's Python source process dies mid-stream
         publisher.join()
         _wait(lambda: not q1.isActive, 60, "the crashed query to stop")
+        # Spark says "STREAM_FAILED ... (no cause message)"; explain_failure names the cause
+        from nsqtw.spark.source import explain_failure
+        why = explain_failure(q1.exception())
+        assert why is not None and f"pid {pid}" in why and str(spool) in why and "died" in why, why
     finally:
         if q1.isActive:
             q1.stop()
@@ -103,3 +107,23 @@ def test_every_message_arrives_across_a_driver_crash(spark, broker, tmp_path) ->
     print(f"source e2e: {len(bodies)} rows, {duplicates} duplicates, {ch['timeout_count']} timeouts after the crash")
     leftovers = [n for n in os.listdir(spool) if n.startswith("segment-")]
     assert len(leftovers) <= 1
+
+
+def test_explain_failure_only_for_a_dead_source(tmp_path) -> None:
+    """A spool whose lock is still held is not "dead"; a released one is; other errors are not explained."""
+    from nsqtw.spark.source import explain_failure
+    from nsqtw.spark.spool import Spool
+
+    spool_dir = tmp_path / "sp"
+    spark_text = ('[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception:  SQLSTATE: XXKST '
+                  '(no cause message)\nCurrent Committed Offsets: {PythonMicroBatchStream@1: {"seq": 0, "spool": "ab", '
+                  f'"dir": "{spool_dir}"}}}}\n')
+    spool = Spool(str(spool_dir), "t", "c")
+    try:
+        assert "pid" not in (explain_failure(spark_text) or "")  # still held: not the dead-process case
+    finally:
+        spool.close()
+    why = explain_failure(spark_text)
+    assert why is not None and f"pid {os.getpid()}" in why and str(spool_dir) in why
+    assert explain_failure("[STREAM_FAILED] ... terminated with exception: boom") is None
+    assert explain_failure(None) is None

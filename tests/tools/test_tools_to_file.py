@@ -227,7 +227,8 @@ async def test_jsonl_output_format(nsqd, tmp_path):
     await within(app.stop())
     lines = open(logger.closed_files[0], "rb").read().splitlines()
     docs = [json.loads(line) for line in lines]
-    assert [list(d) for d in docs] == [["topic", "channel", "id", "timestamp", "attempts", "body"]] * 2
+    assert [list(d) for d in docs] == [["topic", "channel", "node", "id", "timestamp", "attempts", "body"]] * 2
+    assert all(d["node"] == nsqd.tcp_address for d in docs)  # message IDs are unique per nsqd only
     assert [base64.b64decode(d["body"]) for d in docs] == [b"\x00binary\n", b"{\"x\": 1}"]
     assert all(d["topic"] == "js" and d["channel"] == "arch" and d["attempts"] == 1 for d in docs)
     assert all(re.fullmatch(r"[0-9a-f]{16}", d["id"]) and isinstance(d["timestamp"], int) for d in docs)

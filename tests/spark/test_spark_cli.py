@@ -1,0 +1,126 @@
+"""The Spark side of the jobs' failures: inputs that hold nothing, and a Spark job that fails."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def test_stats_files_without_records_is_an_input_error(spark, tmp_path) -> None:
+    """Files match --pattern but hold no export record: exit 3, no output directory created."""
+    from nsqtw.spark import cli, stats
+
+    (tmp_path / "nsqd-stats.2024-01-01_00.a_4151.jsonl").write_bytes(b"")
+    (tmp_path / "nsqd-stats.2024-01-01_01.a_4151.jsonl").write_bytes(b'{"timestamp":17')  # torn line only
+    out_dir = tmp_path / "out.parquet"
+    args = stats.build_parser().parse_args([str(tmp_path), "-o", str(out_dir), "--quiet"])
+    with pytest.raises(cli.InputError) as e:
+        stats.run(args, spark=spark, out=io.StringIO())
+    assert e.value.code == 3 and "no snapshots in" in str(e.value) and "--allow-empty" in str(e.value)
+    assert not out_dir.exists()
+
+
+def test_stats_allow_empty(spark, tmp_path) -> None:
+    from nsqtw.spark import stats
+
+    out_dir = tmp_path / "out.parquet"
+    args = stats.build_parser().parse_args([str(tmp_path), "-o", str(out_dir), "--allow-empty", "--quiet"])
+    buf = io.StringIO()
+    assert stats.run(args, spark=spark, out=buf)["series"] == 0
+    assert "0 node/topic/channel series" in buf.getvalue() and not out_dir.exists()
+
+
+def test_replay_nothing_in_the_time_range(spark, tmp_path) -> None:
+    from nsqtw.spark import cli, replay
+
+    (tmp_path / "events.h.log").write_bytes(b"a\nb\n")
+    args = replay.build_parser().parse_args([str(tmp_path), "--dry-run", "--quiet", "--since", "4000000000"])
+    with pytest.raises(cli.InputError) as e:
+        replay.run(args, spark=spark, out=io.StringIO())
+    assert "no messages in" in str(e.value) and "between --since and --until" in str(e.value)
+    args = replay.build_parser().parse_args([str(tmp_path), "--dry-run", "--quiet", "--since", "4000000000",
+                                             "--allow-empty"])
+    assert replay.run(args, spark=spark, out=io.StringIO())["read"] == 0
+
+
+def test_failing_spark_job_one_line_cause_first(spark) -> None:
+    """An exception inside a Spark task: the Python error line first, the traceback only with --verbose."""
+    import argparse
+
+    from nsqtw.spark import cli
+
+    parser = argparse.ArgumentParser(prog="job")
+    cli.add_common_arguments(parser)
+
+    def job(_args):
+        spark.sparkContext.parallelize([1], 1).map(lambda x: x // 0).collect()
+
+    err = io.StringIO()
+    assert cli.run_main("job", parser, job, [], stderr=err) == 1
+    text = err.getvalue()
+    assert text.startswith("job: error: ZeroDivisionError: integer division or modulo by zero")
+    assert text.count("\n") == 1
+    err = io.StringIO()
+    assert cli.run_main("job", parser, job, ["--verbose"], stderr=err) == 1
+    text = err.getvalue()
+    assert "Traceback" in text and text.splitlines()[-1].startswith("job: error: ZeroDivisionError")
+
+
+def test_failing_sql_error_class(spark) -> None:
+    import argparse
+
+    from nsqtw.spark import cli
+
+    parser = argparse.ArgumentParser(prog="job")
+    cli.add_common_arguments(parser)
+    err = io.StringIO()
+    assert cli.run_main("job", parser, lambda _a: spark.sql("SELECT raise_error('boom')").collect(), [],
+                        stderr=err) == 1
+    assert err.getvalue().count("\n") == 1 and "boom" in err.getvalue()
+
+
+def test_progress_stage_lines_on_stderr_and_quiet(spark, tmp_path) -> None:
+    """A run prints its stages on stderr (stdout keeps only the results); --quiet prints none."""
+    from spark_data import line, topic
+
+    from nsqtw.spark import stats
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "nsqd-stats.2024-01-01_00.n_4151.jsonl").write_bytes(b"".join(
+        line(1_700_000_040 + s, "n", 4151, 1_699_000_000, [topic("t", msgs=s)]) for s in range(0, 60, 10)))
+    out, err = io.StringIO(), io.StringIO()
+    stats.run(stats.build_parser().parse_args([str(src), "-o", str(tmp_path / "o.parquet")]), spark=spark,
+              out=out, err=err)
+    stages = [ln.split("] ", 1)[1] for ln in err.getvalue().splitlines()]
+    assert [s.split(" ")[0] for s in stages] == ["reading", "computing", "writing", "summarizing", "done"], stages
+    assert all(ln.startswith("nsqtw-stats: [") for ln in err.getvalue().splitlines())
+    assert "reading" not in out.getvalue() and "1 node/topic/channel series" in out.getvalue()
+    quiet = io.StringIO()
+    stats.run(stats.build_parser().parse_args([str(src), "-o", "", "--quiet"]), spark=spark,
+              out=io.StringIO(), err=quiet)
+    assert quiet.getvalue() == ""
+
+
+def test_cli_spark_failure_is_one_line_not_a_java_traceback(tmp_path) -> None:
+    """The real command, Spark started, its read failing: exit 1, the cause on one line, no traceback,
+    none of Spark's log lines (Spark's JVM may still print its own start-up notes)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-m", "nsqtw.spark", "stats", "nosuchfs://bucket/stats", "-o", "",
+                           "--quiet", "--master", "local[1]"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("nsqtw-stats: error: ") and 'No FileSystem for scheme "nosuchfs"' in lines[-1]
+    assert "Traceback" not in proc.stderr and " WARN " not in proc.stderr and "\tat " not in proc.stderr
+    assert len(lines) <= 5, proc.stderr
+    assert proc.stdout == ""

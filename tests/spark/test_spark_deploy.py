@@ -1,0 +1,105 @@
+"""The streaming source as the README deploys it: its example program run exactly as written, and
+a worker that cannot import nsqtw found at once, with the fix in the error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "``stream_events.py``, a whole program"
+
+
+def readme_example() -> str:
+    """The literal block after the README's ``stream_events.py`` paragraph, dedented."""
+    lines = (ROOT / "README.rst").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(MARKER))
+    i = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith("::")) + 1
+    block: list[str] = []
+    while i < len(lines) and (not lines[i].strip() or lines[i].startswith("    ")):
+        block.append(lines[i][4:])
+        i += 1
+    return "\n".join(block).strip() + "\n"
+
+
+def test_readme_example_is_a_whole_program() -> None:
+    src = readme_example()
+    compile(src, "stream_events.py", "exec")
+    assert "register(spark)" in src and "awaitTermination" in src
+
+
+def _parquet_bodies(path: Path) -> list[bytes]:
+    import pyarrow.dataset as ds
+
+    if not path.exists() or not any(p.suffix == ".parquet" for p in path.iterdir()):
+        return []
+    try:
+        table = ds.dataset(str(path), format="parquet").to_table(columns=["body"])
+    except Exception:  # a file being written
+        return []
+    return [bytes(b) for b in table.column("body").to_pylist()]
+
+
+@pytest.mark.e2e
+def test_readme_streaming_example_runs_as_written(tmp_path) -> None:
+    """`.venv/bin/python stream_events.py <nsqd> <dir>` with no PYSPARK_PYTHON set and a PATH whose
+    python3 is not the venv's: every published message reaches the Parquet sink."""
+    from live_nsqd import LiveNsqd
+
+    script = tmp_path / "stream_events.py"
+    script.write_text(readme_example(), encoding="utf-8")
+    base = tmp_path / "events"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV")}
+    venv_bin = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin) or "/usr/bin"
+    # this checkout's nsqtw (an installed copy may be older); the program itself is untouched
+    env["PYTHONPATH"] = str(ROOT)
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    nsqd = LiveNsqd()
+    proc = None
+    try:
+        expected = {b"event-%03d" % i for i in range(40)}
+        nsqd.mpub("events", sorted(expected))
+        log = open(tmp_path / "stream.log", "wb")
+        proc = subprocess.Popen([sys.executable, str(script), nsqd.tcp_address, str(base)], cwd=tmp_path,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 180
+        while set(_parquet_bodies(base / "parquet")) < expected:
+            if proc.poll() is not None:
+                raise AssertionError("the README's program ended: "
+                                     + (tmp_path / "stream.log").read_text(errors="replace")[-3000:])
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out: " + (tmp_path / "stream.log").read_text(errors="replace")[-3000:])
+            time.sleep(1.0)
+        assert (base / "checkpoint" / "nsq-spool").is_dir()
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        nsqd.stop()
+
+
+def test_worker_without_the_module_fails_with_the_fix(spark) -> None:
+    """A worker that cannot import the module: WorkerImportError naming the worker's Python and the
+    fixes (PYSPARK_PYTHON, --py-files, install on the executors)."""
+    from nsqtw.spark.source import WorkerImportError, check_workers
+
+    with pytest.raises(WorkerImportError) as e:
+        check_workers(spark, module="nsqtw_absent_module")
+    text = str(e.value)
+    assert "No module named 'nsqtw_absent_module'" in text
+    assert "PYSPARK_PYTHON" in text and "--py-files" in text and "pip install nsqtw" in text
+    assert check_workers(spark)  # this session's workers do import nsqtw
