@@ -64,6 +64,22 @@ def enable_warm_up_threads() -> None:
     _WARM_UP_THREADS = True
 
 
+def freeze_start_up_objects() -> None:
+    """A process of nsqtw's own, its imports done: move every object alive now (modules,
+    classes, functions: about 230,000 of them) out of the collector's reach (``gc.freeze``).
+
+    Without it each full collection walks them all again, a pause of 15-20 ms on this
+    machine in which no client is answered: a command sent just then goes unread, and a
+    nsqd killed during that pause resets its clients' connections (RST: unread data)
+    instead of closing them, which some clients handle badly. The frozen objects live as
+    long as the process anyway. Embedded brokers never do this: the application owns its
+    collector."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 class LazyFactory:
     """A server factory built on first use: the port is bound (and logged) at start, while
     what serves it (say the HTTP API, whose web framework takes 60-100 ms to import) is built
@@ -86,6 +102,8 @@ class LazyFactory:
         if self._factory is None and self._build is not None:
             build, self._build = self._build, None
             self._factory = build()
+            if _WARM_UP_THREADS:
+                freeze_start_up_objects()
         return self._factory
 
     def doStart(self) -> None:
