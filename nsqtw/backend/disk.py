@@ -119,10 +119,10 @@ def read_queue_metadata(data: bytes) -> tuple[int, int, int, int, int]:
     """``(depth, readFileNum, readPos, writeFileNum, writePos)``; ValueError if unparsable."""
     m = _META_RE.match(data)
     if m is None:
-        raise ValueError("invalid diskqueue metadata %r" % data[:80])
+        raise ValueError(f"invalid diskqueue metadata {data[:80]!r}")
     d, rf, rp, wf, wp = (int(x) for x in m.groups())
     if rf < 0 or rp < 0 or wf < 0 or wp < 0:
-        raise ValueError("invalid diskqueue metadata: negative position %r" % data[:80])
+        raise ValueError(f"invalid diskqueue metadata: negative position {data[:80]!r}")
     return d, rf, rp, wf, wp
 
 
@@ -714,7 +714,7 @@ class DiskQueue:
                         break
                 size = _unpack_i32(buf, i)[0]
                 if size < lo or size > hi:
-                    err = "invalid message read size (%d)" % size
+                    err = f"invalid message read size ({size})"
                     break
                 j = i + 4 + size
                 if j > len(buf):

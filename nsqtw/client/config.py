@@ -23,7 +23,7 @@ import datetime
 import os
 import random
 import socket
-from typing import Any, Union
+from typing import Any
 from collections.abc import Callable, Iterable
 
 import attr
@@ -166,9 +166,9 @@ def _coerce_set(kind: str, value: Any) -> Any:
         if isinstance(value, str):
             return value
         if _is_int(value):
-            return "%d" % value
+            return f"{value:d}"
         if isinstance(value, float):
-            return "%f" % value
+            return f"{value:f}"
         return str(value)
     return value  # STRATEGY, ADDR, OBJECT, TLS_VERSION: the field converter decides
 
@@ -469,4 +469,4 @@ def apply_flags(config: Config, flags: Iterable[str]) -> Config:
     return config
 
 
-ConfigValue = Union[str, int, float, bool, datetime.timedelta]
+ConfigValue = str | int | float | bool | datetime.timedelta

@@ -253,7 +253,7 @@ class Broker:
         if uniform is not None:
             # each message's frame head, timestamp, attempts and ID come as one bytes object
             heads = self.guid.new_ids(n, ts, _SIZE(uniform + 30) + mid)
-            blob = b"".join(chain.from_iterable(zip(heads, bodies)))
+            blob = b"".join(chain.from_iterable(zip(heads, bodies, strict=False)))
             return (blob, range(0, len(blob), uniform + 34), len(blob)), uniform * n
         ids = self.guid.new_ids(n, ts)
         heads = list(map(_SIZE, map(_add, sizes, repeat(30))))

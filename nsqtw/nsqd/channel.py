@@ -214,7 +214,7 @@ class Channel:
             else:
                 frames, ids = frames_and_ids(run)
                 data = run_bytes(run)
-            msgs.update(zip(ids, frames))
+            msgs.update(zip(ids, frames, strict=False))
             inflight.update(dict.fromkeys(ids, ep))
             client.send(data)
             total += len(frames)
@@ -268,7 +268,7 @@ class Channel:
                      now: float) -> list[FinFailed]:
         # put back what the batch pop took, then go one by one in order
         inflight = self.inflight
-        for mid, ep in zip(ids, eps):
+        for mid, ep in zip(ids, eps, strict=False):
             if ep is not None:
                 inflight[mid] = ep
         errors = []

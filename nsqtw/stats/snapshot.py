@@ -178,12 +178,12 @@ def go_json(value: Any) -> bytes:
 def nanoseconds_to_human(v: float) -> str:
     """NSQ's ``stringy.NanoSecondToHuman``."""
     if v > 1e9:
-        return "%0.1fs" % (v / 1e9)
+        return f"{v / 1e9:0.1f}s"
     if v > 1e6:
-        return "%0.1fms" % (v / 1e6)
+        return f"{v / 1e6:0.1f}ms"
     if v > 1e3:
-        return "%0.1fus" % (v / 1e3)
-    return "%0.1fns" % v
+        return f"{v / 1e3:0.1f}us"
+    return f"{v:0.1f}ns"
 
 
 def go_duration_text(seconds: float, truncate: bool = False) -> str:

@@ -245,7 +245,7 @@ class StatsdService(Service):
         self.pushes += 1
         self.last_push_datagrams = len(datagrams)
         self._calls = [c for c in self._calls if c.active()]
-        for delay, datagram in zip(spread_delays(len(datagrams), self.interval), datagrams):
+        for delay, datagram in zip(spread_delays(len(datagrams), self.interval), datagrams, strict=True):
             if delay == 0:
                 self._send(datagram, ip)
             else:

@@ -107,18 +107,17 @@ class ChannelTotals:
 
 
 def format_header() -> str:
-    return ("%s+%s+%s\n" % ("------rate------", "----------------depth----------------",
-                            "--------------metadata---------------")
-            + "%7s %7s | %7s %7s %7s %5s %5s | %7s %7s %12s %7s\n" % (
-                "ingress", "egress", "total", "mem", "disk", "inflt", "def", "req", "t-o", "msgs", "clients"))
+    return ("------rate------+----------------depth----------------+--------------metadata---------------\n"
+            f"{'ingress':>7} {'egress':>7} | {'total':>7} {'mem':>7} {'disk':>7} {'inflt':>5} {'def':>5} | "
+            f"{'req':>7} {'t-o':>7} {'msgs':>12} {'clients':>7}\n")
 
 
 def format_line(c: ChannelTotals, o: ChannelTotals, interval: float) -> str:
     ingress = int((c.message_count - o.message_count) / interval)
     egress = int((c.message_count - o.message_count - (c.depth - o.depth)) / interval)
-    return "%7d %7d | %7d %7d %7d %5d %5d | %7d %7d %12d %7d\n" % (
-        ingress, egress, c.depth, c.memory_depth, c.backend_depth, c.in_flight_count, c.deferred_count,
-        c.requeue_count, c.timeout_count, c.message_count, c.client_count)
+    return (f"{ingress:7d} {egress:7d} | {c.depth:7d} {c.memory_depth:7d} {c.backend_depth:7d} "
+            f"{c.in_flight_count:5d} {c.deferred_count:5d} | {c.requeue_count:7d} {c.timeout_count:7d} "
+            f"{c.message_count:12d} {c.client_count:7d}\n")
 
 
 class StatError(Exception):
@@ -194,7 +193,7 @@ class NsqStat(App):
             results = await defer.DeferredList(
                 [self.get_json(f"http://{a}/stats?format=json&topic={topic}&include_clients=false") for a in addrs],
                 consumeErrors=True)
-            for addr, (ok, doc) in zip(addrs, results):
+            for addr, (ok, doc) in zip(addrs, results, strict=True):
                 if not ok:
                     errors.append(doc.getErrorMessage())
                     continue

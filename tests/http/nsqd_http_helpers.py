@@ -128,7 +128,7 @@ def shape_diff(ours: Any, go: Any, path: str = "$") -> list[str]:
         if ours.keys() != go.keys():
             problems.append(f"{path}: keys {ours.keys()} != Go's {go.keys()}")
             return problems
-        for (k, a), (_, b) in zip(ours, go):
+        for (k, a), (_, b) in zip(ours, go, strict=True):
             problems += shape_diff(a, b, f"{path}.{k}")
         return problems
     if isinstance(go, list):

@@ -192,10 +192,10 @@ async def test_stats_text_matches_go_line_shapes(nsqd):
     our_lines = ours.body.decode().split("\n")
     pats = _text_patterns() + [""]
     assert len(go_lines) == len(pats), "the patterns no longer describe Go's fixture"
-    for pat, line in zip(pats, go_lines):
+    for pat, line in zip(pats, go_lines, strict=True):
         assert re.fullmatch(pat, line), (pat, line)
     assert len(our_lines) == len(go_lines), ours.body.decode()
-    for pat, line in zip(pats, our_lines):
+    for pat, line in zip(pats, our_lines, strict=True):
         assert re.fullmatch(pat, line), (pat, line)
     await cons.close()
 
