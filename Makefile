@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark
 SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless
 
-.PHONY: run run-nsqd test quick venv install install-test system-deps bench clean
+.PHONY: run run-nsqd test quick lint venv install install-test system-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,16 @@ run-nsqd: install
 
 test: install-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff and mypy (configured in pyproject.toml), and no `type: ignore` without a reason after it
+lint: venv
+	$(PIP) install --quiet ".[test,spark,lint]"
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/mypy || status=1; \
+	if grep -rnE "type: ignore(\[[^]]*\])?[[:space:]]*$$" nsqtw tests plugins bench; then \
+		echo "a type: ignore needs a reason comment after it"; status=1; fi; \
+	exit $$status
 
 # while editing: skip the slow soak/fault runs
 quick: install-test

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 from . import version_line as _version_line
 from .options import OptionError
+from .reactor import resolve_reactor
 
 __all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
 
@@ -91,7 +92,7 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
 
     from .spinreactor import install_if_unset
     install_if_unset()  # the epoll reactor that polls briefly before sleeping (NSQTW_SPIN_US)
-    from twisted.internet import reactor
+    reactor = resolve_reactor()
 
     from .service.listen import format_address
     from .tools._runtime import begin_logging

@@ -10,7 +10,7 @@ errors carry a status and NSQ's upper-case text, rendered as
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class NSQError(Exception):
@@ -109,8 +109,8 @@ class AuthError(NSQError):
     code = b"E_AUTH_ERROR"
 
 
-def _all_subclasses(cls: type) -> list:
-    out = []
+def _all_subclasses(cls: type[Any]) -> list[Any]:
+    out: list[Any] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
@@ -167,7 +167,7 @@ class BackendError(BrokerError):
 class HTTPAPIError(Exception):
     """An HTTP API error: ``{"message": text}`` with this status."""
 
-    def __init__(self, status: int, text: str, extra: dict | None = None) -> None:
+    def __init__(self, status: int, text: str, extra: dict[str, Any] | None = None) -> None:
         super().__init__(text)
         self.status = status
         self.text = text

@@ -143,7 +143,7 @@ class SyncWorker(Service):
         self.reactor = reactor
         self.clock = clock if clock is not None else reactor
         self.threaded = threaded and reactor is not None
-        self.setName(name)
+        self.setName(name)  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         self._pool: Any = None
         self._dirty: dict[int, DiskQueue] = {}
         self._turn_call: Any = None
@@ -152,14 +152,14 @@ class SyncWorker(Service):
 
     # lifecycle
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         if self.threaded and self._pool is None:
             from twisted.python.threadpool import ThreadPool
             self._pool = ThreadPool(1, 1, name=self.name)
             self._pool.start()
 
     def stopService(self) -> Any:
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         self.end_turn()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -174,7 +174,7 @@ class SyncWorker(Service):
             return None
         return self.clock.callLater(delay, fn)
 
-    def submit(self, fn: Callable[[], Any]) -> Deferred:
+    def submit(self, fn: Callable[[], Any]) -> Deferred[Any]:
         """Run ``fn`` after every job submitted before; fires with its result."""
         self.jobs += 1
         pool = self._pool
@@ -186,7 +186,7 @@ class SyncWorker(Service):
         from twisted.internet.threads import deferToThreadPool
         return deferToThreadPool(self.reactor, pool, fn)
 
-    def flush_and_sync_all(self) -> Deferred:
+    def flush_and_sync_all(self) -> Deferred[Any]:
         """Fires once every message put so far, in any queue of this worker, is fsynced.
 
         The broker's ``--sync-every=1`` OK: publish, then answer when this fires
@@ -283,7 +283,6 @@ def _job_unlink(paths: Sequence[str]) -> None:
 class DiskQueue:
     """go-diskqueue for one topic or channel (see the module docstring)."""
 
-    durable = True
     accepts_all = True
 
     def __init__(self, name: str, data_path: str, *,
@@ -328,7 +327,7 @@ class DiskQueue:
         self._timer: Any = None
         self._put_seq = 0
         self._synced_seq = 0
-        self._waiters: list[tuple[int, Deferred, bool]] = []
+        self._waiters: list[tuple[int, Deferred[Any], bool]] = []
         self._closed = False
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
@@ -897,7 +896,7 @@ class DiskQueue:
         if fd is not None:
             self.worker.submit(partial(_job_close, fd, sync)).addErrback(self._log_job_failure, "close")
 
-    def _skip_to_next_rw_file(self, extra: Sequence[str] = ()) -> Deferred:
+    def _skip_to_next_rw_file(self, extra: Sequence[str] = ()) -> Deferred[Any]:
         """Delete every data file from the read file to the write file; start afresh after them."""
         self._close_read_file()
         self._hand_off_write_fd(sync=False)
@@ -920,7 +919,7 @@ class DiskQueue:
             return d if d > 0 else 1
         return 0
 
-    def empty(self) -> Deferred:
+    def empty(self) -> Deferred[Any]:
         """Go's Empty(): delete the data files and the metadata, restart in a new file."""
         if self._closed:
             return succeed(None)
@@ -936,7 +935,7 @@ class DiskQueue:
         self._fire_waiters(self._put_seq, None)
         return d
 
-    def delete(self) -> Deferred:
+    def delete(self) -> Deferred[Any]:
         """Go's Empty() then Delete(): no file of this queue is left; the queue is done."""
         if self._closed:
             return succeed(None)
@@ -945,7 +944,7 @@ class DiskQueue:
         self._cancel_timer()
         return d
 
-    def close(self) -> Deferred:
+    def close(self) -> Deferred[Any]:
         """Go's Close(): a final fsync and metadata write; fires when they are on disk."""
         if self._closed:
             return succeed(None)
@@ -962,19 +961,19 @@ class DiskQueue:
 
     # --- syncing ---------------------------------------------------------------------------
 
-    def flush_and_sync(self) -> Deferred:
+    def flush_and_sync(self) -> Deferred[Any]:
         """Fires once an fsync covering every message put so far has completed (forces one soon)."""
         return self._wait(force=True)
 
-    def when_synced(self) -> Deferred:
+    def when_synced(self) -> Deferred[Any]:
         """Like :meth:`flush_and_sync`, but waits for the regular schedule."""
         return self._wait(force=False)
 
-    def _wait(self, force: bool) -> Deferred:
+    def _wait(self, force: bool) -> Deferred[Any]:
         target = self._put_seq
         if self._synced_seq >= target:
             return succeed(None)
-        d: Deferred = Deferred()
+        d: Deferred[Any] = Deferred()
         self._waiters.append((target, d, force))
         if self._closed:
             return d  # the final sync in flight will fire it
@@ -1067,8 +1066,8 @@ class DiskQueue:
     def _fire_waiters(self, seq: int, f: Failure | None) -> None:
         if not self._waiters:
             return
-        keep = []
-        ready = []
+        keep: list[tuple[int, Deferred[Any], bool]] = []
+        ready: list[tuple[int, Deferred[Any], bool]] = []
         for w in self._waiters:
             (ready if w[0] <= seq else keep).append(w)
         self._waiters = keep

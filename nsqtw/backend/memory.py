@@ -19,7 +19,7 @@ class MemoryQueue:
 
     __slots__ = ("capacity", "_runs", "_count")
 
-    durable = False
+    accepts_all = False  # what does not fit is handed back
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

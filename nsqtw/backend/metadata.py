@@ -269,8 +269,8 @@ def encode_snapshot(snap: Snapshot) -> bytes:
             continue
         kept = [f'{{"name":{_name(c)},"paused":{"true" if p else "false"}}}'
                 for c, p in chans if not c.endswith("#ephemeral")]
-        chans = "[" + ",".join(kept) + "]" if kept else "null"
-        topics.append(f'{{"name":{_name(name)},"paused":{"true" if paused else "false"},"channels":{chans}}}')
+        listed = "[" + ",".join(kept) + "]" if kept else "null"
+        topics.append(f'{{"name":{_name(name)},"paused":{"true" if paused else "false"},"channels":{listed}}}')
     body = "[" + ",".join(topics) + "]" if topics else "null"
     return f'{{"topics":{body},"version":{_str(NSQ_VERSION)}}}'.encode()
 
@@ -326,7 +326,7 @@ class MetadataWriter:
         (None, or the write's failure) once such a rewrite has finished."""
         from twisted.internet.defer import Deferred
 
-        d: Deferred = Deferred()
+        d: Deferred[Any] = Deferred()
         self._pending.append(d)
         self._wanted = True
         if urgent:

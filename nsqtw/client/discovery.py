@@ -84,18 +84,18 @@ def parse_lookup_response(body: bytes, v1: bool | None = None) -> list[str]:
 
 
 def query_lookupd(http_client: Any, url: str, *, headers: Mapping[str, str] | None = None,
-                  timeout: float = 60.0, clock: Any = None) -> defer.Deferred:
+                  timeout: float = 60.0, clock: Any = None) -> defer.Deferred[Any]:
     """GET ``url``; fires with the producer addresses, fails with the reason."""
     import treq
 
     hdrs: dict[bytes, list[bytes]] = {b"Accept": [ACCEPT.encode()]}
     for k, v in (headers or {}).items():
         hdrs[k.encode()] = [v.encode()]
-    d = http_client.get(url, headers=hdrs)
+    d: defer.Deferred[Any] = http_client.get(url, headers=hdrs)
     if timeout and timeout > 0 and clock is not None:
         d.addTimeout(timeout, clock)
 
-    def got(response: Any) -> defer.Deferred:
+    def got(response: Any) -> defer.Deferred[Any]:
         body = treq.content(response)
 
         def parse(data: bytes) -> list[str]:

@@ -47,14 +47,14 @@ class HTTPProducer:
             self._http_client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor)))
         return self._http_client
 
-    def publish(self, topic: str, body: Body) -> defer.Deferred:
+    def publish(self, topic: str, body: Body) -> defer.Deferred[Any]:
         return self._post("/pub", {"topic": topic}, to_bytes(body))
 
-    def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred:
+    def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred[Any]:
         """``/pub?defer=<ms>``: delivered after ``delay`` seconds."""
         return self._post("/pub", {"topic": topic, "defer": str(ms(delay))}, to_bytes(body))
 
-    def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred:
+    def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred[Any]:
         data = [to_bytes(b) for b in bodies]
         if binary:
             payload = _I32(len(data)) + b"".join(_I32(len(b)) + b for b in data)
@@ -64,20 +64,21 @@ class HTTPProducer:
                 return defer.fail(ValueError("newline mode cannot carry a body containing '\\n'; use binary=True"))
         return self._post("/mpub", {"topic": topic}, b"\n".join(data))
 
-    def ping(self) -> defer.Deferred:
+    def ping(self) -> defer.Deferred[Any]:
         """``GET /ping``: fires with None when nsqd is healthy."""
         return self._request("GET", "/ping", None, None)
 
-    def _post(self, path: str, params: dict, body: bytes) -> defer.Deferred:
+    def _post(self, path: str, params: dict[str, Any], body: bytes) -> defer.Deferred[Any]:
         return self._request("POST", path, params, body)
 
-    def _request(self, method: str, path: str, params: dict | None, body: bytes | None) -> defer.Deferred:
+    def _request(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | None) -> defer.Deferred[Any]:
         import treq
 
         url = self.base_url + path
         if params:
             url += "?" + urlencode(params)
         client = self._http()
+        d: defer.Deferred[Any]
         if method == "POST":
             d = client.post(url, data=body, headers={b"Content-Type": [b"application/octet-stream"]})
         else:
@@ -85,7 +86,7 @@ class HTTPProducer:
         if self.timeout and self.timeout > 0:
             d.addTimeout(self.timeout, resolve_reactor(self._reactor))
 
-        def got(response: Any) -> defer.Deferred:
+        def got(response: Any) -> defer.Deferred[Any]:
             def check(data: bytes) -> None:
                 if response.code == 200:
                     return None
@@ -100,6 +101,7 @@ class HTTPProducer:
                     pass
                 raise HTTPAPIError(response.code, text)
 
-            return treq.content(response).addCallback(check)
+            content: defer.Deferred[bytes] = treq.content(response)
+            return content.addCallback(check)
 
         return d.addCallback(got)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from itertools import count, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from ..backend.memory import MemoryQueue
@@ -30,6 +30,7 @@ from .client import STATE_SUBSCRIBED, ClientState, Epoch
 from .quantile import Quantile
 
 if TYPE_CHECKING:
+    from ..backend import IBackendQueue
     from .broker import Broker
     from .topic import Topic
 
@@ -59,7 +60,7 @@ class Channel:
         "e2e", "_rr", "__weakref__",
     )
 
-    def __init__(self, topic: Topic, name: str, broker: Broker, backend: Any, now: float) -> None:
+    def __init__(self, topic: Topic, name: str, broker: Broker, backend: IBackendQueue, now: float) -> None:
         self.topic = topic
         self.name = name
         self.ephemeral = is_ephemeral(name)
@@ -251,8 +252,8 @@ class Channel:
             return self._finish_slow(client, ids, eps, now)
         frames = list(map(_dict_pop, map(_get_msgs, eps), ids))
         for ep in set(eps):
-            if not ep.msgs:
-                ep.msgs = {}
+            if not ep.msgs:  # type: ignore[union-attr]  # None in eps was ruled out above
+                ep.msgs = {}  # type: ignore[union-attr]  # as above
         n = len(ids)
         client.in_flight -= n
         client.finish_count += n

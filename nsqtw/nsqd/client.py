@@ -59,10 +59,7 @@ class IConsumer(Interface):
     msg_timeout = Attribute("Seconds before an in-flight message is requeued.")
     sample_rate = Attribute("0 (all) or 1-99: deliver with probability (rate+1)/100.")
 
-    def deliver(channel, runs, now):  # type: ignore[no-untyped-def]
-        """Queue ``runs`` for writing and record them in flight."""
-
-    def close():  # type: ignore[no-untyped-def]
+    def close() -> None:
         """Drop the connection (the channel or topic is going away)."""
 
 

@@ -196,8 +196,13 @@ class ListeningService(Service):
             return Failure(ListenError(self.address, f.value))
 
         d.addCallbacks(listening, failed)
-        result: list = []
-        d.addBoth(lambda r: result.append(r) or r)
+        result: list[Any] = []
+
+        def keep(r: Any) -> Any:
+            result.append(r)
+            return r
+
+        d.addBoth(keep)
         if result and isinstance(result[0], Failure):
             # TCP and unix endpoints fail at once: make startService fail, so twistd, the
             # drop-in commands and start_nsqd all refuse to run half bound; the failure is
@@ -220,3 +225,10 @@ class ListeningService(Service):
         if self.port is None:
             return None
         return getattr(self.port.getHost(), "port", None)
+
+    @property
+    def bound_host(self) -> str:
+        """The host the port is bound to (the listener must be listening)."""
+        port: Any = self.port
+        host: str = port.getHost().host
+        return host

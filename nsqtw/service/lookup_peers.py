@@ -108,6 +108,9 @@ class LookupdInfo:
 class LookupPeerProtocol(Protocol):
     """One connection to nsqlookupd: IDENTIFY, the replay, then commands answered in order."""
 
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's
+    transport: Any
+
     def __init__(self, peer: LookupPeer) -> None:
         self.peer = peer
         self.clock = peer.owner.clock
@@ -125,7 +128,7 @@ class LookupPeerProtocol(Protocol):
         fields = self.peer.owner.identify_fields()
         self.command(identify_command(fields)).addCallbacks(self._identified, self._not_identified)
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self._cancel_deadline()
         self.identified = False
         pending, self._pending = self._pending, deque()
@@ -328,7 +331,7 @@ class LookupPeer:
 class LookupPeersService(MultiService):
     """Every nsqlookupd this nsqd registers with (a child of the NsqdService)."""
 
-    name = "lookup-peers"
+    name = "lookup-peers"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
     def __init__(self, nsqd: NsqdService, *, clock: Any = None, ping_interval: float = PING_INTERVAL,
                  retry_policy: Callable[[int], float] | None = None,

@@ -16,7 +16,6 @@ from functools import partial
 from typing import Any
 from collections.abc import Callable
 
-import attr
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
@@ -225,7 +224,7 @@ class NsqdService(MultiService):
         return self.sync_worker.flush_and_sync_all()
 
     def set_options(self, **changes: Any) -> None:
-        self.options = attr.evolve(self.options, **changes)
+        self.options = self.options.replace(**changes)
         self.broker.options = self.options
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None:

@@ -105,7 +105,7 @@ class _HourlyFiles:
 class StatsExportService(Service):
     """Write a ``/stats`` snapshot line every ``interval`` seconds; attach to an NsqdService."""
 
-    name = "stats-export"
+    name = "stats-export"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
     def __init__(self, node: Any, *, path: str | None = None, interval: float | None = None,
                  clock: Any = None, run_in_thread: ThreadRunner | None = None,
@@ -150,8 +150,13 @@ class StatsExportService(Service):
             self._loop.stop()
         self._loop = None
         pending = self._pending if self._pending is not None else defer.succeed(None)
-        d: defer.Deferred = defer.Deferred()
-        pending.addBoth(lambda result: (d.callback(None), result)[1])
+        d: defer.Deferred[Any] = defer.Deferred()
+
+        def relay(result: Any) -> Any:
+            d.callback(None)
+            return result
+
+        pending.addBoth(relay)
 
         def close(_: Any) -> Any:
             closing = self._run_in_thread(self._files.close) if self._run_in_thread else defer.succeed(None)

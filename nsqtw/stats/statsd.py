@@ -151,7 +151,7 @@ class _StatsdProtocol(DatagramProtocol):
 class StatsdService(Service):
     """Push nsqd's stats to statsd; attach to an NsqdService (options from it unless given)."""
 
-    name = "statsd"
+    name = "statsd"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
     def __init__(self, node: Any, *, address: str | None = None, prefix: str | None = None,
                  interval: float | None = None, mem_stats: bool | None = None,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from .. import NSQ_VERSION, __version__, version_line
 from ..options import OptionError
+from ..reactor import resolve_reactor
 
 __all__ = [
     "GoLogObserver",
@@ -104,7 +105,9 @@ def begin_logging(prefix: str, level: int = 2, stream: TextIO | None = None,
     from twisted.logger import globalLogBeginner
 
     observer = GoLogObserver(stream or sys.stderr, prefix, level, drop=drop)
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False,
+    # an ILogObserver by shape (called with each event); no zope declaration: start-up time counts
+    observers: list[Any] = [observer]
+    globalLogBeginner.beginLoggingTo(observers, redirectStandardIO=False,
                                      discardBuffer=True)
     return observer
 
@@ -172,7 +175,7 @@ def run_app(prog: str, argv: list[str] | None, options_class: Any,
     if options is None:
         return int(code or 0)
 
-    from twisted.internet import reactor
+    reactor = resolve_reactor()
 
     prefix = getattr(options, "log_prefix", f"[{prog}] ")
     begin_logging(prefix, getattr(options, "log_level", 2))
