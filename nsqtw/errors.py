@@ -4,8 +4,10 @@ NSQ's two error vocabularies as Python values.
 TCP errors are one class per ``E_*`` code; each knows whether NSQ treats it as
 fatal (error frame, then close) or not (error frame, connection stays).  HTTP
 errors carry a status and NSQ's upper-case text, rendered as
-``{"message": TEXT}``.  Domain code raises these; only the glue in
-``nsqtw.tcp`` and ``nsqtw.http`` turns them into bytes.
+``{"message": TEXT}``.  Domain code raises these; the glue in ``nsqtw.tcp``
+and ``nsqtw.http`` turns them into bytes, and so does the V2 session
+(:mod:`nsqtw.nsqd.v2`), which writes its error frames to the client's output
+itself.
 """
 
 from __future__ import annotations

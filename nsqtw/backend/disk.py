@@ -63,6 +63,9 @@ Threads and durability -- the contract the broker relies on:
 For unit tests, ``SyncWorker(clock=None, threaded=False)`` runs every job
 inline at once, so the whole queue is synchronous and deterministic; with a
 ``task.Clock`` the end-of-turn and timeout syncs wait for ``clock.advance``.
+Time comes from the worker's clock (the reactor, or the test's ``task.Clock``);
+a worker made with neither reads the wall clock (``time.time()``) for the
+deferral hints' timestamps.
 """
 
 from __future__ import annotations
@@ -660,8 +663,6 @@ class DiskQueue:
     def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         """Remove and return up to ``n`` messages (and, with ``max_bytes``, about that many
         bytes: at least one message), oldest first, as (at most) one run."""
-        if max_bytes:
-            n = min(n, self._read_limit(n, max_bytes))
         if self._closed or n <= 0:
             return []
         out = bytearray()
@@ -816,10 +817,6 @@ class DiskQueue:
                 os.close(fd)
             rf, pos = rf + 1, 0
         return out
-
-    @staticmethod
-    def _read_limit(n: int, max_bytes: int) -> int:
-        return n  # the byte limit is applied as records are read
 
     @staticmethod
     def _frame_of(buf: bytes, i: int, size: int) -> bytes:

@@ -46,11 +46,6 @@ class MemoryQueue:
         self._runs.append(run)
         self._count += len(run[1])
 
-    def push_front(self, run: Run) -> None:
-        """Put a run back at the head, ignoring capacity (undo of a read)."""
-        self._runs.appendleft(run)
-        self._count += len(run[1])
-
     def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         """Up to ``n`` messages (with ``max_bytes``, about that many bytes; at least one)."""
         out: list[Run] = []

@@ -128,12 +128,6 @@ class Channel:
         if self.clients:
             self.broker.dirty.add(self)
 
-    def room(self) -> int:
-        return self.mem.room() if not self.backend_accepts_all() else 1 << 62
-
-    def backend_accepts_all(self) -> bool:
-        return getattr(self.backend, "accepts_all", True)
-
     # --- clients ------------------------------------------------------------
 
     def add_client(self, client: ClientState) -> None:

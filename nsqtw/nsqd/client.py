@@ -25,9 +25,8 @@ from zope.interface import Attribute, Interface, implementer
 
 __all__ = ["ClientState", "Epoch", "IConsumer", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING"]
 
+# NSQ's client states, as /stats reports them (1 and 2, disconnected and connected, are never set)
 STATE_INIT = 0
-STATE_DISCONNECTED = 1
-STATE_CONNECTED = 2
 STATE_SUBSCRIBED = 3
 STATE_CLOSING = 4
 
@@ -139,10 +138,6 @@ class ClientState:
         self.closer()
 
     # --- delivery -----------------------------------------------------------
-
-    @property
-    def ready(self) -> bool:
-        return self.state == STATE_SUBSCRIBED and self.in_flight < self.rdy and not self.blocked
 
     def epoch(self, now: float) -> Epoch:
         ep = self._cur
