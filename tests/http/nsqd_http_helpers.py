@@ -13,7 +13,7 @@ from typing import Any
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
-FIXTURE_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "go-nsqd-1.3.0-http"
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "go-nsqd-1.3.0-http"
 
 
 class HTTPExchange:
