@@ -26,7 +26,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from ..errors import HTTPAPIError
 from ..protocol.names import is_valid_name
-from ..stats.snapshot import go_json
+from ..protocol.gojson import go_json
 
 __all__ = ["v1", "v1_error", "plain", "query", "first", "install_error_handlers", "RouterResource",
            "LimitedRequest", "limited_site", "parse_query", "topic_channel_args", "JSON_TYPE", "TEXT_TYPE"]

@@ -13,6 +13,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import split_host_port
+from ..tcp.address import format_peer
 
 __all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads", "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
@@ -33,17 +34,6 @@ def endpoint_description(address: str, flag: str = "address") -> str:
     # a burst of connects must not overflow the accept queue (Twisted's default backlog is 50;
     # Go listens with SOMAXCONN)
     return f"tcp:port={port}:interface={_escape(host)}:backlog={socket.SOMAXCONN}"
-
-
-def format_peer(addr: Any) -> str:
-    """A remote address as Go's ``net.Addr.String()`` writes it (``ip:port``, ``[v6]:port``)."""
-    host = getattr(addr, "host", None)
-    port = getattr(addr, "port", None)
-    if host is None:
-        return str(getattr(addr, "name", "") or "unix")
-    if ":" in host:
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
 
 
 def format_address(port: Any) -> str:

@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 
 from ..lookupd.registry import RegistrationDB
 from ..lookupd.v1 import LookupSession, ServerInfo
-from ..service.listen import format_peer
+from .address import format_peer
 
 __all__ = ["LookupdProtocol", "LookupdFactory", "format_peer"]
 

@@ -30,7 +30,7 @@ from ..nsqd.client import ClientState
 from ..nsqd.v2 import Features, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
-from ..service.listen import format_peer
+from .address import format_peer
 from .tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
