@@ -55,7 +55,7 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
                startup_lines: Callable[[Any], list[str]] | None = None) -> int:
     """Parse Go-style flags, start the service tree, run the reactor until a signal."""
     from .tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
-    from .tools._runtime import go_log_line
+    from .golog import go_log_line
 
     def fatal(text: str, at: str = prefix) -> None:
         sys.stderr.write(go_log_line(at, 5, text))
@@ -95,7 +95,7 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
     reactor = resolve_reactor()
 
     from .service.listen import format_address
-    from .tools._runtime import begin_logging
+    from .golog import begin_logging
 
     log_prefix = getattr(options, "log_prefix", prefix)
     announced: set[str] = set()
