@@ -73,14 +73,12 @@ from __future__ import annotations
 import os
 import re
 import struct
-import time
 from functools import partial
 from itertools import chain, repeat
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from twisted.application.service import Service
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -89,8 +87,9 @@ from ..errors import BackendError, Exiting
 from ..protocol.message import ID_SLICE, MIN_MESSAGE_LENGTH
 from . import IBackendQueue
 from .deferred_store import DeferredStore
-from .metadata import write_file_atomically
+from .diskformat import _DATA_RE_TMPL, DirListing, format_queue_metadata, read_queue_metadata
 from .runs import Run, run_of_frames
+from .sync import SyncWorker, _inline_worker, _job_close, _job_sync, _job_unlink
 
 __all__ = ["DiskQueue", "SyncWorker", "disk_backends", "read_queue_metadata", "format_queue_metadata"]
 
@@ -108,177 +107,6 @@ _pack_frame_head = _FRAME_HEAD.pack
 
 #: bytes read from a data file at a time
 READ_CHUNK = 256 * 1024
-
-_META_RE = re.compile(rb"\A\s*(-?\d+)[ \t]*\r?\n\s*(-?\d+),(-?\d+)[ \t]*\r?\n\s*(-?\d+),(-?\d+)")
-_DATA_RE_TMPL = r"\A%s\.diskqueue\.(\d{6,})\.dat\Z"
-
-
-def format_queue_metadata(depth: int, read_file: int, read_pos: int, write_file: int, write_pos: int) -> bytes:
-    """The ``.meta.dat`` text, exactly as go-diskqueue's ``persistMetaData`` writes it."""
-    return b"%d\n%d,%d\n%d,%d\n" % (depth, read_file, read_pos, write_file, write_pos)
-
-
-def read_queue_metadata(data: bytes) -> tuple[int, int, int, int, int]:
-    """``(depth, readFileNum, readPos, writeFileNum, writePos)``; ValueError if unparsable."""
-    m = _META_RE.match(data)
-    if m is None:
-        raise ValueError(f"invalid diskqueue metadata {data[:80]!r}")
-    d, rf, rp, wf, wp = (int(x) for x in m.groups())
-    if rf < 0 or rp < 0 or wf < 0 or wp < 0:
-        raise ValueError(f"invalid diskqueue metadata: negative position {data[:80]!r}")
-    return d, rf, rp, wf, wp
-
-
-# --- the sync worker -----------------------------------------------------------------------
-
-class SyncWorker(Service):
-    """
-    One broker's blocking disk work, in order, off the reactor thread.
-
-    Add it to the service tree *before* the broker's services (a MultiService
-    stops children in reverse, so it stops last): its ``stopService`` runs
-    every job already submitted (closing queues submits their final syncs)
-    and joins the thread.  Jobs submitted while it is not running run inline.
-    """
-
-    def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
-                 name: str = "nsqtw-diskqueue-sync") -> None:
-        self.reactor = reactor
-        self.clock = clock if clock is not None else reactor
-        self.threaded = threaded and reactor is not None
-        self.setName(name)  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
-        self._pool: Any = None
-        self._dirty: dict[int, DiskQueue] = {}
-        self._turn_call: Any = None
-        self._unsynced: dict[int, DiskQueue] = {}
-        self.jobs = 0
-
-    # lifecycle
-    def startService(self) -> None:
-        super().startService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
-        if self.threaded and self._pool is None:
-            from twisted.python.threadpool import ThreadPool
-            self._pool = ThreadPool(1, 1, name=self.name)
-            self._pool.start()
-
-    def stopService(self) -> Any:
-        super().stopService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
-        self.end_turn()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.stop()  # runs what is queued, then joins the thread
-        return None
-
-    def seconds(self) -> float:
-        return self.clock.seconds() if self.clock is not None else time.time()
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Any:
-        if self.clock is None:
-            return None
-        return self.clock.callLater(delay, fn)
-
-    def submit(self, fn: Callable[[], Any]) -> Deferred[Any]:
-        """Run ``fn`` after every job submitted before; fires with its result."""
-        self.jobs += 1
-        pool = self._pool
-        if pool is None:
-            try:
-                return succeed(fn())
-            except BaseException:
-                return fail(Failure())
-        from twisted.internet.threads import deferToThreadPool
-        return deferToThreadPool(self.reactor, pool, fn)
-
-    def flush_and_sync_all(self) -> Deferred[Any]:
-        """Fires once every message put so far, in any queue of this worker, is fsynced.
-
-        The broker's ``--sync-every=1`` OK: publish, then answer when this fires
-        (``E_PUB_FAILED`` if it fails with :class:`~nsqtw.errors.BackendError`).
-        """
-        queues = list(self._unsynced.values())
-        if not queues:
-            return succeed(None)
-        from twisted.internet.defer import FirstError, gatherResults
-
-        def unwrap(f: Failure) -> Failure:
-            return f.value.subFailure if f.check(FirstError) else f
-
-        d = gatherResults([q.flush_and_sync() for q in queues], consumeErrors=True)
-        return d.addCallbacks(lambda _: None, unwrap)
-
-    # end of turn
-    def wake(self, queue: DiskQueue) -> None:
-        """``queue`` has work for the end of this reactor turn (a sync to submit)."""
-        if self.clock is None:
-            queue._end_turn()
-            return
-        self._dirty[id(queue)] = queue
-        if self._turn_call is None:
-            self._turn_call = self.clock.callLater(0, self._turn)
-
-    def _turn(self) -> None:
-        self._turn_call = None
-        self.end_turn()
-
-    def end_turn(self) -> None:
-        """Submit the syncs queues asked for now (the glue may call this at the end of settle)."""
-        if self._turn_call is not None:
-            if self._turn_call.active():
-                self._turn_call.cancel()
-            self._turn_call = None
-        dirty = self._dirty
-        while dirty:
-            _, q = dirty.popitem()
-            try:
-                q._end_turn()
-            except Exception:
-                log.failure("DISKQUEUE({name}) end of turn failed", name=q.name)
-
-
-_INLINE: SyncWorker | None = None
-
-
-def _inline_worker() -> SyncWorker:
-    global _INLINE
-    if _INLINE is None:
-        _INLINE = SyncWorker(None, threaded=False)
-    return _INLINE
-
-
-# --- jobs (run on the worker thread; they only see values handed to them) ---------------------
-
-def _job_sync(fd: int | None, meta_path: str, meta: bytes,
-              hints: tuple[DeferredStore, list[tuple[float, bytes]], float] | None,
-              close_fd: bool = False) -> None:
-    try:
-        if fd is not None:
-            os.fsync(fd)
-        write_file_atomically(meta_path, meta)
-        if hints is not None:
-            store, items, now = hints
-            store.save(items, now)
-    finally:
-        if close_fd and fd is not None:
-            os.close(fd)
-
-
-def _job_close(fd: int, sync: bool) -> None:
-    try:
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _job_unlink(paths: Sequence[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.error("DISKQUEUE failed to remove {path} - {err}", path=p, err=e)
-
 
 # --- the queue -------------------------------------------------------------------------------
 
@@ -1094,41 +922,6 @@ def _run_of(blob: bytes, offs: list[int], uniform: bool) -> Run:
     if uniform:
         return (blob, range(0, len(blob), offs[1]), len(blob))
     return (blob, offs, len(blob))
-
-
-_ANY_DATA_FILE = re.compile(r"\A(.+)\.diskqueue\.(\d{6,})\.dat\Z")
-
-
-class DirListing:
-    """The data files every queue had when the data path was first listed (once, lazily).
-
-    A queue opened later without metadata is either new (its files, if any, were all
-    there at that listing: nsqd holds the data path's lock) or was deleted and made again
-    by this process (its files are removed, so :meth:`DiskQueue._existing_data_files`
-    keeps only those that still exist).
-    """
-
-    __slots__ = ("path", "_files")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._files: dict[str, list[int]] | None = None
-
-    def data_files(self, name: str) -> list[int]:
-        if self._files is None:
-            files: dict[str, list[int]] = {}
-            try:
-                names = os.listdir(self.path)
-            except OSError:
-                names = []
-            for fn in names:
-                m = _ANY_DATA_FILE.match(fn)
-                if m:
-                    files.setdefault(m.group(1), []).append(int(m.group(2)))
-            for nums in files.values():
-                nums.sort()
-            self._files = files
-        return self._files.get(name, [])
 
 
 def disk_backends(options: Any, worker: SyncWorker, data_path: str | None = None) -> Callable[[str, bool], Any]:
