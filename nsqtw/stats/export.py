@@ -28,6 +28,7 @@ from twisted.application.service import Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
+from .node import StatsNode
 from .snapshot import broker_stats, go_json
 
 __all__ = ["StatsExportService", "node_identity", "host_key", "export_filename", "snapshot_line",
@@ -48,7 +49,7 @@ def host_key(broadcast_address: str, http_port: int) -> str:
     return f"{host}:{http_port}".replace(".", "_").replace(":", "_")
 
 
-def node_identity(node: Any, hostname: str | None = None) -> dict[str, Any]:
+def node_identity(node: StatsNode, hostname: str | None = None) -> dict[str, Any]:
     """Who wrote a snapshot: broadcast address, broadcast (or bound) ports, hostname."""
     opts = node.options
     tcp_port = opts.broadcast_tcp_port or (node.tcp_port or 0)
@@ -107,7 +108,7 @@ class StatsExportService(Service):
 
     name = "stats-export"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
-    def __init__(self, node: Any, *, path: str | None = None, interval: float | None = None,
+    def __init__(self, node: StatsNode, *, path: str | None = None, interval: float | None = None,
                  clock: Any = None, run_in_thread: ThreadRunner | None = None,
                  hostname: str | None = None) -> None:
         self.node = node

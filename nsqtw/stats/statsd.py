@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from ..options import split_host_port
 from .export import host_key
 from .memory import mem_stats
+from .node import StatsNode
 from .snapshot import broker_stats
 
 __all__ = ["StatsdService", "statsd_prefix", "statsd_lines", "mem_lines", "pack_datagrams",
@@ -153,7 +154,7 @@ class StatsdService(Service):
 
     name = "statsd"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
-    def __init__(self, node: Any, *, address: str | None = None, prefix: str | None = None,
+    def __init__(self, node: StatsNode, *, address: str | None = None, prefix: str | None = None,
                  interval: float | None = None, mem_stats: bool | None = None,
                  packet_size: int | None = None, exclude_ephemeral: bool | None = None,
                  clock: Any = None, reactor: Any = None) -> None:
