@@ -21,6 +21,7 @@ from twisted.internet import defer
 
 from ..errors import HTTPAPIError
 from ..reactor import resolve_reactor
+from ..upstream import Upstream, UpstreamResponse
 from .commands import Body, ms, to_bytes
 
 __all__ = ["HTTPProducer"]
@@ -72,36 +73,28 @@ class HTTPProducer:
         return self._request("POST", path, params, body)
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | None) -> defer.Deferred[Any]:
-        import treq
-
         url = self.base_url + path
         if params:
             url += "?" + urlencode(params)
-        client = self._http()
-        d: defer.Deferred[Any]
-        if method == "POST":
-            d = client.post(url, data=body, headers={b"Content-Type": [b"application/octet-stream"]})
-        else:
-            d = client.get(url)
-        if self.timeout and self.timeout > 0:
-            d.addTimeout(self.timeout, resolve_reactor(self._reactor))
+        timeout = self.timeout if self.timeout and self.timeout > 0 else 0.0
+        # nsqd's plain answers ("OK"): no NSQ Accept header, as before
+        upstream = Upstream(resolve_reactor(self._reactor) if timeout else None, timeout,
+                            http_client=self._http(), accept=None)
+        headers = {b"Content-Type": b"application/octet-stream"} if method == "POST" else None
 
-        def got(response: Any) -> defer.Deferred[Any]:
-            def check(data: bytes) -> None:
-                if response.code == 200:
-                    return None
-                text = data.decode("utf-8", "replace").strip()
-                try:
-                    doc = json.loads(data)
-                    if isinstance(doc, dict) and isinstance(doc.get("message"), str):
-                        text = doc["message"]
-                    elif isinstance(doc, dict) and isinstance(doc.get("status_txt"), str):
-                        text = doc["status_txt"]
-                except ValueError:
-                    pass
-                raise HTTPAPIError(response.code, text)
+        def check(response: UpstreamResponse) -> None:
+            if response.code == 200:
+                return None
+            data = response.body
+            text = data.decode("utf-8", "replace").strip()
+            try:
+                doc = json.loads(data)
+                if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+                    text = doc["message"]
+                elif isinstance(doc, dict) and isinstance(doc.get("status_txt"), str):
+                    text = doc["status_txt"]
+            except ValueError:
+                pass
+            raise HTTPAPIError(response.code, text)
 
-            content: defer.Deferred[bytes] = treq.content(response)
-            return content.addCallback(check)
-
-        return d.addCallback(got)
+        return upstream.request(method, url, body=body, headers=headers).addCallback(check)

@@ -57,6 +57,7 @@ from ..nsqd.broker import Event
 from ..options import split_host_port
 from ..protocol.names import is_ephemeral
 from ..tcp.lookup_peer import COMMAND_TIMEOUT, LookupdInfo, LookupPeerProtocol, PeerFactory
+from ..upstream import Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
     from ..nsqd.broker import Broker
@@ -389,28 +390,21 @@ class LookupPeersService(MultiService):
     def _get_channels(self, url: str) -> defer.Deferred:
         """One ``GET /channels`` (V1), within ``--http-client-request-timeout``."""
         log.debug("CI: querying nsqlookupd {url}", url=url)
-        client = self._client()
-        d = client.get(url, headers={b"Accept": [b"application/vnd.nsq; version=1.0"]})
+        upstream = Upstream(self.clock, self.nsqd.options.http_client_request_timeout, http_client=self._client())
 
-        def got(response: Any) -> defer.Deferred:
-            body = response.content()
+        def parse(response: UpstreamResponse) -> list[str]:
+            data = response.body
+            if response.code != 200:
+                raise RuntimeError(f"got response {response.code} {data!r}")
+            doc = json.loads(data)
+            channels = doc.get("channels") if isinstance(doc, dict) else None
+            if channels is None:
+                return []
+            if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
+                raise ValueError(f"bad /channels answer {data!r}")
+            return channels
 
-            def parse(data: bytes) -> list[str]:
-                if response.code != 200:
-                    raise RuntimeError(f"got response {response.code} {data!r}")
-                doc = json.loads(data)
-                channels = doc.get("channels") if isinstance(doc, dict) else None
-                if channels is None:
-                    return []
-                if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
-                    raise ValueError(f"bad /channels answer {data!r}")
-                return channels
-
-            return body.addCallback(parse)
-
-        d.addCallback(got)
-        d.addTimeout(self.nsqd.options.http_client_request_timeout, self.clock)
-        return d
+        return upstream.request("GET", url).addCallback(parse)
 
     # --- lifecycle ------------------------------------------------------------------
 
