@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import DURATION, INT, STR, STRLIST, OptionError, opt
+from ..stats.channels import ChannelCounts
 from ._app import App, check_http_addresses, require_sources
 from ._runtime import run_app
 
@@ -77,33 +78,8 @@ class StatOptions:
         check_http_addresses("lookupd-http-address", self.lookupd_http_addresses)
 
 
-@attr.s(slots=True)
-class ChannelTotals:
-    """One channel summed over its nsqd (clusterinfo ``ChannelStats.Add``)."""
-
-    depth: int = attr.ib(default=0)
-    memory_depth: int = attr.ib(default=0)
-    backend_depth: int = attr.ib(default=0)
-    in_flight_count: int = attr.ib(default=0)
-    deferred_count: int = attr.ib(default=0)
-    requeue_count: int = attr.ib(default=0)
-    timeout_count: int = attr.ib(default=0)
-    message_count: int = attr.ib(default=0)
-    client_count: int = attr.ib(default=0)
-
-    def add(self, ch: dict[str, Any]) -> None:
-        depth = int(ch.get("depth", 0))
-        backend = int(ch.get("backend_depth", 0))
-        self.depth += depth
-        self.backend_depth += backend
-        self.memory_depth += depth - backend
-        self.in_flight_count += int(ch.get("in_flight_count", 0))
-        self.deferred_count += int(ch.get("deferred_count", 0))
-        self.requeue_count += int(ch.get("requeue_count", 0))
-        self.timeout_count += int(ch.get("timeout_count", 0))
-        self.message_count += int(ch.get("message_count", 0))
-        clients = ch.get("clients")
-        self.client_count += int(ch.get("client_count", len(clients) if isinstance(clients, list) else 0))
+#: one channel summed over its nsqd (the shared :class:`~nsqtw.stats.channels.ChannelCounts`)
+ChannelTotals = ChannelCounts
 
 
 def format_header() -> str:
@@ -223,7 +199,7 @@ class NsqStat(App):
                     continue
                 for ch in t.get("channels") or []:
                     if ch.get("channel_name") == self.options.channel:
-                        totals.add(ch)
+                        totals.add_nsqd(ch)
                         seen = True
         if producers and len(errors) == len(producers):
             raise StatError(f"failed to get nsqd stats - failed to query any nsqd: {'; '.join(errors)}")

@@ -12,7 +12,7 @@ import pytest_twisted
 
 from nsqtw.testing import body_command, command, connect_raw, identify_command
 
-from nsqd_http_helpers import FIXTURE_DIR, fixture, raw_http, shape_diff
+from nsqd_http_helpers import fixture, raw_http, shape_diff
 
 pytestmark = pytest.mark.e2e
 
