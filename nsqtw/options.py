@@ -229,6 +229,35 @@ def opt(
     return attr.ib(default=default, metadata=meta, kw_only=True)
 
 
+# --- the options every daemon has: one definition each ------------------------------------
+
+
+def log_level_opt() -> Any:
+    """``--log-level`` (nsqd, nsqlookupd, nsqadmin)."""
+    return opt(default=LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
+               help="set log verbosity: debug, info, warn, error, or fatal")
+
+
+def log_prefix_opt(daemon: str) -> Any:
+    """``--log-prefix``, ``"[<daemon>] "`` by default."""
+    return opt(default=f"[{daemon}] ", flag="log-prefix", kind=STR, help="log message prefix")
+
+
+def verbose_opt() -> Any:
+    """``--verbose``, accepted and ignored as in NSQ 1.x."""
+    return opt(default=False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
+
+
+def http_client_connect_timeout_opt() -> Any:
+    """``--http-client-connect-timeout`` (nsqd and nsqadmin)."""
+    return opt(default=2.0, flag="http-client-connect-timeout", kind=DURATION, help="timeout for HTTP connect")
+
+
+def http_client_request_timeout_opt() -> Any:
+    """``--http-client-request-timeout`` (nsqd and nsqadmin)."""
+    return opt(default=5.0, flag="http-client-request-timeout", kind=DURATION, help="timeout for HTTP request")
+
+
 @dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(opt,))
 def options_class(cls: type[T]) -> type[T]:
     """``attr.s(frozen=True, slots=True)`` for a class of :func:`opt` fields, declared so that
@@ -395,10 +424,9 @@ def _check_address(flag: str, value: str, allow_empty: bool = True, allow_unix: 
 class NsqdOptions:
     """nsqd's options with NSQ's flag names and defaults; refused at start if invalid."""
 
-    log_level: int = opt(default=LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
-                         help="set log verbosity: debug, info, warn, error, or fatal")
-    log_prefix: str = opt(default="[nsqd] ", flag="log-prefix", kind=STR, help="log message prefix")
-    verbose: bool = opt(default=False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
+    log_level: int = log_level_opt()
+    log_prefix: str = log_prefix_opt("nsqd")
+    verbose: bool = verbose_opt()
     node_id: int = opt(flag="node-id", cfg="id", kind=INT, factory=default_node_id,
                        help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)")
     https_address: str = opt(default="0.0.0.0:4152", flag="https-address", kind=STR,
@@ -421,10 +449,8 @@ class NsqdOptions:
     lookupd_tcp_addresses: list[str] = opt(flag="lookupd-tcp-address", cfg="nsqlookupd_tcp_addresses",
                                            kind=STRLIST, factory=list,
                                            help="lookupd TCP address (may be given multiple times)")
-    http_client_connect_timeout: float = opt(default=2.0, flag="http-client-connect-timeout", kind=DURATION,
-                                             help="timeout for HTTP connect")
-    http_client_request_timeout: float = opt(default=5.0, flag="http-client-request-timeout", kind=DURATION,
-                                             help="timeout for HTTP request")
+    http_client_connect_timeout: float = http_client_connect_timeout_opt()
+    http_client_request_timeout: float = http_client_request_timeout_opt()
     data_path: str = opt(default="", flag="data-path", kind=STR, help="path to store disk-backed messages")
     mem_queue_size: int = opt(default=10000, flag="mem-queue-size", kind=INT,
                               help="number of messages to keep in memory (per topic/channel)")

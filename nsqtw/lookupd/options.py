@@ -13,8 +13,8 @@ from typing import Any
 
 
 from ..options import (
-    BOOL, DURATION, LOG_LEVEL, LOG_LEVELS, STR, OptionError, default_hostname, evolve, format_duration, opt,
-    options_class, split_host_port,
+    DURATION, LOG_LEVELS, STR, OptionError, default_hostname, evolve, format_duration, log_level_opt,
+    log_prefix_opt, opt, options_class, split_host_port, verbose_opt,
 )
 
 __all__ = ["LookupdOptions"]
@@ -31,10 +31,9 @@ def _check_tcp_address(flag: str, value: str) -> None:
 class LookupdOptions:
     """nsqlookupd's options; refused at construction if invalid, naming the flag."""
 
-    log_level: int = opt(default=LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
-                         help="set log verbosity: debug, info, warn, error, or fatal")
-    log_prefix: str = opt(default="[nsqlookupd] ", flag="log-prefix", kind=STR, help="log message prefix")
-    verbose: bool = opt(default=False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
+    log_level: int = log_level_opt()
+    log_prefix: str = log_prefix_opt("nsqlookupd")
+    verbose: bool = verbose_opt()
     tcp_address: str = opt(default="0.0.0.0:4160", flag="tcp-address", kind=STR,
                            help="<addr>:<port> to listen on for TCP clients")
     http_address: str = opt(default="0.0.0.0:4161", flag="http-address", kind=STR,
