@@ -78,7 +78,7 @@ class ConnectionDelegate:
 class NSQConnection(Protocol):
     """A V2 client connection (consumer and producer alike)."""
 
-    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
     transport: Any
 
     def __init__(self, config: Config, address: str, delegate: ConnectionDelegate | None = None,

@@ -96,7 +96,7 @@ class LookupdInfo:
 class LookupPeerProtocol(Protocol):
     """One connection to nsqlookupd: IDENTIFY, the replay, then commands answered in order."""
 
-    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
     transport: Any
 
     def __init__(self, peer: Peer) -> None:

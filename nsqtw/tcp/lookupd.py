@@ -29,7 +29,7 @@ log = Logger(namespace="nsqtw.lookupd")
 class LookupdProtocol(Protocol):
     """One nsqd connection."""
 
-    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
     transport: Any
 
     def __init__(self, factory: LookupdFactory) -> None:

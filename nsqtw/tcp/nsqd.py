@@ -132,7 +132,7 @@ class NsqdProtocol(Protocol):
     deliveries are bounded by its RDY window anyway).
     """
 
-    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
     transport: Any
 
     def __init__(self, factory: NsqdFactory) -> None:

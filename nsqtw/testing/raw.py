@@ -61,7 +61,7 @@ def decode_frames(data: bytes) -> list[tuple[int, bytes]]:
 class RawV2Client(protocol.Protocol):
     """A bare V2 connection: write bytes, await frames."""
 
-    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
     transport: Any
 
     def __init__(self, send_magic: bool = True) -> None:

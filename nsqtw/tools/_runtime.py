@@ -1,12 +1,12 @@
 """
-What every NSQ app and drop-in daemon shares: Go-style logs, the reactor main, signals.
+What every NSQ app shares: Go-style logs (from :mod:`nsqtw.golog`), the reactor main, signals.
 
 Each app is an object with ``start()`` (a Deferred: connected, or failed
 with the reason the app cannot run), ``stop()`` (graceful: what is in flight
 is finished) and ``done`` (fires with the exit code once the app is over, by
 itself or after ``stop``).  Tests drive that object in pytest-twisted's
-reactor; :func:`run_app` is the only place that runs a reactor, and only the
-``main()`` functions call it.
+reactor; :func:`run_app` runs the reactor for the apps, and only their ``main()``
+functions call it (the daemons' ``main()`` is :mod:`nsqtw.cli`, which runs its own).
 
 Logs go to stderr in the layout of Go's ``log`` package with NSQ's ``lg``
 levels (``[nsq_to_file] 2024/05/01 10:00:00.123456 INFO: ...``), so scripts
