@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark
 SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless
 
-.PHONY: run run-nsqd test quick venv install install-test system-deps bench clean
+.PHONY: run run-nsqd test quick lint docs venv install install-test system-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,21 @@ run-nsqd: install
 test: install-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# ruff and mypy (configured in pyproject.toml), and no `type: ignore` without a reason after it
+lint: venv
+	$(PIP) install --quiet ".[test,spark,lint]"
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/mypy || status=1; \
+	if grep -rnE "type: ignore(\[[^]]*\])?[[:space:]]*$$" nsqtw tests plugins bench; then \
+		echo "a type: ignore needs a reason comment after it"; status=1; fi; \
+	exit $$status
+
+# the Sphinx site (API reference and README.rst's sections as guides), warnings as errors
+docs: venv
+	$(PIP) install --quiet ".[docs]"
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 # while editing: skip the slow soak/fault runs
 quick: install-test
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -69,4 +84,4 @@ bench: install
 	$(PY) bench/bench_broker.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build docs/guide

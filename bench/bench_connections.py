@@ -143,7 +143,7 @@ class Clients:
             self.sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
             if wave and (i + 1) % wave == 0:
                 batch = self.conns[-wave:]
-                self.run_until(lambda: all(c.oks >= 2 or c.closed for c in batch), timeout)
+                self.run_until(lambda batch=batch: all(c.oks >= 2 or c.closed for c in batch), timeout)
             elif i % self.batch == self.batch - 1:
                 self.pump(0)
         self.run_until(lambda: all(c.oks >= 2 or c.closed for c in self.conns), timeout)

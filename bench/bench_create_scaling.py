@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     during = [v for t, v in e2e if blocks and blocks[0][0] <= t < blocks[-1][1]]
     during_rtt = [v for t, v in rtts if blocks and blocks[0][0] <= t < blocks[-1][1]]
     before = [v for t, v in e2e if blocks and t < blocks[0][0]]
-    full = [pb["seconds"] for pb, (a, b) in zip(per_block, blocks)][: args.topics // args.block]
+    full = [pb["seconds"] for pb, (a, b) in zip(per_block, blocks, strict=True)][: args.topics // args.block]
     return {
         "topics": args.topics,
         "block": args.block,

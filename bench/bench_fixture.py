@@ -151,7 +151,7 @@ def main() -> int:
             if go:
                 results["spawn Go nsqd"] = summary([spawn_round([go], data) for _ in range(args.spawn)])
             else:
-                results["spawn Go nsqd"] = {"skipped": "no Go nsqd on PATH"}  # type: ignore[dict-item]
+                results["spawn Go nsqd"] = {"skipped": "no Go nsqd on PATH"}  # type: ignore[dict-item]  # a note where numbers go
     finally:
         shutil.rmtree(data, ignore_errors=True)
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 from . import version_line as _version_line
 from .options import OptionError
+from .reactor import resolve_reactor
 
 __all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
 
@@ -54,7 +55,7 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
                startup_lines: Callable[[Any], list[str]] | None = None) -> int:
     """Parse Go-style flags, start the service tree, run the reactor until a signal."""
     from .tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
-    from .tools._runtime import go_log_line
+    from .golog import go_log_line
 
     def fatal(text: str, at: str = prefix) -> None:
         sys.stderr.write(go_log_line(at, 5, text))
@@ -91,10 +92,10 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
 
     from .spinreactor import install_if_unset
     install_if_unset()  # the epoll reactor that polls briefly before sleeping (NSQTW_SPIN_US)
-    from twisted.internet import reactor
+    reactor = resolve_reactor()
 
     from .service.listen import format_address
-    from .tools._runtime import begin_logging
+    from .golog import begin_logging
 
     log_prefix = getattr(options, "log_prefix", prefix)
     announced: set[str] = set()

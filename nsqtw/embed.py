@@ -21,13 +21,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attr
 from twisted.internet import defer
 
 from .options import NsqdOptions
 from .reactor import resolve_reactor
+
+if TYPE_CHECKING:
+    from .service.nsqd import NsqdService
 
 __all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "LookupdHandle"]
 
@@ -36,7 +39,7 @@ __all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "Look
 class NsqdHandle:
     """A running embedded nsqd."""
 
-    service: Any = attr.ib()
+    service: NsqdService = attr.ib()
     _tempdir: str | None = attr.ib(default=None)
     _unregister: Any = attr.ib(default=None)
 
@@ -48,9 +51,11 @@ class NsqdHandle:
     def options(self) -> NsqdOptions:
         return self.service.options
 
+    # the ports below are bound: a handle is made once its service listens
+
     @property
     def tcp_port(self) -> int:
-        return self.service.tcp_port
+        return cast(int, self.service.tcp_port)
 
     @property
     def http_port(self) -> int | None:
@@ -62,7 +67,7 @@ class NsqdHandle:
 
     @property
     def host(self) -> str:
-        return self.service.tcp_listener.port.getHost().host
+        return self.service.tcp_listener.bound_host
 
     @property
     def tcp_address(self) -> str:
@@ -72,9 +77,10 @@ class NsqdHandle:
     def http_address(self) -> str | None:
         if self.http_port is None:
             return None
-        return f"{self.service.http_listener.port.getHost().host}:{self.http_port}"
+        http: Any = self.service.http_listener
+        return f"{http.bound_host}:{self.http_port}"
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[Any]:
         """Stop the broker; fires once every listener and connection is closed."""
         if self._unregister is not None:
             self._unregister()
@@ -107,7 +113,7 @@ def scratch_dir() -> str:
 
 
 def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
-               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred:
+               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred[Any]:
     """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
 
     With ``inprocess_name``, clients in the same reactor also reach it at
@@ -126,7 +132,7 @@ def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
             tempdir = kwargs["data_path"] = scratch_dir()
         options = NsqdOptions(**kwargs)
     elif kwargs:
-        options = attr.evolve(options, **kwargs)
+        options = options.replace(**kwargs)
     try:
         # a throwaway data directory needs no fsync thread (and lives on tmpfs when there is one)
         service = build_nsqd(options, reactor, sync_thread=tempdir is None)

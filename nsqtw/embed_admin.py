@@ -20,13 +20,16 @@ Options are nsqadmin's, by attribute name (``lookupd_http_addresses=[...]``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attr
 from twisted.internet import defer
 
 from .admin.options import AdminOptions
 from .reactor import resolve_reactor
+
+if TYPE_CHECKING:
+    from .service.admin import AdminService
 
 __all__ = ["start_nsqadmin", "AdminHandle"]
 
@@ -35,7 +38,7 @@ __all__ = ["start_nsqadmin", "AdminHandle"]
 class AdminHandle:
     """A running embedded nsqadmin."""
 
-    service: Any = attr.ib()
+    service: AdminService = attr.ib()
 
     @property
     def options(self) -> AdminOptions:
@@ -43,11 +46,11 @@ class AdminHandle:
 
     @property
     def http_port(self) -> int:
-        return self.service.http_port
+        return cast(int, self.service.http_port)  # bound: a handle is made once its service listens
 
     @property
     def host(self) -> str:
-        return self.service.http_listener.port.getHost().host
+        return self.service.http_listener.bound_host
 
     @property
     def http_address(self) -> str:
@@ -63,11 +66,11 @@ class AdminHandle:
     def history(self) -> Any:
         return self.service.history
 
-    def poll(self) -> defer.Deferred:
+    def poll(self) -> defer.Deferred[Any]:
         """Take one /stats sample for the graphs now (tests use this instead of waiting)."""
         return self.service.poller.poll_once()
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[Any]:
         """Stop listening and polling; fires once the listener is closed."""
         if not self.service.running:
             return defer.succeed(None)
@@ -75,7 +78,7 @@ class AdminHandle:
 
 
 def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
-                   http_client: Any = None, **kwargs: Any) -> defer.Deferred:
+                   http_client: Any = None, **kwargs: Any) -> defer.Deferred[Any]:
     """Start an nsqadmin in the running reactor; fires with an :class:`AdminHandle`.
 
     ``http_client`` replaces the treq client used for nsqd, nsqlookupd and
@@ -90,7 +93,7 @@ def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
         options = attr.evolve(options, **kwargs)
     try:
         service = build_admin(options, reactor, http_client=http_client)
-        service.startService()
+        service.startService()  # type: ignore[no-untyped-call]  # Twisted's MultiService is unannotated
     except Exception:
         return defer.fail()
     handle = AdminHandle(service)

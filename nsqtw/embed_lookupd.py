@@ -18,13 +18,16 @@ machine can always reach the HTTP API it is told about in IDENTIFY.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attr
 from twisted.internet import defer
 
 from .lookupd.options import LookupdOptions
 from .reactor import resolve_reactor
+
+if TYPE_CHECKING:
+    from .service.lookupd import LookupdService
 
 __all__ = ["start_nsqlookupd", "LookupdHandle"]
 
@@ -33,16 +36,17 @@ __all__ = ["start_nsqlookupd", "LookupdHandle"]
 class LookupdHandle:
     """A running embedded nsqlookupd; its addresses stay readable after stop (to restart on them)."""
 
-    service: Any = attr.ib()
+    service: LookupdService = attr.ib()
     tcp_port: int = attr.ib(default=0)
     http_port: int = attr.ib(default=0)
     host: str = attr.ib(default="")
     http_host: str = attr.ib(default="")
 
     @classmethod
-    def of(cls, service: Any) -> LookupdHandle:
-        return cls(service, service.tcp_port, service.http_port,
-                   service.tcp_listener.port.getHost().host, service.http_listener.port.getHost().host)
+    def of(cls, service: LookupdService) -> LookupdHandle:
+        # the ports are bound: a handle is made once its service listens
+        return cls(service, cast(int, service.tcp_port), cast(int, service.http_port),
+                   service.tcp_listener.bound_host, service.http_listener.bound_host)
 
     @property
     def db(self) -> Any:
@@ -60,7 +64,7 @@ class LookupdHandle:
     def http_address(self) -> str:
         return f"{self.http_host}:{self.http_port}"
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[Any]:
         """Stop; fires once every connection is closed and both listeners are gone."""
         if not self.service.running:
             return defer.succeed(None)
@@ -68,7 +72,7 @@ class LookupdHandle:
 
 
 def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None, *,
-                     clock: Any = None, **kwargs: Any) -> defer.Deferred:
+                     clock: Any = None, **kwargs: Any) -> defer.Deferred[Any]:
     """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
 
     ``clock`` (an IReactorTime, e.g. ``task.Clock``) replaces the reactor as the
@@ -82,7 +86,7 @@ def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None,
         kwargs.setdefault("broadcast_address", "127.0.0.1")
         options = LookupdOptions(**kwargs)
     elif kwargs:
-        options = attr.evolve(options, **kwargs)
+        options = options.replace(**kwargs)
     try:
         service = build_lookupd(options, reactor, clock=clock)
         service.startService()

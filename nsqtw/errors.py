@@ -4,13 +4,15 @@ NSQ's two error vocabularies as Python values.
 TCP errors are one class per ``E_*`` code; each knows whether NSQ treats it as
 fatal (error frame, then close) or not (error frame, connection stays).  HTTP
 errors carry a status and NSQ's upper-case text, rendered as
-``{"message": TEXT}``.  Domain code raises these; only the glue in
-``nsqtw.tcp`` and ``nsqtw.http`` turns them into bytes.
+``{"message": TEXT}``.  Domain code raises these; the glue in ``nsqtw.tcp``
+and ``nsqtw.http`` turns them into bytes, and so does the V2 session
+(:mod:`nsqtw.nsqd.v2`), which writes its error frames to the client's output
+itself.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class NSQError(Exception):
@@ -109,8 +111,8 @@ class AuthError(NSQError):
     code = b"E_AUTH_ERROR"
 
 
-def _all_subclasses(cls: type) -> list:
-    out = []
+def _all_subclasses(cls: type[Any]) -> list[Any]:
+    out: list[Any] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
@@ -167,7 +169,7 @@ class BackendError(BrokerError):
 class HTTPAPIError(Exception):
     """An HTTP API error: ``{"message": text}`` with this status."""
 
-    def __init__(self, status: int, text: str, extra: dict | None = None) -> None:
+    def __init__(self, status: int, text: str, extra: dict[str, Any] | None = None) -> None:
         super().__init__(text)
         self.status = status
         self.text = text

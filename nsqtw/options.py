@@ -18,11 +18,17 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
+import sys
 import zlib
 from typing import Any, TypeVar
 from collections.abc import Callable, Mapping
 
 import attr
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:
+    from typing_extensions import dataclass_transform
 
 __all__ = [
     "OptionError",
@@ -223,6 +229,49 @@ def opt(
     return attr.ib(default=default, metadata=meta, kw_only=True)
 
 
+# --- the options every daemon has: one definition each ------------------------------------
+
+
+def log_level_opt() -> Any:
+    """``--log-level`` (nsqd, nsqlookupd, nsqadmin)."""
+    return opt(default=LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
+               help="set log verbosity: debug, info, warn, error, or fatal")
+
+
+def log_prefix_opt(daemon: str) -> Any:
+    """``--log-prefix``, ``"[<daemon>] "`` by default."""
+    return opt(default=f"[{daemon}] ", flag="log-prefix", kind=STR, help="log message prefix")
+
+
+def verbose_opt() -> Any:
+    """``--verbose``, accepted and ignored as in NSQ 1.x."""
+    return opt(default=False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
+
+
+def http_client_connect_timeout_opt() -> Any:
+    """``--http-client-connect-timeout`` (nsqd and nsqadmin)."""
+    return opt(default=2.0, flag="http-client-connect-timeout", kind=DURATION, help="timeout for HTTP connect")
+
+
+def http_client_request_timeout_opt() -> Any:
+    """``--http-client-request-timeout`` (nsqd and nsqadmin)."""
+    return opt(default=5.0, flag="http-client-request-timeout", kind=DURATION, help="timeout for HTTP request")
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(opt,))
+def options_class(cls: type[T]) -> type[T]:
+    """``attr.s(frozen=True, slots=True)`` for a class of :func:`opt` fields, declared so that
+    type checkers see its keyword-only ``__init__`` (mypy's attrs plugin knows only ``attr.ib``)."""
+    return attr.s(frozen=True, slots=True, auto_attribs=False)(cls)
+
+
+def evolve(inst: T, **changes: Any) -> T:
+    """``attr.evolve`` for option objects, typed (see :func:`options_class`)."""
+    untyped: Any = inst
+    new: T = attr.evolve(untyped, **changes)
+    return new
+
+
 def option_fields(cls: type) -> list[attr.Attribute[Any]]:
     """The fields of an options class that have an NSQ flag, in flag order."""
     return [f for f in attr.fields(cls) if f.metadata.get("flag")]
@@ -272,7 +321,7 @@ def options_from_strings(cls: type[T], values: Mapping[str, Any], **overrides: A
     TOML values.  Unknown keys are refused with a message naming them.
     """
     by_key: dict[str, attr.Attribute[Any]] = {}
-    for f in attr.fields(cls):  # type: ignore[arg-type]
+    for f in attr.fields(cls):  # type: ignore[arg-type]  # any options class (attrs at run time)
         by_key[f.name] = f
         if f.metadata.get("flag"):
             by_key[f.metadata["flag"]] = f
@@ -371,132 +420,129 @@ def _check_address(flag: str, value: str, allow_empty: bool = True, allow_unix: 
 # --- nsqd ----------------------------------------------------------------------
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=False)
+@options_class
 class NsqdOptions:
     """nsqd's options with NSQ's flag names and defaults; refused at start if invalid."""
 
-    log_level: int = opt(LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
-                         help="set log verbosity: debug, info, warn, error, or fatal")
-    log_prefix: str = opt("[nsqd] ", flag="log-prefix", kind=STR, help="log message prefix")
-    verbose: bool = opt(False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
+    log_level: int = log_level_opt()
+    log_prefix: str = log_prefix_opt("nsqd")
+    verbose: bool = verbose_opt()
     node_id: int = opt(flag="node-id", cfg="id", kind=INT, factory=default_node_id,
                        help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)")
-    https_address: str = opt("0.0.0.0:4152", flag="https-address", kind=STR,
+    https_address: str = opt(default="0.0.0.0:4152", flag="https-address", kind=STR,
                              help="<addr>:<port> to listen on for HTTPS clients")
-    http_address: str = opt("0.0.0.0:4151", flag="http-address", kind=STR,
+    http_address: str = opt(default="0.0.0.0:4151", flag="http-address", kind=STR,
                             help="address to listen on for HTTP clients (<addr>:<port> for TCP/IP or <path> for unix socket)")
-    tcp_address: str = opt("0.0.0.0:4150", flag="tcp-address", kind=STR,
+    tcp_address: str = opt(default="0.0.0.0:4150", flag="tcp-address", kind=STR,
                            help="address to listen on for TCP clients (<addr>:<port> for TCP/IP or <path> for unix socket)")
     auth_http_addresses: list[str] = opt(flag="auth-http-address", cfg="auth_http_addresses", kind=STRLIST,
                                          factory=list,
                                          help="<addr>:<port> or a full url to query auth server (may be given multiple times)")
-    auth_http_request_method: str = opt("get", flag="auth-http-request-method", kind=STR,
+    auth_http_request_method: str = opt(default="get", flag="auth-http-request-method", kind=STR,
                                         help="HTTP method to use for auth server requests (get or post)")
     broadcast_address: str = opt(flag="broadcast-address", kind=STR, factory=default_hostname,
                                  help="address that will be registered with lookupd (defaults to the OS hostname)")
-    broadcast_tcp_port: int = opt(0, flag="broadcast-tcp-port", kind=INT,
+    broadcast_tcp_port: int = opt(default=0, flag="broadcast-tcp-port", kind=INT,
                                   help="TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)")
-    broadcast_http_port: int = opt(0, flag="broadcast-http-port", kind=INT,
+    broadcast_http_port: int = opt(default=0, flag="broadcast-http-port", kind=INT,
                                    help="HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)")
     lookupd_tcp_addresses: list[str] = opt(flag="lookupd-tcp-address", cfg="nsqlookupd_tcp_addresses",
                                            kind=STRLIST, factory=list,
                                            help="lookupd TCP address (may be given multiple times)")
-    http_client_connect_timeout: float = opt(2.0, flag="http-client-connect-timeout", kind=DURATION,
-                                             help="timeout for HTTP connect")
-    http_client_request_timeout: float = opt(5.0, flag="http-client-request-timeout", kind=DURATION,
-                                             help="timeout for HTTP request")
-    data_path: str = opt("", flag="data-path", kind=STR, help="path to store disk-backed messages")
-    mem_queue_size: int = opt(10000, flag="mem-queue-size", kind=INT,
+    http_client_connect_timeout: float = http_client_connect_timeout_opt()
+    http_client_request_timeout: float = http_client_request_timeout_opt()
+    data_path: str = opt(default="", flag="data-path", kind=STR, help="path to store disk-backed messages")
+    mem_queue_size: int = opt(default=10000, flag="mem-queue-size", kind=INT,
                               help="number of messages to keep in memory (per topic/channel)")
-    max_bytes_per_file: int = opt(100 * 1024 * 1024, flag="max-bytes-per-file", kind=INT,
+    max_bytes_per_file: int = opt(default=100 * 1024 * 1024, flag="max-bytes-per-file", kind=INT,
                                   help="number of bytes per diskqueue file before rolling")
-    sync_every: int = opt(2500, flag="sync-every", kind=INT, help="number of messages per diskqueue fsync")
-    sync_timeout: float = opt(2.0, flag="sync-timeout", kind=DURATION, help="duration of time per diskqueue fsync")
-    queue_scan_worker_pool_max: int = opt(4, flag="queue-scan-worker-pool-max", kind=INT,
+    sync_every: int = opt(default=2500, flag="sync-every", kind=INT, help="number of messages per diskqueue fsync")
+    sync_timeout: float = opt(default=2.0, flag="sync-timeout", kind=DURATION, help="duration of time per diskqueue fsync")
+    queue_scan_worker_pool_max: int = opt(default=4, flag="queue-scan-worker-pool-max", kind=INT,
                                           help="max concurrency for checking in-flight and deferred message timeouts")
-    queue_scan_selection_count: int = opt(20, flag="queue-scan-selection-count", kind=INT,
+    queue_scan_selection_count: int = opt(default=20, flag="queue-scan-selection-count", kind=INT,
                                           help="number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts")
-    msg_timeout: float = opt(60.0, flag="msg-timeout", kind=DURATION,
+    msg_timeout: float = opt(default=60.0, flag="msg-timeout", kind=DURATION,
                              help="default duration to wait before auto-requeing a message")
-    max_msg_timeout: float = opt(15 * 60.0, flag="max-msg-timeout", kind=DURATION,
+    max_msg_timeout: float = opt(default=15 * 60.0, flag="max-msg-timeout", kind=DURATION,
                                  help="maximum duration before a message will timeout")
-    max_msg_size: int = opt(1024 * 1024, flag="max-msg-size", kind=INT,
+    max_msg_size: int = opt(default=1024 * 1024, flag="max-msg-size", kind=INT,
                             help="maximum size of a single message in bytes")
-    max_req_timeout: float = opt(3600.0, flag="max-req-timeout", kind=DURATION,
+    max_req_timeout: float = opt(default=3600.0, flag="max-req-timeout", kind=DURATION,
                                  help="maximum requeuing timeout for a message")
-    max_body_size: int = opt(5 * 1024 * 1024, flag="max-body-size", kind=INT,
+    max_body_size: int = opt(default=5 * 1024 * 1024, flag="max-body-size", kind=INT,
                              help="maximum size of a single command body")
-    max_heartbeat_interval: float = opt(60.0, flag="max-heartbeat-interval", kind=DURATION,
+    max_heartbeat_interval: float = opt(default=60.0, flag="max-heartbeat-interval", kind=DURATION,
                                         help="maximum client configurable duration of time between client heartbeats")
-    max_rdy_count: int = opt(2500, flag="max-rdy-count", kind=INT, help="maximum RDY count for a client")
-    max_output_buffer_size: int = opt(64 * 1024, flag="max-output-buffer-size", kind=INT,
+    max_rdy_count: int = opt(default=2500, flag="max-rdy-count", kind=INT, help="maximum RDY count for a client")
+    max_output_buffer_size: int = opt(default=64 * 1024, flag="max-output-buffer-size", kind=INT,
                                       help="maximum client configurable size (in bytes) for a client output buffer")
-    max_output_buffer_timeout: float = opt(30.0, flag="max-output-buffer-timeout", kind=DURATION,
+    max_output_buffer_timeout: float = opt(default=30.0, flag="max-output-buffer-timeout", kind=DURATION,
                                            help="maximum client configurable duration of time between flushing to a client")
-    min_output_buffer_timeout: float = opt(0.025, flag="min-output-buffer-timeout", kind=DURATION,
+    min_output_buffer_timeout: float = opt(default=0.025, flag="min-output-buffer-timeout", kind=DURATION,
                                            help="minimum client configurable duration of time between flushing to a client")
-    output_buffer_timeout: float = opt(0.25, flag="output-buffer-timeout", kind=DURATION,
+    output_buffer_timeout: float = opt(default=0.25, flag="output-buffer-timeout", kind=DURATION,
                                        help="default duration of time between flushing data to clients")
-    max_channel_consumers: int = opt(0, flag="max-channel-consumers", kind=INT,
+    max_channel_consumers: int = opt(default=0, flag="max-channel-consumers", kind=INT,
                                      help="maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)")
-    statsd_address: str = opt("", flag="statsd-address", kind=STR,
+    statsd_address: str = opt(default="", flag="statsd-address", kind=STR,
                               help="UDP <addr>:<port> of a statsd daemon for pushing stats")
-    statsd_interval: float = opt(60.0, flag="statsd-interval", kind=DURATION, help="duration between pushing to statsd")
-    statsd_mem_stats: bool = opt(True, flag="statsd-mem-stats", kind=BOOL,
+    statsd_interval: float = opt(default=60.0, flag="statsd-interval", kind=DURATION, help="duration between pushing to statsd")
+    statsd_mem_stats: bool = opt(default=True, flag="statsd-mem-stats", kind=BOOL,
                                  help="toggle sending memory and GC stats to statsd")
-    statsd_prefix: str = opt("nsq.%s", flag="statsd-prefix", kind=STR,
+    statsd_prefix: str = opt(default="nsq.%s", flag="statsd-prefix", kind=STR,
                              help="prefix used for keys sent to statsd (%s for host replacement)")
-    statsd_udp_packet_size: int = opt(508, flag="statsd-udp-packet-size", kind=INT,
+    statsd_udp_packet_size: int = opt(default=508, flag="statsd-udp-packet-size", kind=INT,
                                       help="the size in bytes of statsd UDP packets")
-    statsd_exclude_ephemeral: bool = opt(False, flag="statsd-exclude-ephemeral", kind=BOOL,
+    statsd_exclude_ephemeral: bool = opt(default=False, flag="statsd-exclude-ephemeral", kind=BOOL,
                                          help="Skip ephemeral topics and channels when sending stats to statsd")
     e2e_processing_latency_percentiles: list[float] = opt(
         flag="e2e-processing-latency-percentile", cfg="e2e_processing_latency_percentiles", kind=FLOATLIST,
         factory=list,
         help="message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma separated '1.0,0.99,0.95', default none)")
     e2e_processing_latency_window_time: float = opt(
-        600.0, flag="e2e-processing-latency-window-time", kind=DURATION,
+        default=600.0, flag="e2e-processing-latency-window-time", kind=DURATION,
         help="calculate end to end latency quantiles for this duration of time (ie: 60s would only show quantile calculations from the past 60 seconds)")
-    tls_cert: str = opt("", flag="tls-cert", kind=STR, help="path to certificate file")
-    tls_key: str = opt("", flag="tls-key", kind=STR, help="path to key file")
-    tls_client_auth_policy: str = opt("", flag="tls-client-auth-policy", kind=STR,
+    tls_cert: str = opt(default="", flag="tls-cert", kind=STR, help="path to certificate file")
+    tls_key: str = opt(default="", flag="tls-key", kind=STR, help="path to key file")
+    tls_client_auth_policy: str = opt(default="", flag="tls-client-auth-policy", kind=STR,
                                       help="client certificate auth policy ('require' or 'require-verify')")
-    tls_root_ca_file: str = opt("", flag="tls-root-ca-file", kind=STR, help="path to certificate authority file")
-    tls_required: int = opt(TLS_NOT_REQUIRED, flag="tls-required", kind=TLS_REQUIRED_KIND,
+    tls_root_ca_file: str = opt(default="", flag="tls-root-ca-file", kind=STR, help="path to certificate authority file")
+    tls_required: int = opt(default=TLS_NOT_REQUIRED, flag="tls-required", kind=TLS_REQUIRED_KIND,
                             help="require TLS for client connections (true, false, tcp-https)")
-    tls_min_version: int = opt(TLS_VERSIONS["tls1.0"], flag="tls-min-version", kind=TLS_MIN_VERSION,
+    tls_min_version: int = opt(default=TLS_VERSIONS["tls1.0"], flag="tls-min-version", kind=TLS_MIN_VERSION,
                                help="minimum SSL/TLS version acceptable ('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')")
-    deflate: bool = opt(True, flag="deflate", cfg="deflate", kind=BOOL,
+    deflate: bool = opt(default=True, flag="deflate", cfg="deflate", kind=BOOL,
                         help="enable deflate feature negotiation (client compression)")
-    max_deflate_level: int = opt(6, flag="max-deflate-level", kind=INT,
+    max_deflate_level: int = opt(default=6, flag="max-deflate-level", kind=INT,
                                  help="max deflate compression level a client can negotiate (> values == > nsqd CPU usage)")
-    snappy: bool = opt(True, flag="snappy", cfg="snappy", kind=BOOL,
+    snappy: bool = opt(default=True, flag="snappy", cfg="snappy", kind=BOOL,
                        help="enable snappy feature negotiation (client compression)")
-    topology_region: str = opt("", flag="topology-region", kind=STR,
+    topology_region: str = opt(default="", flag="topology-region", kind=STR,
                                unsupported="topology-aware consumption is an unreleased NSQ experiment nsqtw does not implement",
                                help="[experimental, not supported by nsqtw] region for topology-aware consumption")
-    topology_zone: str = opt("", flag="topology-zone", kind=STR,
+    topology_zone: str = opt(default="", flag="topology-zone", kind=STR,
                              unsupported="topology-aware consumption is an unreleased NSQ experiment nsqtw does not implement",
                              help="[experimental, not supported by nsqtw] zone for topology-aware consumption")
     enable_experiment: list[str] = opt(flag="enable-experiment", cfg="enable_experiment", kind=STRLIST, factory=list,
                                        unsupported="NSQ's experiments (topology-aware-consumption) are not implemented by nsqtw",
                                        help="[experimental, not supported by nsqtw] enable an experiment")
     # nsqtw additions (not in NSQ) -------------------------------------------------
-    stats_export_path: str = opt("", flag="stats-export-path", kind=STR,
+    stats_export_path: str = opt(default="", flag="stats-export-path", kind=STR,
                                  help="[nsqtw] directory for hourly JSON Lines snapshots of /stats (empty disables)")
-    stats_export_interval: float = opt(10.0, flag="stats-export-interval", kind=DURATION,
+    stats_export_interval: float = opt(default=10.0, flag="stats-export-interval", kind=DURATION,
                                        help="[nsqtw] duration between /stats snapshots written to --stats-export-path")
-    peek_enabled: bool = opt(False, flag="peek-enabled", kind=BOOL,
+    peek_enabled: bool = opt(default=False, flag="peek-enabled", kind=BOOL,
                              help="[nsqtw] serve GET /topic/peek and /channel/peek: queued, in-flight and "
                                   "deferred messages, bodies included, to whoever reaches the HTTP port")
-    peek_max_body_size: int = opt(4096, flag="peek-max-body-size", kind=INT,
+    peek_max_body_size: int = opt(default=4096, flag="peek-max-body-size", kind=INT,
                                   help="[nsqtw] most body bytes /topic/peek and /channel/peek show of a message")
     # internal knobs NSQ does not expose as flags ------------------------------------
-    client_timeout: float = opt(60.0, flag=None, kind=DURATION)
-    queue_scan_interval: float = opt(0.1, flag=None, kind=DURATION)
-    queue_scan_refresh_interval: float = opt(5.0, flag=None, kind=DURATION)
-    queue_scan_dirty_percent: float = opt(0.25, flag=None, kind=STR)
-    magic_timeout: float = opt(60.0, flag=None, kind=DURATION)
+    client_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
+    queue_scan_interval: float = opt(default=0.1, flag=None, kind=DURATION)
+    queue_scan_refresh_interval: float = opt(default=5.0, flag=None, kind=DURATION)
+    queue_scan_dirty_percent: float = opt(default=0.25, flag=None, kind=STR)
+    magic_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
 
     def __attrs_post_init__(self) -> None:
         self.validate()
@@ -567,7 +613,8 @@ class NsqdOptions:
         for f in option_fields(type(self)):
             reason = f.metadata.get("unsupported")
             if reason and getattr(self, f.name) != f.default and not (
-                    isinstance(f.default, attr.Factory) and not getattr(self, f.name)):
+                    isinstance(f.default, attr.Factory)  # type: ignore[arg-type]  # attrs' stubs make Factory a function; it is a class
+                    and not getattr(self, f.name)):
                 raise OptionError(f"--{f.metadata['flag']} is not supported: {reason}")
 
     @property
@@ -576,4 +623,4 @@ class NsqdOptions:
         return self.client_timeout / 2
 
     def replace(self, **changes: Any) -> NsqdOptions:
-        return attr.evolve(self, **changes)
+        return evolve(self, **changes)

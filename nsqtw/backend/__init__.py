@@ -11,17 +11,29 @@ which one it talks to.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from zope.interface import Attribute, Interface
+
+if TYPE_CHECKING:
+    from .runs import Run
 
 __all__ = ["IBackendQueue"]
 
 
 class IBackendQueue(Interface):
-    """A FIFO-ish store of message frames (NSQ's ``BackendQueue``)."""
+    """A FIFO-ish store of message frames (NSQ's ``BackendQueue``): exactly what the broker uses.
 
-    durable = Attribute("True if what this queue holds survives a restart.")
+    A queue may offer more, which the broker looks for by name: the disk queue's
+    ``deferred_sink`` and ``put_deferred`` (deferred messages kept across a restart),
+    ``put_count`` (how much of a failed ``put`` was stored) and ``peek``.
+    """
 
-    def put(run):  # type: ignore[no-untyped-def]
+    accepts_all = Attribute(
+        "True if ``put`` stores every run (disk, dummy); False if it may hand part of it back"
+        " (a queue with no disk behind it), so publishers must check for room first.")
+
+    def put(run: Run) -> Run | None:
         """
         Store as much of ``run`` as fits, in order.
 
@@ -29,18 +41,19 @@ class IBackendQueue(Interface):
         that stores everything (disk, dummy) always returns None.
         """
 
-    def read(n, max_bytes=0):  # type: ignore[no-untyped-def]
+    def read(n: int, max_bytes: int = 0) -> list[Run]:
         """Remove and return up to ``n`` messages as a list of runs; with ``max_bytes``,
         stop once about that many bytes are taken (always at least one message)."""
 
-    def depth():  # type: ignore[no-untyped-def]
+    def depth() -> int:
         """Messages held."""
 
-    def empty():  # type: ignore[no-untyped-def]
-        """Drop everything held."""
+    def empty() -> Any:
+        """Drop everything held (the disk queue answers a Deferred that fires when its files are gone)."""
 
-    def delete():  # type: ignore[no-untyped-def]
-        """Drop everything and release any files; the queue is not used again."""
+    def delete() -> Any:
+        """Drop everything and release any files; the queue is not used again (a Deferred, or None)."""
 
-    def close():  # type: ignore[no-untyped-def]
-        """Make what is held durable (if the queue is) and release resources."""
+    def close() -> Any:
+        """Make what is held durable (if the queue is) and release resources; a Deferred
+        that fires when that is done, or None when there is nothing to wait for."""

@@ -1,6 +1,10 @@
 """
 The disk queue: go-diskqueue v1.1.0's files, byte for byte, behind :class:`IBackendQueue`.
 
+This module is the queue's policy (opening and recovery, depth, emptying and deletion, when to
+sync); the records are written and read in :mod:`.diskio`, the metadata text and the data
+path's listing are :mod:`.diskformat`, and the blocking work runs on :mod:`.sync`'s worker.
+
 Files (in ``--data-path``; a channel's queue is named ``<topic>:<channel>``)::
 
     <name>.diskqueue.000000.dat     [4-byte BE length N][N-byte record] ...
@@ -63,227 +67,43 @@ Threads and durability -- the contract the broker relies on:
 For unit tests, ``SyncWorker(clock=None, threaded=False)`` runs every job
 inline at once, so the whole queue is synchronous and deterministic; with a
 ``task.Clock`` the end-of-turn and timeout syncs wait for ``clock.advance``.
+Time comes from the worker's clock (the reactor, or the test's ``task.Clock``);
+a worker made with neither reads the wall clock (``time.time()``) for the
+deferral hints' timestamps.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import struct
-import time
 from functools import partial
-from itertools import chain, repeat
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from twisted.application.service import Service
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from ..errors import BackendError, Exiting
-from ..protocol.message import ID_SLICE, MIN_MESSAGE_LENGTH
+from ..errors import BackendError
+from ..protocol.message import MIN_MESSAGE_LENGTH
 from . import IBackendQueue
 from .deferred_store import DeferredStore
-from .metadata import write_file_atomically
-from .runs import Run, run_of_frames
+from .diskformat import _DATA_RE_TMPL, DirListing, format_queue_metadata, read_queue_metadata
+from .diskio import READ_CHUNK, RecordReader, RecordWriter, _unpack_i32
+from .sync import SyncWorker, _inline_worker, _job_sync
 
 __all__ = ["DiskQueue", "SyncWorker", "disk_backends", "read_queue_metadata", "format_queue_metadata"]
 
 log = Logger(namespace="nsqtw.diskqueue")
 
-_I32 = struct.Struct(">i")
-_U16 = struct.Struct(">H")
-_bytes_get = bytes.__getitem__
-_FRAME_HEAD = struct.Struct(">ii")
-_unpack_i32 = _I32.unpack_from
-_unpack_u16 = _U16.unpack_from
-_pack_u16_into = _U16.pack_into
-_pack_i32_into = _I32.pack_into
-_pack_frame_head = _FRAME_HEAD.pack
-
-#: bytes read from a data file at a time
-READ_CHUNK = 256 * 1024
-
-_META_RE = re.compile(rb"\A\s*(-?\d+)[ \t]*\r?\n\s*(-?\d+),(-?\d+)[ \t]*\r?\n\s*(-?\d+),(-?\d+)")
-_DATA_RE_TMPL = r"\A%s\.diskqueue\.(\d{6,})\.dat\Z"
-
-
-def format_queue_metadata(depth: int, read_file: int, read_pos: int, write_file: int, write_pos: int) -> bytes:
-    """The ``.meta.dat`` text, exactly as go-diskqueue's ``persistMetaData`` writes it."""
-    return b"%d\n%d,%d\n%d,%d\n" % (depth, read_file, read_pos, write_file, write_pos)
-
-
-def read_queue_metadata(data: bytes) -> tuple[int, int, int, int, int]:
-    """``(depth, readFileNum, readPos, writeFileNum, writePos)``; ValueError if unparsable."""
-    m = _META_RE.match(data)
-    if m is None:
-        raise ValueError("invalid diskqueue metadata %r" % data[:80])
-    d, rf, rp, wf, wp = (int(x) for x in m.groups())
-    if rf < 0 or rp < 0 or wf < 0 or wp < 0:
-        raise ValueError("invalid diskqueue metadata: negative position %r" % data[:80])
-    return d, rf, rp, wf, wp
-
-
-# --- the sync worker -----------------------------------------------------------------------
-
-class SyncWorker(Service):
-    """
-    One broker's blocking disk work, in order, off the reactor thread.
-
-    Add it to the service tree *before* the broker's services (a MultiService
-    stops children in reverse, so it stops last): its ``stopService`` runs
-    every job already submitted (closing queues submits their final syncs)
-    and joins the thread.  Jobs submitted while it is not running run inline.
-    """
-
-    def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
-                 name: str = "nsqtw-diskqueue-sync") -> None:
-        self.reactor = reactor
-        self.clock = clock if clock is not None else reactor
-        self.threaded = threaded and reactor is not None
-        self.setName(name)
-        self._pool: Any = None
-        self._dirty: dict[int, DiskQueue] = {}
-        self._turn_call: Any = None
-        self._unsynced: dict[int, DiskQueue] = {}
-        self.jobs = 0
-
-    # lifecycle
-    def startService(self) -> None:
-        super().startService()
-        if self.threaded and self._pool is None:
-            from twisted.python.threadpool import ThreadPool
-            self._pool = ThreadPool(1, 1, name=self.name)
-            self._pool.start()
-
-    def stopService(self) -> Any:
-        super().stopService()
-        self.end_turn()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.stop()  # runs what is queued, then joins the thread
-        return None
-
-    def seconds(self) -> float:
-        return self.clock.seconds() if self.clock is not None else time.time()
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Any:
-        if self.clock is None:
-            return None
-        return self.clock.callLater(delay, fn)
-
-    def submit(self, fn: Callable[[], Any]) -> Deferred:
-        """Run ``fn`` after every job submitted before; fires with its result."""
-        self.jobs += 1
-        pool = self._pool
-        if pool is None:
-            try:
-                return succeed(fn())
-            except BaseException:
-                return fail(Failure())
-        from twisted.internet.threads import deferToThreadPool
-        return deferToThreadPool(self.reactor, pool, fn)
-
-    def flush_and_sync_all(self) -> Deferred:
-        """Fires once every message put so far, in any queue of this worker, is fsynced.
-
-        The broker's ``--sync-every=1`` OK: publish, then answer when this fires
-        (``E_PUB_FAILED`` if it fails with :class:`~nsqtw.errors.BackendError`).
-        """
-        queues = list(self._unsynced.values())
-        if not queues:
-            return succeed(None)
-        from twisted.internet.defer import FirstError, gatherResults
-
-        def unwrap(f: Failure) -> Failure:
-            return f.value.subFailure if f.check(FirstError) else f
-
-        d = gatherResults([q.flush_and_sync() for q in queues], consumeErrors=True)
-        return d.addCallbacks(lambda _: None, unwrap)
-
-    # end of turn
-    def wake(self, queue: DiskQueue) -> None:
-        """``queue`` has work for the end of this reactor turn (a sync to submit)."""
-        if self.clock is None:
-            queue._end_turn()
-            return
-        self._dirty[id(queue)] = queue
-        if self._turn_call is None:
-            self._turn_call = self.clock.callLater(0, self._turn)
-
-    def _turn(self) -> None:
-        self._turn_call = None
-        self.end_turn()
-
-    def end_turn(self) -> None:
-        """Submit the syncs queues asked for now (the glue may call this at the end of settle)."""
-        if self._turn_call is not None:
-            if self._turn_call.active():
-                self._turn_call.cancel()
-            self._turn_call = None
-        dirty = self._dirty
-        while dirty:
-            _, q = dirty.popitem()
-            try:
-                q._end_turn()
-            except Exception:
-                log.failure("DISKQUEUE({name}) end of turn failed", name=q.name)
-
-
-_INLINE: SyncWorker | None = None
-
-
-def _inline_worker() -> SyncWorker:
-    global _INLINE
-    if _INLINE is None:
-        _INLINE = SyncWorker(None, threaded=False)
-    return _INLINE
-
-
-# --- jobs (run on the worker thread; they only see values handed to them) ---------------------
-
-def _job_sync(fd: int | None, meta_path: str, meta: bytes,
-              hints: tuple[DeferredStore, list[tuple[float, bytes]], float] | None,
-              close_fd: bool = False) -> None:
-    try:
-        if fd is not None:
-            os.fsync(fd)
-        write_file_atomically(meta_path, meta)
-        if hints is not None:
-            store, items, now = hints
-            store.save(items, now)
-    finally:
-        if close_fd and fd is not None:
-            os.close(fd)
-
-
-def _job_close(fd: int, sync: bool) -> None:
-    try:
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _job_unlink(paths: Sequence[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.error("DISKQUEUE failed to remove {path} - {err}", path=p, err=e)
-
 
 # --- the queue -------------------------------------------------------------------------------
 
 @implementer(IBackendQueue)
-class DiskQueue:
+class DiskQueue(RecordWriter, RecordReader):
     """go-diskqueue for one topic or channel (see the module docstring)."""
 
-    durable = True
     accepts_all = True
 
     def __init__(self, name: str, data_path: str, *,
@@ -328,7 +148,7 @@ class DiskQueue:
         self._timer: Any = None
         self._put_seq = 0
         self._synced_seq = 0
-        self._waiters: list[tuple[int, Deferred, bool]] = []
+        self._waiters: list[tuple[int, Deferred[Any], bool]] = []
         self._closed = False
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
@@ -501,416 +321,6 @@ class DiskQueue:
             os.close(fd)
         return count, pos
 
-    # --- writing ---------------------------------------------------------------------------
-
-    def _encode(self, run: Run) -> tuple[memoryview, list[tuple[int, int]]]:
-        """The run's frames as diskqueue entries, in a private copy: (buffer, [(start, end)])."""
-        blob, offs, end = run
-        start = offs[0]
-        ba = bytearray(blob[start:end]) if (start or end != len(blob)) else bytearray(blob)
-        lo, hi = self.min_record, self.max_record
-        spans: list[tuple[int, int]] = []
-        total = len(ba)
-        for o in offs:
-            o -= start
-            size = _unpack_i32(ba, o)[0]  # 4 (type) + record
-            n = size - 4
-            if n < lo or n > hi or o + 4 + size > total:
-                raise BackendError(
-                    f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
-            _pack_i32_into(ba, o + 4, n)  # the type field becomes the record length
-            a = o + 16
-            _pack_u16_into(ba, a, (_unpack_u16(ba, a)[0] - 1) & 0xFFFF)  # deliveries so far
-            spans.append((o + 4, o + 4 + size))
-        return memoryview(ba), spans
-
-    def _encode_uniform(self, run: Run) -> bytes | None:
-        """A run of same-size frames with equal attempts (a fresh MPUB) as one contiguous
-        block of entries, built by C builtins; None when the run is not like that."""
-        blob, offs, end = run
-        if not isinstance(offs, range) or len(offs) < 2:
-            return None
-        stride = offs.step
-        start, stop = offs.start, end
-        size = _unpack_i32(blob, start)[0]
-        n = size - 4
-        if stride != size + 4 or stop - start != stride * len(offs) or n < self.min_record or n > self.max_record:
-            return None
-        # which of the first 18 bytes (size, type, timestamp, attempts) are the same in every
-        # frame: each byte position, taken with a stride of one frame, is one repeated byte
-        count = len(offs)
-        same = [col.count(col[0]) == count for col in map(
-            _bytes_get, repeat(blob), map(slice, range(start, start + 18), repeat(stop), repeat(stride)))]
-        if not all(same[:8]) or not all(same[16:18]):
-            return None
-        att = _U16.pack((_unpack_u16(blob, start + 16)[0] - 1) & 0xFFFF)
-        if all(same[8:16]):
-            # a fresh MPUB: one timestamp, so every record starts with the same 14 bytes
-            prefix = _I32.pack(n) + blob[start + 8:start + 16] + att
-            return b"".join(chain.from_iterable(zip(repeat(prefix), map(
-                _bytes_get, repeat(blob), map(slice, range(start + 18, stop, stride),
-                                              range(start + stride, stop + stride, stride))))))
-        return b"".join(chain.from_iterable(zip(
-            repeat(_I32.pack(n)),
-            map(_bytes_get, repeat(blob), map(slice, range(start + 8, stop, stride), range(start + 16, stop, stride))),
-            repeat(att),
-            map(_bytes_get, repeat(blob), map(slice, range(start + 18, stop, stride), range(start + stride, stop + stride, stride))),
-        )))
-
-    def put(self, run: Run) -> Run | None:
-        """Store the whole run (rolling as needed); returns None.  Raises BackendError."""
-        if self._closed:
-            raise Exiting()
-        blob, offs, end = run
-        if len(offs) > 1 and (self.write_pos == 0 or self.write_pos + (end - offs[0]) <= self.max_bytes_per_file):
-            data = self._encode_uniform(run)
-            if data is not None and self.write_pos + len(data) <= self.max_bytes_per_file:
-                # no record of the run would roll: one write, as the general path would do
-                self._write(data, len(offs))
-                self._after_ops()
-                return None
-        if len(offs) == 1:  # a PUB: no private copy needed
-            o = offs[0]
-            size = _unpack_i32(blob, o)[0]
-            n = size - 4
-            if n < self.min_record or n > self.max_record or o + 4 + size > len(blob):
-                raise BackendError(f"invalid message write size ({n}) "
-                                   f"minMsgSize={self.min_record} maxMsgSize={self.max_record}")
-            att = (_unpack_u16(blob, o + 16)[0] - 1) & 0xFFFF
-            data = _I32.pack(n) + blob[o + 8:o + 16] + _U16.pack(att) + blob[o + 18:o + 4 + size]
-            if self.write_pos > 0 and self.write_pos + size > self.max_bytes_per_file:
-                self._roll()
-            self._write(data, 1)
-            self._after_ops()
-            return None
-        mv, spans = self._encode(run)
-        maxb = self.max_bytes_per_file
-        wp = self.write_pos
-        g_start = 0
-        i = 0
-        for a, b in spans:
-            size = b - a
-            if wp > 0 and wp + size > maxb:
-                if i > g_start:
-                    self._write(_join(mv, spans[g_start:i]), i - g_start)
-                self._roll()
-                wp = 0
-                g_start = i
-            wp += size
-            i += 1
-        if i > g_start:
-            self._write(_join(mv, spans[g_start:i]), i - g_start)
-        self._after_ops()
-        return None
-
-    def put_deferred(self, items: Sequence[tuple[float, bytes]]) -> None:
-        """Store deferred frames as ordinary records, remembering when each is due.
-
-        Go's nsqd reading these files delivers them as backlog (its own
-        behaviour); nsqtw's reader hands those still deferred to
-        ``deferred_sink`` with their remaining delay.
-        """
-        if not items:
-            return
-        for at, frame in items:
-            self._hints[bytes(frame[ID_SLICE])] = at
-        self._hints_dirty = True
-        self.put(run_of_frames([bytes(f) for _, f in items]))
-
-    def _write(self, data: Any, k: int) -> None:
-        """pwrite ``k`` entries at the write position (one system call unless it is short)."""
-        fd = self._wfd
-        if fd is None:
-            fn = self.file_name(self.write_file_num)
-            try:
-                fd = os.open(fn, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError as e:
-                self.error = e
-                raise BackendError(f"DISKQUEUE({self.name}) cannot open {fn} - {e.strerror}") from e
-            self._wfd = fd
-        pos = self.write_pos
-        try:
-            n = os.pwrite(fd, data, pos)
-            pos += n
-            if n < len(data):
-                view = memoryview(data)[n:]
-                while view:
-                    n = os.pwrite(fd, view, pos)
-                    pos += n
-                    view = view[n:]
-        except OSError as e:
-            self.error = e
-            raise BackendError(f"DISKQUEUE({self.name}) write failed - {e.strerror}") from e
-        self.write_pos = pos
-        self._depth += k
-        self._count += k
-        self._put_seq += k
-        self.worker._unsynced[id(self)] = self
-
-    def _roll(self) -> None:
-        """Close the full write file (fsync off-thread) and continue in the next one."""
-        fd, self._wfd = self._wfd, None
-        self.write_file_num += 1
-        self.write_pos = 0
-        if fd is not None:
-            self.worker.submit(partial(_job_close, fd, True)).addErrback(self._log_job_failure, "sync on roll")
-        self._need_sync = True
-
-    # --- reading ---------------------------------------------------------------------------
-
-    def read(self, n: int, max_bytes: int = 0) -> list[Run]:
-        """Remove and return up to ``n`` messages (and, with ``max_bytes``, about that many
-        bytes: at least one message), oldest first, as (at most) one run."""
-        if max_bytes:
-            n = min(n, self._read_limit(n, max_bytes))
-        if self._closed or n <= 0:
-            return []
-        out = bytearray()
-        offs: list[int] = []
-        diverted: list[tuple[float, bytes]] = []
-        hints = self._hints
-        sink = self.deferred_sink
-        now = self.worker.seconds() if hints else 0.0
-        lo, hi = self.min_record, self.max_record
-        got = 0
-        first = -1
-        uniform = True
-        while got < n and not (max_bytes and got and len(out) >= max_bytes):
-            rf = self.read_file_num
-            wf = self.write_file_num
-            if rf >= wf and self.read_pos >= self.write_pos:
-                break
-            if self._rfd is None:
-                try:
-                    self._rfd = os.open(self.file_name(rf), os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as e:
-                    self._handle_read_error(e)
-                    continue
-                self._rbuf = b""
-                self._read_end = None
-            if rf < wf:
-                end = self._read_end
-                if end is None:
-                    end = self._read_end = os.fstat(self._rfd).st_size
-                if self.read_pos >= end:
-                    self._finish_read_file()
-                    continue
-            else:
-                end = self.write_pos
-            fd = self._rfd
-            buf = self._rbuf
-            mbuf = memoryview(buf)
-            base = self._rbuf_at
-            pos = self.read_pos
-            err: str | None = None
-            while got < n and pos < end and not (max_bytes and got and len(out) >= max_bytes):
-                i = pos - base
-                if i < 0 or i + 4 > len(buf):
-                    buf = os.pread(fd, READ_CHUNK, pos)
-                    mbuf = memoryview(buf)
-                    base, i = pos, 0
-                    if len(buf) < 4:
-                        err = "EOF"
-                        break
-                size = _unpack_i32(buf, i)[0]
-                if size < lo or size > hi:
-                    err = "invalid message read size (%d)" % size
-                    break
-                j = i + 4 + size
-                if j > len(buf):
-                    buf = os.pread(fd, max(READ_CHUNK, 4 + size), pos)
-                    mbuf = memoryview(buf)
-                    base, i = pos, 0
-                    j = 4 + size
-                    if len(buf) < j:
-                        err = "unexpected EOF"
-                        break
-                if hints:
-                    at = hints.pop(buf[i + 14:i + 30], None)
-                    if at is not None:
-                        self._hints_dirty = True
-                        if sink is not None and at > now:
-                            diverted.append((at, self._frame_of(buf, i, size)))
-                            pos += 4 + size
-                            self._depth -= 1
-                            self._count += 1
-                            continue
-                fs = len(out)
-                if size != first:
-                    if first < 0:
-                        first = size
-                    else:
-                        uniform = False
-                out += _pack_frame_head(size + 4, 2)
-                out += mbuf[i + 4:j]
-                a = fs + 16
-                _pack_u16_into(out, a, (_unpack_u16(out, a)[0] + 1) & 0xFFFF)
-                offs.append(fs)
-                got += 1
-                pos += 4 + size
-                self._depth -= 1
-                self._count += 1
-            self._rbuf = buf
-            self._rbuf_at = base
-            self.read_pos = pos
-            if err is not None:
-                self._handle_read_error(err)
-                continue
-            if rf < wf and pos >= end:
-                self._finish_read_file()
-        if self._rfd is not None and self.read_pos - self._rbuf_at >= len(self._rbuf):
-            self._rbuf = b""  # nothing buffered ahead: do not hold the chunk
-        self._check_tail_corruption()
-        self._after_ops()
-        if diverted and sink is not None:
-            for at, frame in diverted:
-                sink(at, frame)
-        if not offs:
-            return []
-        return [_run_of(bytes(out), offs, uniform)]
-
-    def peek(self, n: int, max_body: int) -> list[tuple[bytes, int, float | None]]:
-        """The next ``n`` records as they would be delivered, changing nothing: positions,
-        buffers, depth, hints and metadata stay as they are.  Each is ``(head, body_size,
-        due)``: ``head`` is the frame (attempts as delivered) with at most ``max_body`` bytes
-        of its body, ``due`` the time a deferred record is still waiting for (else None).
-
-        Reads only what ``n`` needs (a record's first ``30 + max_body`` bytes; larger records
-        are skipped over by their size), so its cost is bounded by ``n``, not by the backlog.
-        A record that looks corrupt ends the peek (the reader will quarantine it)."""
-        out: list[tuple[bytes, int, float | None]] = []
-        if self._closed or n <= 0:
-            return out
-        lo, hi = self.min_record, self.max_record
-        hints = self._hints
-        rf, pos = self.read_file_num, self.read_pos
-        while len(out) < n and (rf < self.write_file_num or (rf == self.write_file_num and pos < self.write_pos)):
-            try:
-                fd = os.open(self.file_name(rf), os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return out
-            try:
-                end = self.write_pos if rf == self.write_file_num else os.fstat(fd).st_size
-                buf = b""
-                base = pos
-                while len(out) < n and pos < end:
-                    i = pos - base
-                    if i + 4 > len(buf):
-                        buf, base, i = os.pread(fd, READ_CHUNK, pos), pos, 0
-                        if len(buf) < 4:
-                            return out
-                    size = _unpack_i32(buf, i)[0]
-                    if size < lo or size > hi:
-                        return out
-                    want = min(size, 26 + max_body)
-                    if i + 4 + want > len(buf):
-                        buf, base, i = os.pread(fd, max(READ_CHUNK, 4 + want), pos), pos, 0
-                        if len(buf) < 4 + want:
-                            return out
-                    head = bytearray(_pack_frame_head(size + 4, 2))
-                    head += buf[i + 4:i + 4 + want]
-                    _pack_u16_into(head, 16, (_unpack_u16(head, 16)[0] + 1) & 0xFFFF)
-                    due = hints.get(bytes(head[18:34])) if hints else None
-                    out.append((bytes(head), size - 26, due))
-                    pos += 4 + size
-            finally:
-                os.close(fd)
-            rf, pos = rf + 1, 0
-        return out
-
-    @staticmethod
-    def _read_limit(n: int, max_bytes: int) -> int:
-        return n  # the byte limit is applied as records are read
-
-    @staticmethod
-    def _frame_of(buf: bytes, i: int, size: int) -> bytes:
-        frame = bytearray(_pack_frame_head(size + 4, 2))
-        frame += buf[i + 4:i + 4 + size]
-        _pack_u16_into(frame, 16, (_unpack_u16(frame, 16)[0] + 1) & 0xFFFF)
-        return bytes(frame)
-
-    def _close_read_file(self) -> None:
-        fd, self._rfd = self._rfd, None
-        self._rbuf = b""
-        self._rbuf_at = 0
-        self._read_end = None
-        if fd is not None:
-            os.close(fd)
-
-    def _finish_read_file(self) -> None:
-        """A completed file was read to its end: delete it, move on, sync soon."""
-        self._close_read_file()
-        old = self.file_name(self.read_file_num)
-        self.read_file_num += 1
-        self.read_pos = 0
-        self.worker.submit(partial(_job_unlink, [old])).addErrback(self._log_job_failure, "remove")
-        self._need_sync = True
-
-    def _handle_read_error(self, err: Any) -> None:
-        """go-diskqueue's handleReadError: quarantine the read file, go on with the next."""
-        bad = self.file_name(self.read_file_num)
-        log.error("DISKQUEUE({name}) reading at {pos} of {fn} - {err}",
-                  name=self.name, pos=self.read_pos, fn=bad, err=err)
-        self._close_read_file()
-        if self.read_file_num == self.write_file_num:
-            self._hand_off_write_fd(sync=False)
-            self.write_file_num += 1
-            self.write_pos = 0
-        log.warn("DISKQUEUE({name}) jump to next file and saving bad file as {fn}.bad",
-                 name=self.name, fn=bad)
-        try:
-            os.rename(bad, bad + ".bad")
-        except OSError as e:
-            log.error("DISKQUEUE({name}) failed to rename bad diskqueue file {fn} to {fn}.bad - {err}",
-                      name=self.name, fn=bad, err=e)
-        self.read_file_num += 1
-        self.read_pos = 0
-        self._need_sync = True
-        self._check_tail_corruption()
-
-    def _check_tail_corruption(self) -> None:
-        rf, wf = self.read_file_num, self.write_file_num
-        if rf < wf or self.read_pos < self.write_pos:
-            return
-        if self._depth != 0:
-            if self._depth < 0:
-                log.error("DISKQUEUE({name}) negative depth at tail ({d}), metadata corruption, "
-                          "resetting 0...", name=self.name, d=self._depth)
-            else:
-                log.error("DISKQUEUE({name}) positive depth at tail ({d}), data loss, resetting 0...",
-                          name=self.name, d=self._depth)
-            self._depth = 0
-            self._need_sync = True
-        if rf != wf or self.read_pos != self.write_pos:
-            if rf > wf:
-                log.error("DISKQUEUE({name}) readFileNum > writeFileNum ({r} > {w}), corruption, "
-                          "skipping to next writeFileNum and resetting 0...", name=self.name, r=rf, w=wf)
-            if self.read_pos > self.write_pos:
-                log.error("DISKQUEUE({name}) readPos > writePos ({r} > {w}), corruption, "
-                          "skipping to next writeFileNum and resetting 0...",
-                          name=self.name, r=self.read_pos, w=self.write_pos)
-            self._skip_to_next_rw_file()
-            self._need_sync = True
-
-    def _hand_off_write_fd(self, sync: bool) -> None:
-        fd, self._wfd = self._wfd, None
-        if fd is not None:
-            self.worker.submit(partial(_job_close, fd, sync)).addErrback(self._log_job_failure, "close")
-
-    def _skip_to_next_rw_file(self, extra: Sequence[str] = ()) -> Deferred:
-        """Delete every data file from the read file to the write file; start afresh after them."""
-        self._close_read_file()
-        self._hand_off_write_fd(sync=False)
-        paths = [self.file_name(i) for i in range(self.read_file_num, self.write_file_num + 1)]
-        paths.extend(extra)
-        d = self.worker.submit(partial(_job_unlink, paths))
-        self.write_file_num += 1
-        self.write_pos = 0
-        self.read_file_num = self.write_file_num
-        self.read_pos = 0
-        self._depth = 0
-        return d
-
     # --- depth, empty, delete, close -------------------------------------------------------
 
     def depth(self) -> int:
@@ -920,7 +330,7 @@ class DiskQueue:
             return d if d > 0 else 1
         return 0
 
-    def empty(self) -> Deferred:
+    def empty(self) -> Deferred[Any]:
         """Go's Empty(): delete the data files and the metadata, restart in a new file."""
         if self._closed:
             return succeed(None)
@@ -936,7 +346,7 @@ class DiskQueue:
         self._fire_waiters(self._put_seq, None)
         return d
 
-    def delete(self) -> Deferred:
+    def delete(self) -> Deferred[Any]:
         """Go's Empty() then Delete(): no file of this queue is left; the queue is done."""
         if self._closed:
             return succeed(None)
@@ -945,7 +355,7 @@ class DiskQueue:
         self._cancel_timer()
         return d
 
-    def close(self) -> Deferred:
+    def close(self) -> Deferred[Any]:
         """Go's Close(): a final fsync and metadata write; fires when they are on disk."""
         if self._closed:
             return succeed(None)
@@ -962,19 +372,19 @@ class DiskQueue:
 
     # --- syncing ---------------------------------------------------------------------------
 
-    def flush_and_sync(self) -> Deferred:
+    def flush_and_sync(self) -> Deferred[Any]:
         """Fires once an fsync covering every message put so far has completed (forces one soon)."""
         return self._wait(force=True)
 
-    def when_synced(self) -> Deferred:
+    def when_synced(self) -> Deferred[Any]:
         """Like :meth:`flush_and_sync`, but waits for the regular schedule."""
         return self._wait(force=False)
 
-    def _wait(self, force: bool) -> Deferred:
+    def _wait(self, force: bool) -> Deferred[Any]:
         target = self._put_seq
         if self._synced_seq >= target:
             return succeed(None)
-        d: Deferred = Deferred()
+        d: Deferred[Any] = Deferred()
         self._waiters.append((target, d, force))
         if self._closed:
             return d  # the final sync in flight will fire it
@@ -1067,8 +477,8 @@ class DiskQueue:
     def _fire_waiters(self, seq: int, f: Failure | None) -> None:
         if not self._waiters:
             return
-        keep = []
-        ready = []
+        keep: list[tuple[int, Deferred[Any], bool]] = []
+        ready: list[tuple[int, Deferred[Any], bool]] = []
         for w in self._waiters:
             (ready if w[0] <= seq else keep).append(w)
         self._waiters = keep
@@ -1081,58 +491,6 @@ class DiskQueue:
     def _log_job_failure(self, f: Failure, what: str) -> None:
         self.error = f.value
         log.failure("DISKQUEUE({name}) {what} failed", f, name=self.name, what=what)
-
-
-def _join(mv: memoryview, spans: list[tuple[int, int]]) -> Any:
-    if len(spans) == 1:
-        a, b = spans[0]
-        return mv[a:b]
-    return b"".join([mv[a:b] for a, b in spans])
-
-
-def _run_of(blob: bytes, offs: list[int], uniform: bool) -> Run:
-    """A run over ``blob`` (a range of offsets when every frame has the same size)."""
-    n = len(offs)
-    if n == 1:
-        return (blob, range(0, 1), len(blob))
-    if uniform:
-        return (blob, range(0, len(blob), offs[1]), len(blob))
-    return (blob, offs, len(blob))
-
-
-_ANY_DATA_FILE = re.compile(r"\A(.+)\.diskqueue\.(\d{6,})\.dat\Z")
-
-
-class DirListing:
-    """The data files every queue had when the data path was first listed (once, lazily).
-
-    A queue opened later without metadata is either new (its files, if any, were all
-    there at that listing: nsqd holds the data path's lock) or was deleted and made again
-    by this process (its files are removed, so :meth:`DiskQueue._existing_data_files`
-    keeps only those that still exist).
-    """
-
-    __slots__ = ("path", "_files")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._files: dict[str, list[int]] | None = None
-
-    def data_files(self, name: str) -> list[int]:
-        if self._files is None:
-            files: dict[str, list[int]] = {}
-            try:
-                names = os.listdir(self.path)
-            except OSError:
-                names = []
-            for fn in names:
-                m = _ANY_DATA_FILE.match(fn)
-                if m:
-                    files.setdefault(m.group(1), []).append(int(m.group(2)))
-            for nums in files.values():
-                nums.sort()
-            self._files = files
-        return self._files.get(name, [])
 
 
 def disk_backends(options: Any, worker: SyncWorker, data_path: str | None = None) -> Callable[[str, bool], Any]:

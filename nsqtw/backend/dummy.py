@@ -17,7 +17,7 @@ class DummyQueue:
 
     __slots__ = ("dropped",)
 
-    durable = False
+    accepts_all = True
 
     def __init__(self) -> None:
         self.dropped = 0

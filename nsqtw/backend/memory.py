@@ -19,7 +19,7 @@ class MemoryQueue:
 
     __slots__ = ("capacity", "_runs", "_count")
 
-    durable = False
+    accepts_all = False  # what does not fit is handed back
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -44,11 +44,6 @@ class MemoryQueue:
         """Append ignoring capacity: a message the broker already held (a requeue, a timeout)
         is never refused, because refusing it would lose it."""
         self._runs.append(run)
-        self._count += len(run[1])
-
-    def push_front(self, run: Run) -> None:
-        """Put a run back at the head, ignoring capacity (undo of a read)."""
-        self._runs.appendleft(run)
         self._count += len(run[1])
 
     def read(self, n: int, max_bytes: int = 0) -> list[Run]:

@@ -92,12 +92,12 @@ def encode_metadata(md: Metadata) -> bytes:
     for t in md.topics:
         if t.channels:
             chans = "[" + ",".join(
-                '{"name":%s,"paused":%s}' % (_str(c.name), _bool(c.paused)) for c in t.channels) + "]"
+                f'{{"name":{_str(c.name)},"paused":{_bool(c.paused)}}}' for c in t.channels) + "]"
         else:
             chans = "null"
-        topics.append('{"name":%s,"paused":%s,"channels":%s}' % (_str(t.name), _bool(t.paused), chans))
+        topics.append(f'{{"name":{_str(t.name)},"paused":{_bool(t.paused)},"channels":{chans}}}')
     body = "[" + ",".join(topics) + "]" if topics else "null"
-    return ('{"topics":%s,"version":%s}' % (body, _str(md.version))).encode("utf-8")
+    return f'{{"topics":{body},"version":{_str(md.version)}}}'.encode()
 
 
 def metadata_from_broker(broker: Any) -> Metadata:
@@ -197,7 +197,7 @@ def load_metadata(data_path: str, warn: Callable[[str], None] | None = None) -> 
 
 def write_file_atomically(path: str, data: bytes, rng: random.Random | None = None) -> None:
     """``<path>.<rand>.tmp``, write, fsync, close, rename over ``path`` (as Go's nsqd)."""
-    tmp = "%s.%d.tmp" % (path, (rng or random).getrandbits(63))
+    tmp = f"{path}.{(rng or random).getrandbits(63)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
@@ -257,7 +257,7 @@ _PLAIN_NAME = re.compile(r"\A[.a-zA-Z0-9_-]+\Z")
 
 def _name(s: str) -> str:
     # valid topic/channel names need no JSON escaping
-    return '"%s"' % s if _PLAIN_NAME.match(s) else _str(s)
+    return f'"{s}"' if _PLAIN_NAME.match(s) else _str(s)
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:
@@ -267,12 +267,12 @@ def encode_snapshot(snap: Snapshot) -> bytes:
     for name, paused, chans in snap:
         if name.endswith("#ephemeral"):
             continue
-        kept = ['{"name":%s,"paused":%s}' % (_name(c), "true" if p else "false")
+        kept = [f'{{"name":{_name(c)},"paused":{"true" if p else "false"}}}'
                 for c, p in chans if not c.endswith("#ephemeral")]
-        topics.append('{"name":%s,"paused":%s,"channels":%s}' % (
-            _name(name), "true" if paused else "false", "[" + ",".join(kept) + "]" if kept else "null"))
+        listed = "[" + ",".join(kept) + "]" if kept else "null"
+        topics.append(f'{{"name":{_name(name)},"paused":{"true" if paused else "false"},"channels":{listed}}}')
     body = "[" + ",".join(topics) + "]" if topics else "null"
-    return ('{"topics":%s,"version":%s}' % (body, _str(NSQ_VERSION))).encode("utf-8")
+    return f'{{"topics":{body},"version":{_str(NSQ_VERSION)}}}'.encode()
 
 
 def write_snapshot(data_path: str, snap: Snapshot) -> None:
@@ -326,7 +326,7 @@ class MetadataWriter:
         (None, or the write's failure) once such a rewrite has finished."""
         from twisted.internet.defer import Deferred
 
-        d: Deferred = Deferred()
+        d: Deferred[Any] = Deferred()
         self._pending.append(d)
         self._wanted = True
         if urgent:

@@ -17,15 +17,15 @@ class Once:
 
     def __init__(self) -> None:
         self._result: Any = _UNSET
-        self._waiters: list[defer.Deferred] = []
+        self._waiters: list[defer.Deferred[Any]] = []
 
     @property
     def called(self) -> bool:
         return self._result is not _UNSET
 
-    def when(self) -> defer.Deferred:
+    def when(self) -> defer.Deferred[Any]:
         if self._result is _UNSET:
-            d: defer.Deferred = defer.Deferred()
+            d: defer.Deferred[Any] = defer.Deferred()
             self._waiters.append(d)
             return d
         if isinstance(self._result, Failure):

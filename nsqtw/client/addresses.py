@@ -67,10 +67,10 @@ def _ip_version(host: str) -> int:
         return 0
 
 
-def default_connector(reactor: Any, config: Config) -> Callable[[Any, Protocol], defer.Deferred]:
+def default_connector(reactor: Any, config: Config) -> Callable[[Any, Protocol], defer.Deferred[Any]]:
     """Dial TCP (or the in-process bus) for ``address`` and attach ``protocol``."""
 
-    def dial(address: Any, protocol: Protocol) -> defer.Deferred:
+    def dial(address: Any, protocol: Protocol) -> defer.Deferred[Any]:
         if is_inprocess(address):
             return connect_inprocess(address, protocol, reactor)
         host, port = split_address(address)
@@ -84,6 +84,7 @@ def default_connector(reactor: Any, config: Config) -> Callable[[Any, Protocol],
             endpoint = TCP6ClientEndpoint(reactor, host, port, timeout=timeout, bindAddress=bind)
         else:
             endpoint = HostnameEndpoint(reactor, host, port, timeout=timeout, bindAddress=bind)
-        return connectProtocol(endpoint, protocol)
+        connected: defer.Deferred[Any] = connectProtocol(endpoint, protocol)
+        return connected
 
     return dial

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Union
+from typing import Any
 from collections.abc import Iterable
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "ms",
 ]
 
-Body = Union[bytes, bytearray, memoryview, str]
+Body = bytes | bytearray | memoryview | str
 
 _I32 = struct.Struct(">i").pack
 

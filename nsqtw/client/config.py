@@ -23,13 +23,19 @@ import datetime
 import os
 import random
 import socket
-from typing import Any, Union
+import sys
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterable
 
 import attr
 
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:
+    from typing_extensions import dataclass_transform
+
 from .. import __version__
-from ..options import OptionError, format_duration, parse_duration
+from ..options import OptionError, evolve, format_duration, parse_duration
 from .errors import ConfigError
 
 __all__ = [
@@ -166,9 +172,9 @@ def _coerce_set(kind: str, value: Any) -> Any:
         if isinstance(value, str):
             return value
         if _is_int(value):
-            return "%d" % value
+            return f"{value:d}"
         if isinstance(value, float):
-            return "%f" % value
+            return f"{value:f}"
         return str(value)
     return value  # STRATEGY, ADDR, OBJECT, TLS_VERSION: the field converter decides
 
@@ -233,6 +239,8 @@ def _identity(value: Any) -> Any:
     return value
 
 
+T = TypeVar("T")
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     DURATION: _to_seconds,
     STRATEGY: _to_strategy,
@@ -272,7 +280,7 @@ def _check(instance: Any, attribute: attr.Attribute[Any], value: Any) -> None:
         raise ConfigError(f"invalid {name} ! {_format(kind, value)} > {_format(kind, hi)}")
 
 
-def _opt(default: Any, kind: str, *, min: Any = None, max: Any = None, factory: Any = None,
+def _opt(*, default: Any, kind: str, min: Any = None, max: Any = None, factory: Any = None,
          doc: str = "") -> Any:
     metadata = {"kind": kind, "min": min, "max": max, "doc": doc}
     if factory is not None:
@@ -311,60 +319,72 @@ def _user_agent() -> str:
     return f"nsqtw/{__version__}"
 
 
-@attr.s(slots=True, on_setattr=[attr.setters.convert, attr.setters.validate],
-        field_transformer=_named_converters)
+def _fields(cls: type[Any]) -> Any:
+    """``attr.fields`` of Config (the dataclass_transform declaration hides its attrs-ness from mypy)."""
+    untyped: Any = cls
+    return attr.fields(untyped)
+
+
+@dataclass_transform(field_specifiers=(_opt,))
+def _config_class(cls: type[T]) -> type[T]:
+    # attr.s, declared so that type checkers see Config's fields (mypy's attrs plugin knows only attr.ib)
+    return attr.s(slots=True, on_setattr=[attr.setters.convert, attr.setters.validate],
+                  field_transformer=_named_converters)(cls)
+
+
+@_config_class
 class Config:
     """go-nsq's ``Config``: one attribute per option, same names, defaults and bounds."""
 
-    dial_timeout: float = _opt(1.0, DURATION, doc="TCP dial timeout")
-    read_timeout: float = _opt(60.0, DURATION, min=0.1, max=300.0,
+    dial_timeout: float = _opt(default=1.0, kind=DURATION, doc="TCP dial timeout")
+    read_timeout: float = _opt(default=60.0, kind=DURATION, min=0.1, max=300.0,
                                doc="silence on a connection longer than this closes it when heartbeats are off")
-    write_timeout: float = _opt(1.0, DURATION, min=0.1, max=300.0,
+    write_timeout: float = _opt(default=1.0, kind=DURATION, min=0.1, max=300.0,
                                 doc="a write stuck this long in the transport closes the connection")
-    local_addr: tuple[str, int] | None = _opt(None, ADDR, doc="source address for dialing")
-    lookupd_poll_interval: float = _opt(60.0, DURATION, min=0.01, max=300.0,
+    local_addr: tuple[str, int] | None = _opt(default=None, kind=ADDR, doc="source address for dialing")
+    lookupd_poll_interval: float = _opt(default=60.0, kind=DURATION, min=0.01, max=300.0,
                                         doc="lookupd poll period; also the nsqd reconnect delay")
-    lookupd_poll_jitter: float = _opt(0.3, FLOAT, min=0.0, max=1.0, doc="initial poll delay fraction")
-    lookupd_poll_timeout: float = _opt(60.0, DURATION, doc="HTTP timeout of /lookup")
-    max_requeue_delay: float = _opt(900.0, DURATION, min=0.0, max=3600.0, doc="cap of the computed REQ delay")
-    default_requeue_delay: float = _opt(90.0, DURATION, min=0.0, max=3600.0,
+    lookupd_poll_jitter: float = _opt(default=0.3, kind=FLOAT, min=0.0, max=1.0, doc="initial poll delay fraction")
+    lookupd_poll_timeout: float = _opt(default=60.0, kind=DURATION, doc="HTTP timeout of /lookup")
+    max_requeue_delay: float = _opt(default=900.0, kind=DURATION, min=0.0, max=3600.0, doc="cap of the computed REQ delay")
+    default_requeue_delay: float = _opt(default=90.0, kind=DURATION, min=0.0, max=3600.0,
                                         doc="REQ delay unit: × attempts")
-    backoff_strategy: Any = _opt(None, STRATEGY, factory=ExponentialStrategy,
+    backoff_strategy: Any = _opt(default=None, kind=STRATEGY, factory=ExponentialStrategy,
                                  doc="'exponential' or 'full_jitter'")
-    max_backoff_duration: float = _opt(120.0, DURATION, min=0.0, max=3600.0, doc="0 disables backoff")
-    backoff_multiplier: float = _opt(1.0, DURATION, min=0.0, max=3600.0, doc="backoff time unit")
-    max_attempts: int = _opt(5, UINT, min=0, max=65535, doc="0 = unlimited; beyond it a message is given up")
-    low_rdy_idle_timeout: float = _opt(10.0, DURATION, min=1.0, max=300.0,
+    max_backoff_duration: float = _opt(default=120.0, kind=DURATION, min=0.0, max=3600.0, doc="0 disables backoff")
+    backoff_multiplier: float = _opt(default=1.0, kind=DURATION, min=0.0, max=3600.0, doc="backoff time unit")
+    max_attempts: int = _opt(default=5, kind=UINT, min=0, max=65535, doc="0 = unlimited; beyond it a message is given up")
+    low_rdy_idle_timeout: float = _opt(default=10.0, kind=DURATION, min=1.0, max=300.0,
                                        doc="redistribution: idle connections give up RDY after this")
-    low_rdy_timeout: float = _opt(30.0, DURATION, min=1.0, max=300.0,
+    low_rdy_timeout: float = _opt(default=30.0, kind=DURATION, min=1.0, max=300.0,
                                   doc="redistribution: RDY held this long is given up")
-    rdy_redistribute_interval: float = _opt(5.0, DURATION, min=0.001, max=5.0,
+    rdy_redistribute_interval: float = _opt(default=5.0, kind=DURATION, min=0.001, max=5.0,
                                             doc="period of RDY redistribution")
-    client_id: str = _opt(None, STR, factory=_short_hostname, doc="IDENTIFY client_id")
-    hostname: str = _opt(None, STR, factory=_hostname, doc="IDENTIFY hostname")
-    user_agent: str = _opt(None, STR, factory=_user_agent, doc="IDENTIFY user_agent")
-    topology_region: str = _opt("", STR, doc="IDENTIFY topology_region")
-    topology_zone: str = _opt("", STR, doc="IDENTIFY topology_zone")
-    heartbeat_interval: float = _opt(30.0, DURATION, doc="IDENTIFY heartbeat_interval; negative disables")
-    sample_rate: int = _opt(0, INT, min=0, max=99, doc="IDENTIFY sample_rate")
-    tls_v1: bool = _opt(False, BOOL, doc="negotiate TLS")
-    tls_config: Any = _opt(None, OBJECT, doc="an IOpenSSLClientConnectionCreator (or callable(host) -> one)")
-    tls_root_ca_file: str = _opt("", PATH, doc="PEM file of the CA that signed nsqd's certificate")
-    tls_insecure_skip_verify: bool = _opt(False, BOOL, doc="do not verify nsqd's certificate")
-    tls_cert: str = _opt("", PATH, doc="client certificate (PEM)")
-    tls_key: str = _opt("", PATH, doc="client private key (PEM)")
-    tls_min_version: str = _opt("", TLS_VERSION, doc="ssl3.0, tls1.0 (default), tls1.1, tls1.2, tls1.3")
-    deflate: bool = _opt(False, BOOL, doc="negotiate raw DEFLATE")
-    deflate_level: int = _opt(6, INT, min=1, max=9, doc="DEFLATE level")
-    snappy: bool = _opt(False, BOOL, doc="negotiate snappy (framing format)")
-    output_buffer_size: int = _opt(16384, INT, min=-_INT64_MAX - 1, max=_INT64_MAX,
+    client_id: str = _opt(default=None, kind=STR, factory=_short_hostname, doc="IDENTIFY client_id")
+    hostname: str = _opt(default=None, kind=STR, factory=_hostname, doc="IDENTIFY hostname")
+    user_agent: str = _opt(default=None, kind=STR, factory=_user_agent, doc="IDENTIFY user_agent")
+    topology_region: str = _opt(default="", kind=STR, doc="IDENTIFY topology_region")
+    topology_zone: str = _opt(default="", kind=STR, doc="IDENTIFY topology_zone")
+    heartbeat_interval: float = _opt(default=30.0, kind=DURATION, doc="IDENTIFY heartbeat_interval; negative disables")
+    sample_rate: int = _opt(default=0, kind=INT, min=0, max=99, doc="IDENTIFY sample_rate")
+    tls_v1: bool = _opt(default=False, kind=BOOL, doc="negotiate TLS")
+    tls_config: Any = _opt(default=None, kind=OBJECT, doc="an IOpenSSLClientConnectionCreator (or callable(host) -> one)")
+    tls_root_ca_file: str = _opt(default="", kind=PATH, doc="PEM file of the CA that signed nsqd's certificate")
+    tls_insecure_skip_verify: bool = _opt(default=False, kind=BOOL, doc="do not verify nsqd's certificate")
+    tls_cert: str = _opt(default="", kind=PATH, doc="client certificate (PEM)")
+    tls_key: str = _opt(default="", kind=PATH, doc="client private key (PEM)")
+    tls_min_version: str = _opt(default="", kind=TLS_VERSION, doc="ssl3.0, tls1.0 (default), tls1.1, tls1.2, tls1.3")
+    deflate: bool = _opt(default=False, kind=BOOL, doc="negotiate raw DEFLATE")
+    deflate_level: int = _opt(default=6, kind=INT, min=1, max=9, doc="DEFLATE level")
+    snappy: bool = _opt(default=False, kind=BOOL, doc="negotiate snappy (framing format)")
+    output_buffer_size: int = _opt(default=16384, kind=INT, min=-_INT64_MAX - 1, max=_INT64_MAX,
                                    doc="IDENTIFY output_buffer_size (-1 disables buffering)")
-    output_buffer_timeout: float = _opt(0.25, DURATION, doc="IDENTIFY output_buffer_timeout (negative disables)")
-    max_in_flight: int = _opt(1, INT, min=0, max=_INT32_MAX, doc="messages in flight across all connections")
-    msg_timeout: float = _opt(0.0, DURATION, min=0.0, doc="IDENTIFY msg_timeout (0 = nsqd's default)")
-    max_msg_size: int = _opt(0, INT, min=0, max=_INT32_MAX, doc="largest frame accepted (0 = no limit)")
-    auth_secret: str = _opt("", STR, doc="AUTH secret")
-    skip_lookupd_authorization: bool = _opt(True, BOOL,
+    output_buffer_timeout: float = _opt(default=0.25, kind=DURATION, doc="IDENTIFY output_buffer_timeout (negative disables)")
+    max_in_flight: int = _opt(default=1, kind=INT, min=0, max=_INT32_MAX, doc="messages in flight across all connections")
+    msg_timeout: float = _opt(default=0.0, kind=DURATION, min=0.0, doc="IDENTIFY msg_timeout (0 = nsqd's default)")
+    max_msg_size: int = _opt(default=0, kind=INT, min=0, max=_INT32_MAX, doc="largest frame accepted (0 = no limit)")
+    auth_secret: str = _opt(default="", kind=STR, doc="AUTH secret")
+    skip_lookupd_authorization: bool = _opt(default=True, kind=BOOL,
                                             doc="despite the name: true sends 'Authorization: Bearer <auth_secret>' to lookupd")
 
     # --- go-nsq's API ----------------------------------------------------------------
@@ -372,12 +392,12 @@ class Config:
     @classmethod
     def options(cls) -> list[str]:
         """Every option name, in go-nsq's order."""
-        return [a.name for a in attr.fields(cls)]
+        return [a.name for a in _fields(cls)]
 
     def set(self, option: str, value: Any) -> None:
         """go-nsq ``cfg.Set(option, value)``: coerce, check the bounds, store."""
         name = option.replace("-", "_")
-        field = getattr(attr.fields(Config), name, None) if not name.startswith("_") else None
+        field = getattr(_fields(Config), name, None) if not name.startswith("_") else None
         if field is None:
             raise ConfigError(f"invalid option {option}")
         kind = field.metadata["kind"]
@@ -399,7 +419,7 @@ class Config:
 
     def validate(self) -> None:
         """go-nsq ``Validate``: bounds (checked on every set) and heartbeat ≤ read_timeout."""
-        for field in attr.fields(Config):
+        for field in _fields(Config):
             _check(self, field, getattr(self, field.name))
         if self.heartbeat_interval > self.read_timeout:
             raise ConfigError(
@@ -408,7 +428,7 @@ class Config:
 
     def copy(self, **changes: Any) -> Config:
         """An independent copy (producers and consumers keep their own, as go-nsq does)."""
-        return attr.evolve(self, **changes)
+        return evolve(self, **changes)
 
     # --- derived values ---------------------------------------------------------------
 
@@ -446,7 +466,7 @@ class Config:
     def describe(self) -> dict[str, str]:
         """Option name -> value as text (for ``--help`` output and logs)."""
         out = {}
-        for field in attr.fields(Config):
+        for field in _fields(Config):
             value = getattr(self, field.name)
             if field.metadata["kind"] == DURATION:
                 out[field.name] = format_duration(value)
@@ -469,4 +489,4 @@ def apply_flags(config: Config, flags: Iterable[str]) -> Config:
     return config
 
 
-ConfigValue = Union[str, int, float, bool, datetime.timedelta]
+ConfigValue = str | int | float | bool | datetime.timedelta

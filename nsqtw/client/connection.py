@@ -47,7 +47,7 @@ _NOP = commands.NOP
 _TS_ATTEMPTS = struct.Struct(">qH").unpack_from
 
 #: ``connector(address, protocol) -> Deferred[protocol]``: how a connection is dialed
-Connector = Callable[[Any, Protocol], defer.Deferred]
+Connector = Callable[[Any, Protocol], defer.Deferred[Any]]
 
 
 class ConnectionDelegate:
@@ -78,6 +78,9 @@ class ConnectionDelegate:
 class NSQConnection(Protocol):
     """A V2 client connection (consumer and producer alike)."""
 
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
+    transport: Any
+
     def __init__(self, config: Config, address: str, delegate: ConnectionDelegate | None = None,
                  clock: IReactorTime | None = None, *, host: str = "") -> None:
         self.config = config
@@ -90,16 +93,16 @@ class NSQConnection(Protocol):
         self.clock = clock
         self.core = ClientCore(config)
         #: fires with this connection once IDENTIFY (and any upgrade, AUTH) is done
-        self.handshake: defer.Deferred = defer.Deferred(lambda _: self.abort())
+        self.handshake: defer.Deferred[Any] = defer.Deferred(lambda _: self.abort())
         #: fires (with None; see ``close_reason``) when the connection is gone
-        self.closed: defer.Deferred = defer.Deferred()
+        self.closed: defer.Deferred[Any] = defer.Deferred()
         self._open = False
         self.ready = False
         self.closing = False
         self.lost = False
         self.close_reason: Failure | None = None
-        self._pending: deque[defer.Deferred] = deque()
-        self._idle_waiters: list = []
+        self._pending: deque[defer.Deferred[Any]] = deque()
+        self._idle_waiters: list[Any] = []
         self._last_read = 0.0
         self._timeout = 0.0
         self._deadline: Any = None
@@ -167,7 +170,7 @@ class NSQConnection(Protocol):
                 pass
         self.transport.write(self.core.start())
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure | None = None) -> None:
         if reason is None:
             reason = Failure(ierror.ConnectionDone())
         self._open = False
@@ -255,11 +258,11 @@ class NSQConnection(Protocol):
             raise NotConnected(f"not connected to {self.address}")
         self._write(data)
 
-    def command(self, data: bytes) -> defer.Deferred:
+    def command(self, data: bytes) -> defer.Deferred[Any]:
         """Write a command that expects a response; fires with it (FIFO matching)."""
         if not self.ready or not self._open:
             return defer.fail(NotConnected(f"not connected to {self.address}"))
-        d: defer.Deferred = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         self._pending.append(d)
         self._write(data)
         return d
@@ -269,11 +272,11 @@ class NSQConnection(Protocol):
         """Commands written and not answered yet."""
         return len(self._pending)
 
-    def when_idle(self) -> defer.Deferred:
+    def when_idle(self) -> defer.Deferred[Any]:
         """Fires once no command awaits its answer."""
         if not self._pending:
             return defer.succeed(None)
-        d: defer.Deferred = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         self._idle_waiters.append(d)
         return d
 
@@ -455,7 +458,7 @@ class NSQConnection(Protocol):
 
 
 def connect(address: Any, config: Config, delegate: ConnectionDelegate | None = None, *,
-            reactor: Any = None, connector: Connector | None = None) -> defer.Deferred:
+            reactor: Any = None, connector: Connector | None = None) -> defer.Deferred[Any]:
     """Dial ``address`` and run the handshake; fires with the ready :class:`NSQConnection`."""
     return dial(new_connection(address, config, delegate, reactor), address, connector=connector)
 
@@ -470,7 +473,7 @@ def new_connection(address: Any, config: Config, delegate: ConnectionDelegate | 
                          host=tls_host(address))
 
 
-def dial(proto: NSQConnection, address: Any, *, connector: Connector | None = None) -> defer.Deferred:
+def dial(proto: NSQConnection, address: Any, *, connector: Connector | None = None) -> defer.Deferred[Any]:
     """Connect ``proto`` to ``address``; fires with it once the handshake is done.
 
     Dial failures become :class:`NotConnected`; handshake failures keep their
@@ -481,7 +484,7 @@ def dial(proto: NSQConnection, address: Any, *, connector: Connector | None = No
     do_dial = connector or default_connector(proto.clock, proto.config)
     d = defer.maybeDeferred(do_dial, address, proto)
 
-    def dialed(_: Any) -> defer.Deferred:
+    def dialed(_: Any) -> defer.Deferred[Any]:
         return proto.handshake
 
     def failed(f: Failure) -> Failure:

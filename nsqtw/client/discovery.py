@@ -3,9 +3,10 @@ Finding the nsqd instances of a topic through nsqlookupd's ``/lookup``.
 
 The pure parts (building the URL as go-nsq does, reading both the 1.x JSON
 shape and the pre-1.0 ``{"status_code", "status_txt", "data"}`` wrapper) are
-functions; :func:`query_lookupd` does one request with any treq-compatible
-client (``treq`` itself, an ``HTTPClient``, ``treq.testing.StubTreq``) and a
-timeout on the injected clock.
+functions; :func:`query_lookupd` does one request through
+:class:`nsqtw.upstream.Upstream` with any treq-compatible client (``treq``
+itself, an ``HTTPClient``, ``treq.testing.StubTreq``) and a timeout on the
+injected clock.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from twisted.internet import defer
 
+from ..upstream import Upstream, UpstreamResponse
 from .addresses import join_host_port
 from .errors import ConfigError
 
@@ -84,27 +86,15 @@ def parse_lookup_response(body: bytes, v1: bool | None = None) -> list[str]:
 
 
 def query_lookupd(http_client: Any, url: str, *, headers: Mapping[str, str] | None = None,
-                  timeout: float = 60.0, clock: Any = None) -> defer.Deferred:
+                  timeout: float = 60.0, clock: Any = None) -> defer.Deferred[Any]:
     """GET ``url``; fires with the producer addresses, fails with the reason."""
-    import treq
+    upstream = Upstream(clock, timeout, http_client=http_client, accept=ACCEPT.encode())
+    extra = {k.encode(): v.encode() for k, v in (headers or {}).items()}
 
-    hdrs: dict[bytes, list[bytes]] = {b"Accept": [ACCEPT.encode()]}
-    for k, v in (headers or {}).items():
-        hdrs[k.encode()] = [v.encode()]
-    d = http_client.get(url, headers=hdrs)
-    if timeout and timeout > 0 and clock is not None:
-        d.addTimeout(timeout, clock)
+    def parse(response: UpstreamResponse) -> list[str]:
+        if response.code != 200:
+            raise LookupError_(f"got response {response.code} {response.body[:200]!r}")
+        v1 = any(v.strip() == b"nsq; version=1.0" for v in response.header(b"X-NSQ-Content-Type"))
+        return parse_lookup_response(response.body, v1)
 
-    def got(response: Any) -> defer.Deferred:
-        body = treq.content(response)
-
-        def parse(data: bytes) -> list[str]:
-            if response.code != 200:
-                raise LookupError_(f"got response {response.code} {data[:200]!r}")
-            ctype = response.headers.getRawHeaders(b"X-NSQ-Content-Type") or []
-            v1 = any(v.strip() == b"nsq; version=1.0" for v in ctype)
-            return parse_lookup_response(data, v1)
-
-        return body.addCallback(parse)
-
-    return d.addCallback(got)
+    return upstream.request("GET", url, headers=extra).addCallback(parse)

@@ -21,6 +21,7 @@ from twisted.internet import defer
 
 from ..errors import HTTPAPIError
 from ..reactor import resolve_reactor
+from ..upstream import Upstream, UpstreamResponse
 from .commands import Body, ms, to_bytes
 
 __all__ = ["HTTPProducer"]
@@ -47,14 +48,14 @@ class HTTPProducer:
             self._http_client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor)))
         return self._http_client
 
-    def publish(self, topic: str, body: Body) -> defer.Deferred:
+    def publish(self, topic: str, body: Body) -> defer.Deferred[Any]:
         return self._post("/pub", {"topic": topic}, to_bytes(body))
 
-    def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred:
+    def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred[Any]:
         """``/pub?defer=<ms>``: delivered after ``delay`` seconds."""
         return self._post("/pub", {"topic": topic, "defer": str(ms(delay))}, to_bytes(body))
 
-    def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred:
+    def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred[Any]:
         data = [to_bytes(b) for b in bodies]
         if binary:
             payload = _I32(len(data)) + b"".join(_I32(len(b)) + b for b in data)
@@ -64,42 +65,36 @@ class HTTPProducer:
                 return defer.fail(ValueError("newline mode cannot carry a body containing '\\n'; use binary=True"))
         return self._post("/mpub", {"topic": topic}, b"\n".join(data))
 
-    def ping(self) -> defer.Deferred:
+    def ping(self) -> defer.Deferred[Any]:
         """``GET /ping``: fires with None when nsqd is healthy."""
         return self._request("GET", "/ping", None, None)
 
-    def _post(self, path: str, params: dict, body: bytes) -> defer.Deferred:
+    def _post(self, path: str, params: dict[str, Any], body: bytes) -> defer.Deferred[Any]:
         return self._request("POST", path, params, body)
 
-    def _request(self, method: str, path: str, params: dict | None, body: bytes | None) -> defer.Deferred:
-        import treq
-
+    def _request(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | None) -> defer.Deferred[Any]:
         url = self.base_url + path
         if params:
             url += "?" + urlencode(params)
-        client = self._http()
-        if method == "POST":
-            d = client.post(url, data=body, headers={b"Content-Type": [b"application/octet-stream"]})
-        else:
-            d = client.get(url)
-        if self.timeout and self.timeout > 0:
-            d.addTimeout(self.timeout, resolve_reactor(self._reactor))
+        timeout = self.timeout if self.timeout and self.timeout > 0 else 0.0
+        # nsqd's plain answers ("OK"): no NSQ Accept header, as before
+        upstream = Upstream(resolve_reactor(self._reactor) if timeout else None, timeout,
+                            http_client=self._http(), accept=None)
+        headers = {b"Content-Type": b"application/octet-stream"} if method == "POST" else None
 
-        def got(response: Any) -> defer.Deferred:
-            def check(data: bytes) -> None:
-                if response.code == 200:
-                    return None
-                text = data.decode("utf-8", "replace").strip()
-                try:
-                    doc = json.loads(data)
-                    if isinstance(doc, dict) and isinstance(doc.get("message"), str):
-                        text = doc["message"]
-                    elif isinstance(doc, dict) and isinstance(doc.get("status_txt"), str):
-                        text = doc["status_txt"]
-                except ValueError:
-                    pass
-                raise HTTPAPIError(response.code, text)
+        def check(response: UpstreamResponse) -> None:
+            if response.code == 200:
+                return None
+            data = response.body
+            text = data.decode("utf-8", "replace").strip()
+            try:
+                doc = json.loads(data)
+                if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+                    text = doc["message"]
+                elif isinstance(doc, dict) and isinstance(doc.get("status_txt"), str):
+                    text = doc["status_txt"]
+            except ValueError:
+                pass
+            raise HTTPAPIError(response.code, text)
 
-            return treq.content(response).addCallback(check)
-
-        return d.addCallback(got)
+        return upstream.request(method, url, body=body, headers=headers).addCallback(check)

@@ -274,7 +274,7 @@ class MemoryTransport:
                 end.protocol.connectionLost(why)
 
 
-def connect_inprocess(target: Any, protocol: Protocol, reactor: Any = None) -> defer.Deferred:
+def connect_inprocess(target: Any, protocol: Protocol, reactor: Any = None) -> defer.Deferred[Any]:
     """Join ``protocol`` to a new broker-side protocol; fires with ``protocol``.
 
     ``target`` is an ``inprocess:[name]`` address, a broker handle, an

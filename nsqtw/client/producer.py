@@ -53,26 +53,26 @@ class Producer(ConnectionDelegate):
         self.reactor = resolve_reactor(reactor)
         self._connector = connector
         self.conn: NSQConnection | None = None
-        self._connecting: defer.Deferred | None = None
-        self._queue: deque[tuple[bytes, defer.Deferred]] = deque()
+        self._connecting: defer.Deferred[Any] | None = None
+        self._queue: deque[tuple[bytes, defer.Deferred[Any]]] = deque()
         self._stopped = False
         self._stop_done: Once | None = None
 
     # --- the API ----------------------------------------------------------------------
 
-    def publish(self, topic: str, body: commands.Body) -> defer.Deferred:
+    def publish(self, topic: str, body: commands.Body) -> defer.Deferred[Any]:
         """PUB; fires with None on OK."""
         return self._send(commands.pub(topic, body))
 
-    def multi_publish(self, topic: str, bodies: Iterable[commands.Body]) -> defer.Deferred:
+    def multi_publish(self, topic: str, bodies: Iterable[commands.Body]) -> defer.Deferred[Any]:
         """MPUB (atomic on nsqd: all or none)."""
         return self._send(commands.mpub(topic, bodies))
 
-    def deferred_publish(self, topic: str, delay: float, body: commands.Body) -> defer.Deferred:
+    def deferred_publish(self, topic: str, delay: float, body: commands.Body) -> defer.Deferred[Any]:
         """DPUB: delivered after ``delay`` seconds."""
         return self._send(commands.dpub(topic, delay, body))
 
-    def ping(self) -> defer.Deferred:
+    def ping(self) -> defer.Deferred[Any]:
         """Connect if needed and write NOP (go-nsq ``Ping``); fires once the NOP is written."""
         if self._stopped:
             return defer.fail(Stopped())
@@ -91,7 +91,7 @@ class Producer(ConnectionDelegate):
     def stopped(self) -> bool:
         return self._stopped
 
-    def stop(self, timeout: float | None = None) -> defer.Deferred:
+    def stop(self, timeout: float | None = None) -> defer.Deferred[Any]:
         """Refuse new commands, wait for the answers of those sent (up to ``timeout``,
         default ``read_timeout``), then close.  Unsent ones fail with ``Stopped``."""
         if self._stop_done is not None:
@@ -112,7 +112,7 @@ class Producer(ConnectionDelegate):
         idle = conn.when_idle()
         idle.addTimeout(limit, self.reactor)
 
-        def close(_: Any) -> defer.Deferred:
+        def close(_: Any) -> defer.Deferred[Any]:
             if conn.lost:
                 return defer.succeed(None)
             if isinstance(_, Failure):
@@ -129,22 +129,22 @@ class Producer(ConnectionDelegate):
 
     # --- sending ---------------------------------------------------------------------------
 
-    def _send(self, cmd: bytes) -> defer.Deferred:
+    def _send(self, cmd: bytes) -> defer.Deferred[Any]:
         if self._stopped:
             return defer.fail(Stopped())
         conn = self.conn
         if conn is not None and conn.ready and not conn.closing:
             return conn.command(cmd).addCallback(_ok)
-        d: defer.Deferred = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         self._queue.append((cmd, d))
         self._dial()
         return d.addCallback(_ok)
 
-    def _ready(self) -> defer.Deferred:
+    def _ready(self) -> defer.Deferred[Any]:
         conn = self.conn
         if conn is not None and conn.ready and not conn.closing:
             return defer.succeed(conn)
-        d: defer.Deferred = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         self._queue.append((b"", d))
         self._dial()
         return d

@@ -108,7 +108,7 @@ class RdyController:
 
     def remove(self, conn: Any) -> None:
         """go-nsq ``onConnClose``: give back its RDY, maybe trigger redistribution."""
-        if self.conns.get(conn.address) is not conn:
+        if conn.address not in self.conns or self.conns[conn.address] is not conn:
             return
         rdy = conn.rdy
         self.total_rdy -= rdy

@@ -39,7 +39,7 @@ def client_tls_options(config: Config, host: str) -> Any:
     if config.tls_cert and config.tls_key:
         client_cert = ssl.PrivateCertificate.loadPEM(_read(config.tls_cert) + b"\n" + _read(config.tls_key))
     if config.tls_insecure_skip_verify:
-        kwargs: dict = {"verify": False}
+        kwargs: dict[str, Any] = {"verify": False}
         if client_cert is not None:
             kwargs["privateKey"] = client_cert.privateKey.original
             kwargs["certificate"] = client_cert.original

@@ -15,7 +15,7 @@ a malformed query (a bad ``%`` escape, a ``;`` separator) is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from klein import Klein
 from twisted.logger import Logger
@@ -28,7 +28,17 @@ from ..protocol.names import is_valid_topic_name
 from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
-    from ..service.lookupd import LookupdService
+    from ..lookupd.options import LookupdOptions
+    from ..lookupd.registry import RegistrationDB
+
+
+class LookupdNode(Protocol):
+    """What the HTTP API needs of the running nsqlookupd (the LookupdService provides it)."""
+
+    db: RegistrationDB
+    options: LookupdOptions
+
+    def now(self) -> float: ...
 
 __all__ = ["LookupdHTTPAPI"]
 
@@ -58,12 +68,12 @@ def _ns(seconds: float) -> int:
 
 
 class LookupdHTTPAPI:
-    """The klein app of one nsqlookupd; ``node`` is the running LookupdService."""
+    """The klein app of one nsqlookupd; ``node`` is the running LookupdService (a :class:`LookupdNode`)."""
 
     app = Klein()
     install_error_handlers(app)
 
-    def __init__(self, node: LookupdService) -> None:
+    def __init__(self, node: LookupdNode) -> None:
         self.node = node
 
     def resource(self) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from klein import Klein
 from twisted.web.iweb import IRequest
@@ -28,7 +28,40 @@ from ..stats.snapshot import broker_stats, render_text
 from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
-    from ..service.nsqd import NsqdService
+    from twisted.internet.defer import Deferred
+
+    from ..nsqd.broker import Broker
+    from ..options import NsqdOptions
+
+
+class NsqdNode(Protocol):
+    """What the HTTP API needs of the running nsqd (the NsqdService provides it)."""
+
+    broker: Broker
+    options: NsqdOptions
+
+    @property
+    def tcp_port(self) -> int | None: ...
+
+    @property
+    def http_port(self) -> int | None: ...
+
+    @property
+    def https_port(self) -> int | None: ...
+
+    def now(self) -> float: ...
+
+    def settle(self) -> None:
+        """Deliver what became deliverable (after a publish)."""
+
+    def persist_metadata(self, urgent: bool = False) -> Deferred[Any]: ...
+
+    def sync_barrier(self) -> Deferred[Any]:
+        """Fires once what was published before it is as durable as --sync-every promises."""
+
+    def set_options(self, **changes: Any) -> None: ...
+
+    def set_lookupd_addresses(self, addresses: list[str]) -> None: ...
 
 __all__ = ["NsqdHTTPAPI"]
 
@@ -51,7 +84,7 @@ class NsqdHTTPAPI:
     app = Klein()
     install_error_handlers(app)
 
-    def __init__(self, node: NsqdService, tls_only_http: bool = False) -> None:
+    def __init__(self, node: NsqdNode, tls_only_http: bool = False) -> None:
         self.node = node
         self.tls_only_http = tls_only_http
 

@@ -26,7 +26,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from ..errors import HTTPAPIError
 from ..protocol.names import is_valid_name
-from ..stats.snapshot import go_json
+from ..protocol.gojson import go_json
 
 __all__ = ["v1", "v1_error", "plain", "query", "first", "install_error_handlers", "RouterResource",
            "LimitedRequest", "limited_site", "parse_query", "topic_channel_args", "JSON_TYPE", "TEXT_TYPE"]
@@ -111,7 +111,7 @@ def _sized(request: IRequest, body: bytes) -> bytes:
     request.setHeader(b"Content-Length", b"%d" % len(body))
     if not body:
         # net/http sniffs a Content-Type only for a non-empty body
-        request.defaultContentType = None  # type: ignore[attr-defined]
+        request.defaultContentType = None  # type: ignore[attr-defined]  # twisted.web Request's, not in IRequest
     return body
 
 
@@ -282,7 +282,7 @@ class LimitedRequest(_web_server.Request):
     def _answer_early(self) -> None:
         """Answer 413 from the headers alone and close, without reading the body (as nsqd)."""
         body = json.dumps({"message": self._refused}, separators=(",", ":")).encode()
-        transport = self.channel.transport
+        transport: Any = self.channel.transport
         transport.write(b"HTTP/1.1 413 Request Entity Too Large\r\n"
                         b"Content-Type: application/json; charset=utf-8\r\n"
                         b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
@@ -296,8 +296,9 @@ class LimitedRequest(_web_server.Request):
         self._received += len(data)
         if self._limit is not None and self._received > self._limit[0]:
             self._refused = self._limit[1]
-            self.content.seek(0)
-            self.content.truncate()
+            content: Any = self.content  # Request.content is declared None until the request starts
+            content.seek(0)
+            content.truncate()
             return
         super().handleContentChunk(data)
 
@@ -325,7 +326,7 @@ class GuardedHTTPChannel(_web_http.HTTPChannel):
 
 def limited_site(resource: Any, body_limit: Any) -> Any:
     """A quiet Site whose requests refuse oversized bodies early (see LimitedRequest)."""
-    site = _web_server.Site(resource, requestFactory=LimitedRequest)
+    site: Any = _web_server.Site(resource, requestFactory=LimitedRequest)  # with a body_limit, and our channel
     site.protocol = GuardedHTTPChannel
     site.body_limit = body_limit
     site.noisy = False

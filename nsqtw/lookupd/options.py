@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import attr
 
 from ..options import (
-    BOOL, DURATION, LOG_LEVEL, LOG_LEVELS, STR, OptionError, default_hostname, format_duration, opt,
-    split_host_port,
+    DURATION, LOG_LEVELS, STR, OptionError, default_hostname, evolve, format_duration, log_level_opt,
+    log_prefix_opt, opt, options_class, split_host_port, verbose_opt,
 )
 
 __all__ = ["LookupdOptions"]
@@ -28,25 +27,24 @@ def _check_tcp_address(flag: str, value: str) -> None:
     split_host_port(value, flag)
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=False)
+@options_class
 class LookupdOptions:
     """nsqlookupd's options; refused at construction if invalid, naming the flag."""
 
-    log_level: int = opt(LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
-                         help="set log verbosity: debug, info, warn, error, or fatal")
-    log_prefix: str = opt("[nsqlookupd] ", flag="log-prefix", kind=STR, help="log message prefix")
-    verbose: bool = opt(False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
-    tcp_address: str = opt("0.0.0.0:4160", flag="tcp-address", kind=STR,
+    log_level: int = log_level_opt()
+    log_prefix: str = log_prefix_opt("nsqlookupd")
+    verbose: bool = verbose_opt()
+    tcp_address: str = opt(default="0.0.0.0:4160", flag="tcp-address", kind=STR,
                            help="<addr>:<port> to listen on for TCP clients")
-    http_address: str = opt("0.0.0.0:4161", flag="http-address", kind=STR,
+    http_address: str = opt(default="0.0.0.0:4161", flag="http-address", kind=STR,
                             help="<addr>:<port> to listen on for HTTP clients")
     broadcast_address: str = opt(flag="broadcast-address", kind=STR, factory=default_hostname,
                                  help="address of this lookupd node, (default to the OS hostname)")
     inactive_producer_timeout: float = opt(
-        300.0, flag="inactive-producer-timeout", kind=DURATION,
+        default=300.0, flag="inactive-producer-timeout", kind=DURATION,
         help="duration of time a producer will remain in the active list since its last ping")
     tombstone_lifetime: float = opt(
-        45.0, flag="tombstone-lifetime", kind=DURATION,
+        default=45.0, flag="tombstone-lifetime", kind=DURATION,
         help="duration of time a producer will remain tombstoned if registration remains")
 
     def __attrs_post_init__(self) -> None:
@@ -64,4 +62,4 @@ class LookupdOptions:
             raise OptionError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
 
     def replace(self, **changes: Any) -> LookupdOptions:
-        return attr.evolve(self, **changes)
+        return evolve(self, **changes)

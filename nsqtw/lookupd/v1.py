@@ -35,7 +35,7 @@ from ..errors import BadBody, BadChannel, BadProtocol, BadTopic, Invalid, NSQErr
 from ..protocol.frames import MAGIC_V1
 from ..protocol.names import is_valid_channel_name, is_valid_topic_name
 from ..protocol.text import b2s
-from ..stats.snapshot import go_json
+from ..protocol.gojson import go_json
 from .peers import PeerInfo, peer_from_identify
 from .registry import RegistrationDB
 

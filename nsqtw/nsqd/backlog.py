@@ -48,7 +48,7 @@ log = Logger(namespace="nsqtw.nsqd")
 def _stored_by(backend: Any, before: int | None) -> int:
     """How many messages of a failed ``put`` the backend stored anyway (a run that spanned a
     file roll may be stored in part); 0 when the backend cannot tell."""
-    after = getattr(backend, "put_count", None)
+    after: int | None = getattr(backend, "put_count", None)
     if before is None or after is None:
         return 0
     return max(0, after - before)

@@ -18,11 +18,13 @@ import operator
 import random
 import struct
 from itertools import accumulate, chain, count, repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
+from twisted.logger import Logger
+
 from ..backend.dummy import DummyQueue
-from ..backend.runs import Run, run_of_frame
+from ..backend.runs import Run, run_of_frame, run_of_frames
 from ..errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
 from ..options import NsqdOptions
 from .backlog import HeldBacklog
@@ -30,6 +32,11 @@ from .channel import Channel
 from .client import ClientState
 from .guid import GUIDFactory
 from .topic import Topic
+
+if TYPE_CHECKING:
+    from ..backend import IBackendQueue
+
+log = Logger(namespace="nsqtw.nsqd")
 
 __all__ = ["Broker", "Event"]
 
@@ -253,7 +260,7 @@ class Broker:
         if uniform is not None:
             # each message's frame head, timestamp, attempts and ID come as one bytes object
             heads = self.guid.new_ids(n, ts, _SIZE(uniform + 30) + mid)
-            blob = b"".join(chain.from_iterable(zip(heads, bodies)))
+            blob = b"".join(chain.from_iterable(zip(heads, bodies, strict=False)))
             return (blob, range(0, len(blob), uniform + 34), len(blob)), uniform * n
         ids = self.guid.new_ids(n, ts)
         heads = list(map(_SIZE, map(_add, sizes, repeat(30))))
@@ -310,3 +317,48 @@ class Broker:
         self.exiting = True
         for client in list(self.clients.values()):
             client.close()
+
+    def flush_to_backends(self, close_backend: Callable[[IBackendQueue], None]) -> int:
+        """nsqd's Topic/Channel exit without deletion: write every channel's and topic's memory
+        queue, in-flight and deferred messages to its backend, then hand the backend to
+        ``close_backend``; returns how many messages the backends refused (a full disk)."""
+        store = self.backlog.store_all
+        lost = 0
+        for topic in list(self.topics.values()):
+            for ch in list(topic.channels.values()):
+                backend = ch.backend
+                try:
+                    for run in ch.mem.drain():
+                        lost += store(backend, run)
+                    inflight = ch.in_flight_frames()
+                    if inflight:
+                        lost += store(backend, run_of_frames(inflight))
+                    deferred = ch.deferred_items()
+                    if deferred and hasattr(backend, "put_deferred"):
+                        try:
+                            backend.put_deferred(deferred)
+                        except BackendError as e:
+                            self.backlog.error = str(e)
+                            lost += len(deferred)
+                except Exception:
+                    log.failure("failed to flush channel {t}:{c} to disk", t=topic.name, c=ch.name)
+                ch.exiting = True
+                ch.inflight.clear()
+                ch.deferred.clear()
+                close_backend(backend)
+            backend = topic.backend
+            try:
+                for run in topic.mem.drain():
+                    lost += store(backend, run)
+                if topic.deferred and hasattr(backend, "put_deferred"):
+                    try:
+                        backend.put_deferred(sorted(topic.deferred, key=lambda item: item[0]))
+                    except BackendError as e:
+                        self.backlog.error = str(e)
+                        lost += len(topic.deferred)
+            except Exception:
+                log.failure("failed to flush topic {t} to disk", t=topic.name)
+            topic.exiting = True
+            topic.deferred = []
+            close_backend(backend)
+        return lost

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from itertools import count, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from ..backend.memory import MemoryQueue
@@ -30,6 +30,7 @@ from .client import STATE_SUBSCRIBED, ClientState, Epoch
 from .quantile import Quantile
 
 if TYPE_CHECKING:
+    from ..backend import IBackendQueue
     from .broker import Broker
     from .topic import Topic
 
@@ -59,7 +60,7 @@ class Channel:
         "e2e", "_rr", "__weakref__",
     )
 
-    def __init__(self, topic: Topic, name: str, broker: Broker, backend: Any, now: float) -> None:
+    def __init__(self, topic: Topic, name: str, broker: Broker, backend: IBackendQueue, now: float) -> None:
         self.topic = topic
         self.name = name
         self.ephemeral = is_ephemeral(name)
@@ -126,12 +127,6 @@ class Channel:
             self.broker.backlog.put_back(self, rest)
         if self.clients:
             self.broker.dirty.add(self)
-
-    def room(self) -> int:
-        return self.mem.room() if not self.backend_accepts_all() else 1 << 62
-
-    def backend_accepts_all(self) -> bool:
-        return getattr(self.backend, "accepts_all", True)
 
     # --- clients ------------------------------------------------------------
 
@@ -214,7 +209,7 @@ class Channel:
             else:
                 frames, ids = frames_and_ids(run)
                 data = run_bytes(run)
-            msgs.update(zip(ids, frames))
+            msgs.update(zip(ids, frames, strict=False))
             inflight.update(dict.fromkeys(ids, ep))
             client.send(data)
             total += len(frames)
@@ -251,8 +246,8 @@ class Channel:
             return self._finish_slow(client, ids, eps, now)
         frames = list(map(_dict_pop, map(_get_msgs, eps), ids))
         for ep in set(eps):
-            if not ep.msgs:
-                ep.msgs = {}
+            if not ep.msgs:  # type: ignore[union-attr]  # None in eps was ruled out above
+                ep.msgs = {}  # type: ignore[union-attr]  # as above
         n = len(ids)
         client.in_flight -= n
         client.finish_count += n
@@ -268,7 +263,7 @@ class Channel:
                      now: float) -> list[FinFailed]:
         # put back what the batch pop took, then go one by one in order
         inflight = self.inflight
-        for mid, ep in zip(ids, eps):
+        for mid, ep in zip(ids, eps, strict=False):
             if ep is not None:
                 inflight[mid] = ep
         errors = []

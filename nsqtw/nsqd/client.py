@@ -25,9 +25,8 @@ from zope.interface import Attribute, Interface, implementer
 
 __all__ = ["ClientState", "Epoch", "IConsumer", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING"]
 
+# NSQ's client states, as /stats reports them (1 and 2, disconnected and connected, are never set)
 STATE_INIT = 0
-STATE_DISCONNECTED = 1
-STATE_CONNECTED = 2
 STATE_SUBSCRIBED = 3
 STATE_CLOSING = 4
 
@@ -59,10 +58,7 @@ class IConsumer(Interface):
     msg_timeout = Attribute("Seconds before an in-flight message is requeued.")
     sample_rate = Attribute("0 (all) or 1-99: deliver with probability (rate+1)/100.")
 
-    def deliver(channel, runs, now):  # type: ignore[no-untyped-def]
-        """Queue ``runs`` for writing and record them in flight."""
-
-    def close():  # type: ignore[no-untyped-def]
+    def close() -> None:
         """Drop the connection (the channel or topic is going away)."""
 
 
@@ -142,10 +138,6 @@ class ClientState:
         self.closer()
 
     # --- delivery -----------------------------------------------------------
-
-    @property
-    def ready(self) -> bool:
-        return self.state == STATE_SUBSCRIBED and self.in_flight < self.rdy and not self.blocked
 
     def epoch(self, now: float) -> Epoch:
         ep = self._cur

@@ -11,7 +11,7 @@ moves them on when a channel appears or the topic is unpaused.  This is NSQ's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, run_count
@@ -20,6 +20,7 @@ from ..protocol.names import is_ephemeral
 from .channel import Channel
 
 if TYPE_CHECKING:
+    from ..backend import IBackendQueue
     from .broker import Broker
 
 __all__ = ["Topic"]
@@ -36,7 +37,7 @@ class Topic:
         "exiting", "message_count", "message_bytes", "holds", "__weakref__",
     )
 
-    def __init__(self, name: str, broker: Broker, backend: Any) -> None:
+    def __init__(self, name: str, broker: Broker, backend: IBackendQueue) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.broker = broker

@@ -467,7 +467,7 @@ class V2Session:
     def _size(self, buf: bytes, start: int, end: int) -> int:
         if start + 4 > end:
             raise _Wait()
-        return _I32(buf, start)[0]
+        return _I32(buf, start)[0]  # type: ignore[no-any-return]  # struct's unpacks are typed tuple[Any, ...]
 
     def _need(self, stop: int, end: int) -> None:
         if stop > end:
@@ -608,7 +608,7 @@ class V2Session:
         topic_name = _VALID_NAMES.get(params[1]) or self._topic_name(params[1], "PUB")
         if start + 4 > end:
             raise _Wait()
-        size = _I32(buf, start)[0]
+        size: int = _I32(buf, start)[0]
         if size <= 0:
             raise BadMessage(f"PUB invalid message body size {size}")
         if size > self._max_msg_size:

@@ -90,8 +90,8 @@ def requeue_frame(frame: bytes) -> bytes:
 
 
 def frame_attempts(frame: bytes) -> int:
-    return _ATTEMPTS.unpack_from(frame, ATTEMPTS_OFFSET)[0]
+    return _ATTEMPTS.unpack_from(frame, ATTEMPTS_OFFSET)[0]  # type: ignore[no-any-return]  # struct's unpacks are typed tuple[Any, ...]
 
 
 def frame_timestamp(frame: bytes, offset: int = 0) -> int:
-    return struct.unpack_from(">q", frame, offset + TS_OFFSET)[0]
+    return struct.unpack_from(">q", frame, offset + TS_OFFSET)[0]  # type: ignore[no-any-return]  # struct's unpacks are typed tuple[Any, ...]

@@ -21,14 +21,14 @@ def go_quote(text: str) -> str:
         if ch in _ESCAPES:
             out.append(_ESCAPES[ch])
         elif 0xDC80 <= o <= 0xDCFF:  # an undecodable byte kept by surrogateescape
-            out.append("\\x%02x" % (o - 0xDC00))
+            out.append(f"\\x{o - 0xDC00:02x}")
         elif o < 0x20 or o == 0x7F:
-            out.append("\\x%02x" % o)
+            out.append(f"\\x{o:02x}")
         elif ch.isprintable() or ch == " ":
             out.append(ch)
         elif o < 0x10000:
-            out.append("\\u%04x" % o)
+            out.append(f"\\u{o:04x}")
         else:
-            out.append("\\U%08x" % o)
+            out.append(f"\\U{o:08x}")
     out.append('"')
     return "".join(out)

@@ -139,7 +139,7 @@ def check_resolvable(options: AdminOptions) -> None:
 class HistoryPoller(Service):
     """Samples every nsqd's ``/stats`` into the history every ``--history-interval`` (injected clock)."""
 
-    name = "history"
+    name = "history"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
     def __init__(self, node: AdminService, interval: float) -> None:
         self.node = node

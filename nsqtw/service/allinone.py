@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attr
 from twisted.application.service import MultiService
 from twisted.internet import defer
 
@@ -53,7 +52,7 @@ class AllInOneService(MultiService):
         if lookupd_tcp and lookupd_tcp not in peers:
             peers.insert(0, lookupd_tcp)
         from .nsqd import build_nsqd
-        self.nsqd = build_nsqd(attr.evolve(nsqd_options, lookupd_tcp_addresses=peers), reactor)
+        self.nsqd = build_nsqd(nsqd_options.replace(lookupd_tcp_addresses=peers), reactor)
         self.nsqd.setServiceParent(self)
         if admin_http_address:
             from ..admin.options import AdminOptions
@@ -77,6 +76,7 @@ class AllInOneService(MultiService):
 
     def _lookupd_bound(self, _: Any) -> None:
         lookupd = self.lookupd
+        assert lookupd is not None  # called only when there is one (startService)
         tcp = f"127.0.0.1:{lookupd.tcp_port}"
         peers = [a for a in self.nsqd.options.lookupd_tcp_addresses if not a.endswith(":0")]
         if tcp not in peers:

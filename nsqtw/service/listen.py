@@ -13,6 +13,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import split_host_port
+from ..tcp.address import format_peer
 
 __all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads", "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
@@ -33,17 +34,6 @@ def endpoint_description(address: str, flag: str = "address") -> str:
     # a burst of connects must not overflow the accept queue (Twisted's default backlog is 50;
     # Go listens with SOMAXCONN)
     return f"tcp:port={port}:interface={_escape(host)}:backlog={socket.SOMAXCONN}"
-
-
-def format_peer(addr: Any) -> str:
-    """A remote address as Go's ``net.Addr.String()`` writes it (``ip:port``, ``[v6]:port``)."""
-    host = getattr(addr, "host", None)
-    port = getattr(addr, "port", None)
-    if host is None:
-        return str(getattr(addr, "name", "") or "unix")
-    if ":" in host:
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
 
 
 def format_address(port: Any) -> str:
@@ -214,8 +204,13 @@ class ListeningService(Service):
             return Failure(ListenError(self.address, f.value))
 
         d.addCallbacks(listening, failed)
-        result: list = []
-        d.addBoth(lambda r: result.append(r) or r)
+        result: list[Any] = []
+
+        def keep(r: Any) -> Any:
+            result.append(r)
+            return r
+
+        d.addBoth(keep)
         if result and isinstance(result[0], Failure):
             # TCP and unix endpoints fail at once: make startService fail, so twistd, the
             # drop-in commands and start_nsqd all refuse to run half bound; the failure is
@@ -238,3 +233,10 @@ class ListeningService(Service):
         if self.port is None:
             return None
         return getattr(self.port.getHost(), "port", None)
+
+    @property
+    def bound_host(self) -> str:
+        """The host the port is bound to (the listener must be listening)."""
+        port: Any = self.port
+        host: str = port.getHost().host
+        return host

@@ -36,33 +36,50 @@ from __future__ import annotations
 
 import json
 import socket
-from collections import deque
+import typing
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 from urllib.parse import quote
 
-import attr
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import MultiService
 from twisted.internet import defer, task
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.error import ConnectionLost
-from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from .. import NSQ_VERSION
 from ..lookupd.v1 import (
-    PING_COMMAND, ResponseDecoder, ResponseTooBig, identify_command, register_command,
+    PING_COMMAND, register_command,
     unregister_command,
 )
 from ..nsqd.broker import Event
 from ..options import split_host_port
-from ..protocol.frames import MAGIC_V1
 from ..protocol.names import is_ephemeral
+from ..tcp.lookup_peer import COMMAND_TIMEOUT, LookupdInfo, LookupPeerProtocol, PeerFactory
+from ..upstream import Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
-    from .nsqd import NsqdService
+    from ..nsqd.broker import Broker
+    from ..options import NsqdOptions
+
+
+class NsqdPeerHost(typing.Protocol):
+    """What the lookup peers need of their nsqd (the NsqdService provides it): the options,
+    the bound ports, the broker (its topics, for the replay and channel pre-creation, and its
+    event listeners), the reactor and a settle after pre-creating channels."""
+
+    options: NsqdOptions
+    broker: Broker
+    reactor: Any
+
+    @property
+    def tcp_port(self) -> int | None: ...
+
+    @property
+    def http_port(self) -> int | None: ...
+
+    def settle(self) -> None: ...
 
 __all__ = ["LookupPeersService", "LookupPeer", "LookupdInfo", "PING_INTERVAL", "COMMAND_TIMEOUT"]
 
@@ -70,167 +87,6 @@ log = Logger(namespace="nsqtw.nsqd")
 
 #: nsqd's fixed heartbeat ticker towards every nsqlookupd
 PING_INTERVAL = 15.0
-#: nsqd's per-command read/write deadline and dial timeout
-COMMAND_TIMEOUT = 1.0
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class LookupdInfo:
-    """nsqlookupd's IDENTIFY answer (nsqd's ``peerInfo``)."""
-
-    tcp_port: int = 0
-    http_port: int = 0
-    version: str = ""
-    broadcast_address: str = ""
-
-    @classmethod
-    def from_json(cls, body: bytes) -> LookupdInfo:
-        """Decode as Go does into ``peerInfo``; ValueError if it is not that JSON."""
-        data = json.loads(body.decode("utf-8", "replace"))
-        if data is None:
-            return cls()
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        values: dict[str, Any] = {}
-        for name, kind in (("tcp_port", int), ("http_port", int), ("version", str),
-                           ("broadcast_address", str)):
-            value = data.get(name)
-            if value is None:
-                continue
-            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"cannot unmarshal {value!r} into {name}")
-            if kind is str and not isinstance(value, str):
-                raise ValueError(f"cannot unmarshal {value!r} into {name}")
-            values[name] = value
-        return cls(**values)
-
-
-class LookupPeerProtocol(Protocol):
-    """One connection to nsqlookupd: IDENTIFY, the replay, then commands answered in order."""
-
-    def __init__(self, peer: LookupPeer) -> None:
-        self.peer = peer
-        self.clock = peer.owner.clock
-        self.identified = False
-        self._decoder = ResponseDecoder(peer.owner.max_response_size)
-        self._pending: deque[defer.Deferred] = deque()
-        self._deadline: Any = None
-        self._closing = False
-
-    # --- connection ------------------------------------------------------------
-
-    def connectionMade(self) -> None:
-        self.peer.protocol = self
-        self.transport.write(MAGIC_V1)
-        fields = self.peer.owner.identify_fields()
-        self.command(identify_command(fields)).addCallbacks(self._identified, self._not_identified)
-
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        self._cancel_deadline()
-        self.identified = False
-        pending, self._pending = self._pending, deque()
-        for d in pending:
-            d.errback(Failure(ConnectionLost(f"lookupd {self.peer.address} connection lost")))
-        self.peer._lost(self)
-
-    def close(self, why: str) -> None:
-        """Drop the connection; the ClientService makes a new one after a backoff delay."""
-        if self._closing:
-            return
-        self._closing = True
-        log.info("LOOKUPD({peer}): closing connection - {why}", peer=self.peer.address, why=why)
-        self.transport.loseConnection()
-
-    # --- commands ----------------------------------------------------------------
-
-    def command(self, data: bytes) -> defer.Deferred:
-        """Send one command; the Deferred fires with its response."""
-        d: defer.Deferred = defer.Deferred()
-        if self._closing:
-            d.errback(Failure(ConnectionLost("closing")))
-            return d
-        self._pending.append(d)
-        self.transport.write(data)
-        if self._deadline is None:
-            self._deadline = self.clock.callLater(COMMAND_TIMEOUT, self._timed_out)
-        return d
-
-    def dataReceived(self, data: bytes) -> None:
-        try:
-            responses = self._decoder.feed(data)
-        except ResponseTooBig as e:
-            log.error("LOOKUPD({peer}): {err}", peer=self.peer.address, err=str(e))
-            self.close(str(e))
-            return
-        for body in responses:
-            if not self._pending:
-                self.close("unexpected response")
-                return
-            self._cancel_deadline()
-            if len(self._pending) > 1:
-                self._deadline = self.clock.callLater(COMMAND_TIMEOUT, self._timed_out)
-            self._pending.popleft().callback(body)
-
-    def _timed_out(self) -> None:
-        self._deadline = None
-        log.error("LOOKUPD({peer}): no response within {timeout}s", peer=self.peer.address,
-                  timeout=COMMAND_TIMEOUT)
-        self.close("i/o timeout")
-
-    def _cancel_deadline(self) -> None:
-        if self._deadline is not None and self._deadline.active():
-            self._deadline.cancel()
-        self._deadline = None
-
-    # --- IDENTIFY and the replay ------------------------------------------------------
-
-    def _identified(self, body: bytes) -> None:
-        peer = self.peer
-        if body == b"E_INVALID":
-            log.info("LOOKUPD({peer}): lookupd returned {resp}", peer=peer.address, resp=body)
-            self.close("IDENTIFY refused")
-            return
-        try:
-            info = LookupdInfo.from_json(body)
-        except ValueError:
-            log.error("LOOKUPD({peer}): parsing response - {resp!r}", peer=peer.address, resp=body)
-            self.close("bad IDENTIFY response")
-            return
-        peer.info = info
-        log.info("LOOKUPD({peer}): peer info {info}", peer=peer.address, info=info)
-        if not info.broadcast_address:
-            log.error("LOOKUPD({peer}): no broadcast address", peer=peer.address)
-        self.identified = True
-        commands = peer.owner.registration_commands()
-        log.info("LOOKUPD({peer}): registering {n} topics and channels", peer=peer.address, n=len(commands))
-        waits = []
-        for cmd in commands:
-            log.debug("LOOKUPD({peer}): {cmd}", peer=peer.address, cmd=cmd.decode().strip())
-            waits.append(self.command(cmd).addCallback(self._check_ok, cmd))
-        done = defer.gatherResults(waits, consumeErrors=True)
-        done.addCallbacks(lambda _: peer._registered(self), lambda f: None)
-
-    def _not_identified(self, failure: Failure) -> None:
-        """The connection went before IDENTIFY was answered; the ClientService dials again."""
-        log.debug("LOOKUPD({peer}): IDENTIFY - {err}", peer=self.peer.address, err=failure.getErrorMessage())
-
-    def _check_ok(self, body: bytes, cmd: bytes) -> bytes:
-        if body != b"OK":
-            log.error("LOOKUPD({peer}): {cmd} - {resp}", peer=self.peer.address,
-                      cmd=cmd.decode().strip(), resp=body.decode("utf-8", "replace"))
-        return body
-
-
-class _PeerFactory(Factory):
-    noisy = False
-
-    def __init__(self, peer: LookupPeer) -> None:
-        self.peer = peer
-
-    def buildProtocol(self, addr: Any) -> LookupPeerProtocol:
-        return LookupPeerProtocol(self.peer)
-
-
 def _endpoint(reactor: Any, address: str) -> Any:
     """A client endpoint for ``host:port`` (IP literals connect directly, names resolve)."""
     from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
@@ -258,7 +114,7 @@ class LookupPeer:
         self.last_ping: defer.Deferred | None = None
         self._when_registered: list[defer.Deferred] = []
         self._when_lost: list[defer.Deferred] = []
-        self.service = ClientService(_endpoint(owner.nsqd.reactor, address), _PeerFactory(self),
+        self.service = ClientService(_endpoint(owner.nsqd.reactor, address), PeerFactory(self),
                                      retryPolicy=owner.retry_policy, clock=owner.clock)
 
     def __repr__(self) -> str:
@@ -328,9 +184,9 @@ class LookupPeer:
 class LookupPeersService(MultiService):
     """Every nsqlookupd this nsqd registers with (a child of the NsqdService)."""
 
-    name = "lookup-peers"
+    name = "lookup-peers"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
-    def __init__(self, nsqd: NsqdService, *, clock: Any = None, ping_interval: float = PING_INTERVAL,
+    def __init__(self, nsqd: NsqdPeerHost, *, clock: Any = None, ping_interval: float = PING_INTERVAL,
                  retry_policy: Callable[[int], float] | None = None,
                  http_client: Any = None) -> None:
         super().__init__()
@@ -534,28 +390,21 @@ class LookupPeersService(MultiService):
     def _get_channels(self, url: str) -> defer.Deferred:
         """One ``GET /channels`` (V1), within ``--http-client-request-timeout``."""
         log.debug("CI: querying nsqlookupd {url}", url=url)
-        client = self._client()
-        d = client.get(url, headers={b"Accept": [b"application/vnd.nsq; version=1.0"]})
+        upstream = Upstream(self.clock, self.nsqd.options.http_client_request_timeout, http_client=self._client())
 
-        def got(response: Any) -> defer.Deferred:
-            body = response.content()
+        def parse(response: UpstreamResponse) -> list[str]:
+            data = response.body
+            if response.code != 200:
+                raise RuntimeError(f"got response {response.code} {data!r}")
+            doc = json.loads(data)
+            channels = doc.get("channels") if isinstance(doc, dict) else None
+            if channels is None:
+                return []
+            if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
+                raise ValueError(f"bad /channels answer {data!r}")
+            return channels
 
-            def parse(data: bytes) -> list[str]:
-                if response.code != 200:
-                    raise RuntimeError(f"got response {response.code} {data!r}")
-                doc = json.loads(data)
-                channels = doc.get("channels") if isinstance(doc, dict) else None
-                if channels is None:
-                    return []
-                if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
-                    raise ValueError(f"bad /channels answer {data!r}")
-                return channels
-
-            return body.addCallback(parse)
-
-        d.addCallback(got)
-        d.addTimeout(self.nsqd.options.http_client_request_timeout, self.clock)
-        return d
+        return upstream.request("GET", url).addCallback(parse)
 
     # --- lifecycle ------------------------------------------------------------------
 

@@ -16,12 +16,10 @@ from functools import partial
 from typing import Any
 from collections.abc import Callable
 
-import attr
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from ..errors import BackendError
 from ..nsqd.broker import Broker, Event
 from ..nsqd.scan import ChannelSampler, scan_channels
 from ..nsqd.v2 import Features
@@ -225,7 +223,7 @@ class NsqdService(MultiService):
         return self.sync_worker.flush_and_sync_all()
 
     def set_options(self, **changes: Any) -> None:
-        self.options = attr.evolve(self.options, **changes)
+        self.options = self.options.replace(**changes)
         self.broker.options = self.options
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
@@ -358,47 +356,8 @@ class NsqdService(MultiService):
 
         What the disk refuses (a full disk) is counted in ``lost_at_shutdown`` and logged
         as critical; the command-line nsqd then exits with status 1."""
-        from ..backend.runs import run_of_frames
-        store = self.broker.backlog.store_all
         closing: list[defer.Deferred] = []
-        lost = 0
-        for topic in list(self.broker.topics.values()):
-            for ch in list(topic.channels.values()):
-                backend = ch.backend
-                try:
-                    for run in ch.mem.drain():
-                        lost += store(backend, run)
-                    inflight = ch.in_flight_frames()
-                    if inflight:
-                        lost += store(backend, run_of_frames(inflight))
-                    deferred = ch.deferred_items()
-                    if deferred and hasattr(backend, "put_deferred"):
-                        try:
-                            backend.put_deferred(deferred)
-                        except BackendError as e:
-                            self.broker.backlog.error = str(e)
-                            lost += len(deferred)
-                except Exception:
-                    log.failure("failed to flush channel {t}:{c} to disk", t=topic.name, c=ch.name)
-                ch.exiting = True
-                ch.inflight.clear()
-                ch.deferred.clear()
-                closing.append(defer.maybeDeferred(backend.close))
-            backend = topic.backend
-            try:
-                for run in topic.mem.drain():
-                    lost += store(backend, run)
-                if topic.deferred and hasattr(backend, "put_deferred"):
-                    try:
-                        backend.put_deferred(sorted(topic.deferred, key=lambda item: item[0]))
-                    except BackendError as e:
-                        self.broker.backlog.error = str(e)
-                        lost += len(topic.deferred)
-            except Exception:
-                log.failure("failed to flush topic {t} to disk", t=topic.name)
-            topic.exiting = True
-            topic.deferred = []
-            closing.append(defer.maybeDeferred(backend.close))
+        lost = self.broker.flush_to_backends(lambda backend: closing.append(defer.maybeDeferred(backend.close)))
         if lost:
             self.lost_at_shutdown += lost
             log.critical("failed to write {n} messages to disk at shutdown (the disk refused them: "

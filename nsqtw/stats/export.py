@@ -28,6 +28,7 @@ from twisted.application.service import Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
+from .node import StatsNode
 from .snapshot import broker_stats, go_json
 
 __all__ = ["StatsExportService", "node_identity", "host_key", "export_filename", "snapshot_line",
@@ -48,7 +49,7 @@ def host_key(broadcast_address: str, http_port: int) -> str:
     return f"{host}:{http_port}".replace(".", "_").replace(":", "_")
 
 
-def node_identity(node: Any, hostname: str | None = None) -> dict[str, Any]:
+def node_identity(node: StatsNode, hostname: str | None = None) -> dict[str, Any]:
     """Who wrote a snapshot: broadcast address, broadcast (or bound) ports, hostname."""
     opts = node.options
     tcp_port = opts.broadcast_tcp_port or (node.tcp_port or 0)
@@ -105,9 +106,9 @@ class _HourlyFiles:
 class StatsExportService(Service):
     """Write a ``/stats`` snapshot line every ``interval`` seconds; attach to an NsqdService."""
 
-    name = "stats-export"
+    name = "stats-export"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
-    def __init__(self, node: Any, *, path: str | None = None, interval: float | None = None,
+    def __init__(self, node: StatsNode, *, path: str | None = None, interval: float | None = None,
                  clock: Any = None, run_in_thread: ThreadRunner | None = None,
                  hostname: str | None = None) -> None:
         self.node = node
@@ -150,8 +151,13 @@ class StatsExportService(Service):
             self._loop.stop()
         self._loop = None
         pending = self._pending if self._pending is not None else defer.succeed(None)
-        d: defer.Deferred = defer.Deferred()
-        pending.addBoth(lambda result: (d.callback(None), result)[1])
+        d: defer.Deferred[Any] = defer.Deferred()
+
+        def relay(result: Any) -> Any:
+            d.callback(None)
+            return result
+
+        pending.addBoth(relay)
 
         def close(_: Any) -> Any:
             closing = self._run_in_thread(self._files.close) if self._run_in_thread else defer.succeed(None)

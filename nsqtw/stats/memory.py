@@ -137,5 +137,5 @@ def release_free_memory() -> bool:
     lib = _load_libc()
     if not lib:
         return False
-    lib.malloc_trim(0)  # type: ignore[attr-defined]
+    lib.malloc_trim(0)  # type: ignore[attr-defined]  # ctypes resolves C functions by name at run time
     return True

@@ -10,7 +10,6 @@ so ``json.dumps`` of them is byte-compatible with nsqd's answer (up to values).
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..nsqd.channel import Channel
 from ..nsqd.client import ClientState
 from ..nsqd.quantile import merge_quantiles
 from ..nsqd.topic import Topic
+from ..protocol.gojson import go_json
 from .memory import mem_stats
 
 __all__ = ["broker_stats", "client_stats", "render_text", "go_json", "nanoseconds_to_human", "go_duration_text"]
@@ -147,43 +147,15 @@ class _GoFloats(json.JSONEncoder):
     pass
 
 
-def _normalise(value: Any) -> Any:
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, dict):
-        return {k: _normalise(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_normalise(v) for v in value]
-    return value
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
-_GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-               ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
-
-
-def go_json(value: Any) -> bytes:
-    """JSON as Go's encoder writes it: compact, integral floats without ``.0``, and
-    ``<``, ``>``, ``&``, U+2028 and U+2029 escaped (they only occur inside strings)."""
-    text = json.dumps(_normalise(value), separators=(",", ":"), ensure_ascii=False)
-    for char, escaped in _GO_ESCAPES:
-        if char in text:
-            text = text.replace(char, escaped)
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a lone surrogate from a client: Go writes U+FFFD
-        return _LONE_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape")
-
-
 def nanoseconds_to_human(v: float) -> str:
     """NSQ's ``stringy.NanoSecondToHuman``."""
     if v > 1e9:
-        return "%0.1fs" % (v / 1e9)
+        return f"{v / 1e9:0.1f}s"
     if v > 1e6:
-        return "%0.1fms" % (v / 1e6)
+        return f"{v / 1e6:0.1f}ms"
     if v > 1e3:
-        return "%0.1fus" % (v / 1e3)
-    return "%0.1fns" % v
+        return f"{v / 1e3:0.1f}us"
+    return f"{v:0.1f}ns"
 
 
 def go_duration_text(seconds: float, truncate: bool = False) -> str:

@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from ..options import split_host_port
 from .export import host_key
 from .memory import mem_stats
+from .node import StatsNode
 from .snapshot import broker_stats
 
 __all__ = ["StatsdService", "statsd_prefix", "statsd_lines", "mem_lines", "pack_datagrams",
@@ -151,9 +152,9 @@ class _StatsdProtocol(DatagramProtocol):
 class StatsdService(Service):
     """Push nsqd's stats to statsd; attach to an NsqdService (options from it unless given)."""
 
-    name = "statsd"
+    name = "statsd"  # type: ignore[assignment]  # Twisted's Service declares name = None (unannotated)
 
-    def __init__(self, node: Any, *, address: str | None = None, prefix: str | None = None,
+    def __init__(self, node: StatsNode, *, address: str | None = None, prefix: str | None = None,
                  interval: float | None = None, mem_stats: bool | None = None,
                  packet_size: int | None = None, exclude_ephemeral: bool | None = None,
                  clock: Any = None, reactor: Any = None) -> None:
@@ -245,7 +246,7 @@ class StatsdService(Service):
         self.pushes += 1
         self.last_push_datagrams = len(datagrams)
         self._calls = [c for c in self._calls if c.active()]
-        for delay, datagram in zip(spread_delays(len(datagrams), self.interval), datagrams):
+        for delay, datagram in zip(spread_delays(len(datagrams), self.interval), datagrams, strict=True):
             if delay == 0:
                 self._send(datagram, ip)
             else:

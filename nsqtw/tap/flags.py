@@ -128,7 +128,11 @@ def parse_go_flags(cls: type, argv: list[str], *, config_flag: bool = True,
 
 
 def load_config_file(path: str) -> dict[str, Any]:
-    import tomllib  # only when a --config file is given (start-up time counts)
+    # imported only when a --config file is given (start-up time counts)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10 has no tomllib: tomli is the same parser (a dependency there)
+        import tomli as tomllib
 
     try:
         with open(path, "rb") as f:
@@ -142,7 +146,7 @@ def load_config_file(path: str) -> dict[str, Any]:
 def _config_keys(cls: type) -> dict[str, str]:
     """Every key a config file may use for ``cls`` -> its flag name."""
     keys: dict[str, str] = {}
-    for f in attr.fields(cls):  # type: ignore[arg-type]
+    for f in attr.fields(cls):
         flag = f.metadata.get("flag")
         if not flag:
             continue
@@ -193,7 +197,8 @@ def usage_text(cls: type, prog: str, *, config_flag: bool = True) -> str:
         typ = {"bool": "", "int": "int", "duration": "duration", "str": "string", "float": "float",
                "strlist": "value", "floatlist": "value", "tls_required": "",
                "tls_min_version": "value", "log_level": "value"}.get(kind, "value")
-        default = f.default.factory() if isinstance(f.default, attr.Factory) else f.default  # type: ignore[attr-defined]
+        # attrs' stubs make Factory a function; at run time it is the class of f.default
+        default = f.default.factory() if isinstance(f.default, attr.Factory) else f.default  # type: ignore[arg-type,union-attr]  # see above
         shown = display_default(f, default)
         entries.append((f.metadata["flag"], typ, f.metadata["help"], shown))
     for name, typ, help_text, default in sorted(entries):

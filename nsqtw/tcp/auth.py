@@ -19,6 +19,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 
 from ..nsqd.auth import AuthState, parse_auth_response
+from ..upstream import Upstream
 
 __all__ = ["AuthServerClient", "auth_endpoint"]
 
@@ -61,20 +62,17 @@ class AuthServerClient:
                 errors.append(f"failed to auth against {endpoint} - {e}")
         raise RuntimeError("; ".join(errors))
 
-    async def _fetch(self, endpoint: str, values: dict) -> bytes:
-        http = self._client()
-        headers = {b"Accept": [b"application/vnd.nsq; version=1.0"]}
+    async def _fetch(self, endpoint: str, values: dict[str, str]) -> bytes:
+        upstream = Upstream(self.reactor, self.request_timeout, http_client=self._client())
         for _ in range(2):
             if self.method == "post":
-                headers[b"Content-Type"] = [b"application/json"]
-                d = http.post(endpoint, data=json.dumps({k: [v] for k, v in sorted(values.items())}).encode(),
-                              headers=headers, timeout=self.request_timeout)
+                response = await upstream.request(
+                    "POST", endpoint, body=json.dumps({k: [v] for k, v in sorted(values.items())}).encode(),
+                    headers={b"Content-Type": b"application/json"})
             else:
                 sep = "&" if "?" in endpoint else "?"
-                d = http.get(endpoint + sep + urlencode(sorted(values.items())), headers=headers,
-                             timeout=self.request_timeout)
-            response = await d
-            body = await response.content()
+                response = await upstream.request("GET", endpoint + sep + urlencode(sorted(values.items())))
+            body = response.body
             if response.code == 403 and not endpoint.startswith("https"):
                 try:
                     port = json.loads(body)["https_port"]

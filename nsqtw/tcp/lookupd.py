@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 
 from ..lookupd.registry import RegistrationDB
 from ..lookupd.v1 import LookupSession, ServerInfo
-from ..service.listen import format_peer
+from .address import format_peer
 
 __all__ = ["LookupdProtocol", "LookupdFactory", "format_peer"]
 
@@ -28,6 +28,9 @@ log = Logger(namespace="nsqtw.lookupd")
 
 class LookupdProtocol(Protocol):
     """One nsqd connection."""
+
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
+    transport: Any
 
     def __init__(self, factory: LookupdFactory) -> None:
         self.factory = factory
@@ -50,7 +53,7 @@ class LookupdProtocol(Protocol):
         if not keep:
             self.transport.loseConnection()
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.protocols.discard(self)
         if self.session is not None:
             log.info("PROTOCOL(V1): [{peer}] exiting ioloop", peer=self.session.remote_address)

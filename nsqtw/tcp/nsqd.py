@@ -30,7 +30,7 @@ from ..nsqd.client import ClientState
 from ..nsqd.v2 import Features, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
-from ..service.listen import format_peer
+from .address import format_peer
 from .tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
@@ -132,6 +132,9 @@ class NsqdProtocol(Protocol):
     deliveries are bounded by its RDY window anyway).
     """
 
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
+    transport: Any
+
     def __init__(self, factory: NsqdFactory) -> None:
         self.factory = factory
         self.clock = factory.clock
@@ -211,7 +214,7 @@ class NsqdProtocol(Protocol):
         if self.transport.connected and getattr(self.transport, "producer", None) is None:
             self.transport.registerProducer(self, True)
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self._stop_timers()
         factory = self.factory
         factory.protocols.discard(self)
@@ -440,7 +443,7 @@ class NsqdProtocol(Protocol):
 class NsqdFactory(Factory):
     """Builds :class:`NsqdProtocol` for one broker; also the entry point for settling."""
 
-    protocol = NsqdProtocol  # type: ignore[assignment]
+    protocol = NsqdProtocol
 
     def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
                  authorizer: Any = None, settle: Callable[[], None] | None = None,

@@ -34,8 +34,8 @@ def _read(path: str, flag: str) -> bytes:
 class _AnyClientCertificate(ssl.CertificateOptions):
     """``require``: the client must present a certificate, any certificate."""
 
-    def _makeContext(self) -> SSL.Context:
-        ctx = super()._makeContext()
+    def _makeContext(self, skipCiphers: bool = False) -> SSL.Context:
+        ctx = super()._makeContext(skipCiphers)
         ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, lambda *args: True)
         return ctx
 

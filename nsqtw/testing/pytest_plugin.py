@@ -84,8 +84,8 @@ def _pytest_twisted() -> Any:
 
 
 def _reactor() -> Any:
-    from twisted.internet import reactor
-    return reactor
+    from nsqtw.reactor import resolve_reactor
+    return resolve_reactor()
 
 
 def fast_data_dir() -> str:
@@ -325,7 +325,12 @@ def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred]]:
 
     def factory(**options: Any) -> Deferred:
         d = start_nsqd_fixture(**options)
-        d.addCallback(lambda n: (started.append(n), n)[1])
+
+        def keep(n: NsqdFixture) -> NsqdFixture:
+            started.append(n)
+            return n
+
+        d.addCallback(keep)
         return d
 
     try:

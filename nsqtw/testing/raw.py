@@ -20,6 +20,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
 from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
 from ..protocol.message import Message, decode_message
+from ..reactor import resolve_reactor
 
 __all__ = [
     "mpub_command",
@@ -59,6 +60,9 @@ def decode_frames(data: bytes) -> list[tuple[int, bytes]]:
 
 class RawV2Client(protocol.Protocol):
     """A bare V2 connection: write bytes, await frames."""
+
+    #: the reactor's TCP transport (producer/consumer and TLS methods beyond ITransport), or a test's fake
+    transport: Any
 
     def __init__(self, send_magic: bool = True) -> None:
         self._decoder = FrameDecoder()
@@ -100,9 +104,7 @@ class RawV2Client(protocol.Protocol):
             return defer.fail(ConnectionError("connection closed"))
         d: defer.Deferred = defer.Deferred()
         self._waiters.append(d)
-        if clock is None:
-            from twisted.internet import reactor as clock
-        d.addTimeout(timeout, clock)
+        d.addTimeout(timeout, resolve_reactor(clock))
         return d
 
     async def frame(self, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -146,6 +148,4 @@ class RawV2Client(protocol.Protocol):
 def connect_raw(port: int, host: str = "127.0.0.1", reactor: Any = None,
                 send_magic: bool = True) -> defer.Deferred:
     """Connect a :class:`RawV2Client` (magic sent) to an nsqd."""
-    if reactor is None:
-        from twisted.internet import reactor
-    return connectProtocol(TCP4ClientEndpoint(reactor, host, port), RawV2Client(send_magic))
+    return connectProtocol(TCP4ClientEndpoint(resolve_reactor(reactor), host, port), RawV2Client(send_magic))

@@ -88,8 +88,13 @@ class App:
                 return self._result
 
             self._stopping = d.addBoth(over)
-        d2: defer.Deferred = defer.Deferred()
-        self._stopping.addBoth(lambda r: (d2.callback(self._result), r)[1])
+        d2: defer.Deferred[Any] = defer.Deferred()
+
+        def relay(r: Any) -> Any:
+            d2.callback(self._result)
+            return r
+
+        self._stopping.addBoth(relay)
         return d2
 
     def _stop(self) -> Any:

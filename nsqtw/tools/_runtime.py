@@ -1,12 +1,12 @@
 """
-What every NSQ app and drop-in daemon shares: Go-style logs, the reactor main, signals.
+What every NSQ app shares: Go-style logs (from :mod:`nsqtw.golog`), the reactor main, signals.
 
 Each app is an object with ``start()`` (a Deferred: connected, or failed
 with the reason the app cannot run), ``stop()`` (graceful: what is in flight
 is finished) and ``done`` (fires with the exit code once the app is over, by
 itself or after ``stop``).  Tests drive that object in pytest-twisted's
-reactor; :func:`run_app` is the only place that runs a reactor, and only the
-``main()`` functions call it.
+reactor; :func:`run_app` runs the reactor for the apps, and only their ``main()``
+functions call it (the daemons' ``main()`` is :mod:`nsqtw.cli`, which runs its own).
 
 Logs go to stderr in the layout of Go's ``log`` package with NSQ's ``lg``
 levels (``[nsq_to_file] 2024/05/01 10:00:00.123456 INFO: ...``), so scripts
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from typing import Any, TextIO
 from collections.abc import Callable, Iterable
 
 from .. import NSQ_VERSION, __version__, version_line
 from ..options import OptionError
+from ..golog import GoLogObserver, begin_logging, go_log_line
+from ..reactor import resolve_reactor
 
 __all__ = [
     "GoLogObserver",
@@ -34,80 +35,6 @@ __all__ = [
     "user_agent",
     "ExitCode",
 ]
-
-#: nsqtw's NSQ log levels (``--log-level``): 1 debug .. 5 fatal
-_LEVEL_NAMES = {1: "DEBUG", 2: "INFO", 3: "WARNING", 4: "ERROR", 5: "FATAL"}
-
-
-def go_log_line(prefix: str, level: int, text: str, when: float | None = None) -> str:
-    """One line as Go's ``log.New(w, prefix, Ldate|Ltime|Lmicroseconds)`` plus ``lg`` writes it."""
-    t = time.time() if when is None else when
-    micro = int((t - int(t)) * 1_000_000)
-    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t))
-    return f"{prefix}{stamp}.{micro:06d} {_LEVEL_NAMES.get(level, 'INFO')}: {text}\n"
-
-
-class GoLogObserver:
-    """A Twisted log observer writing Go-style lines; Twisted's own chatter is dropped.
-
-    Events from ``nsqtw`` namespaces are shown from ``level`` up; anything
-    else only when it is a warning or worse (so "Starting factory" and
-    "Main loop terminated" never reach a script that parses our stderr).
-    """
-
-    def __init__(self, stream: TextIO, prefix: str, level: int = 2,
-                 namespaces: tuple[str, ...] = ("nsqtw",),
-                 drop: Callable[[dict[str, Any]], bool] | None = None) -> None:
-        self.stream = stream
-        self.prefix = prefix
-        self.level = level
-        self.namespaces = namespaces
-        self.drop = drop
-
-    @staticmethod
-    def nsq_level(event: dict[str, Any]) -> int:
-        from twisted.logger import LogLevel
-
-        lvl = event.get("log_level")
-        if event.get("log_failure") is not None and lvl is None:
-            return 4
-        return {LogLevel.debug: 1, LogLevel.info: 2, LogLevel.warn: 3, LogLevel.error: 4,
-                LogLevel.critical: 5}.get(lvl, 2)
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        from twisted.logger import formatEvent
-
-        level = self.nsq_level(event)
-        namespace = str(event.get("log_namespace") or "")
-        ours = namespace.startswith(self.namespaces)
-        if level < self.level or (not ours and level < 3):
-            return
-        if self.drop is not None and self.drop(event):
-            return
-        text = formatEvent(event)
-        failure = event.get("log_failure")
-        if failure is not None:
-            try:
-                text += "\n" + failure.getTraceback().rstrip()
-            except Exception:  # pragma: no cover - a broken failure must not kill logging
-                text += f"\n{failure!r}"
-        try:
-            self.stream.write(go_log_line(self.prefix, level, text, event.get("log_time")))
-            self.stream.flush()
-        except (OSError, ValueError):  # a closed stderr must not kill the app
-            pass
-
-
-def begin_logging(prefix: str, level: int = 2, stream: TextIO | None = None,
-                  drop: Callable[[dict[str, Any]], bool] | None = None) -> GoLogObserver:
-    """Send Twisted's global log to stderr, Go-style (only ``main()`` does this)."""
-    from twisted.logger import globalLogBeginner
-
-    observer = GoLogObserver(stream or sys.stderr, prefix, level, drop=drop)
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False,
-                                     discardBuffer=True)
-    return observer
-
 
 class ExitCode:
     OK = 0
@@ -172,7 +99,7 @@ def run_app(prog: str, argv: list[str] | None, options_class: Any,
     if options is None:
         return int(code or 0)
 
-    from twisted.internet import reactor
+    reactor = resolve_reactor()
 
     prefix = getattr(options, "log_prefix", f"[{prog}] ")
     begin_logging(prefix, getattr(options, "log_level", 2))

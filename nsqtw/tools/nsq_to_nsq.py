@@ -32,6 +32,7 @@ from decimal import Decimal
 import sys
 import time
 from typing import Any
+from collections.abc import Iterable
 
 import attr
 from twisted.internet import defer
@@ -154,13 +155,17 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _str_tuple(fields: Iterable[str]) -> tuple[str, ...]:
+    return tuple(fields)
+
+
 @attr.s(frozen=True, slots=True)
 class JsonFilter:
     """``--require-json-field``, ``--require-json-value`` and ``--whitelist-json-field``."""
 
     field: str = attr.ib(default="")
     value: str = attr.ib(default="")
-    whitelist: tuple[str, ...] = attr.ib(default=(), converter=tuple)
+    whitelist: tuple[str, ...] = attr.ib(default=(), converter=_str_tuple)
 
     @property
     def active(self) -> bool:

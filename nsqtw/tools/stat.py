@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import DURATION, INT, STR, STRLIST, OptionError, opt
+from ..stats.channels import ChannelCounts
 from ._app import App, check_http_addresses, require_sources
 from ._runtime import run_app
 
@@ -77,48 +78,22 @@ class StatOptions:
         check_http_addresses("lookupd-http-address", self.lookupd_http_addresses)
 
 
-@attr.s(slots=True)
-class ChannelTotals:
-    """One channel summed over its nsqd (clusterinfo ``ChannelStats.Add``)."""
-
-    depth: int = attr.ib(default=0)
-    memory_depth: int = attr.ib(default=0)
-    backend_depth: int = attr.ib(default=0)
-    in_flight_count: int = attr.ib(default=0)
-    deferred_count: int = attr.ib(default=0)
-    requeue_count: int = attr.ib(default=0)
-    timeout_count: int = attr.ib(default=0)
-    message_count: int = attr.ib(default=0)
-    client_count: int = attr.ib(default=0)
-
-    def add(self, ch: dict[str, Any]) -> None:
-        depth = int(ch.get("depth", 0))
-        backend = int(ch.get("backend_depth", 0))
-        self.depth += depth
-        self.backend_depth += backend
-        self.memory_depth += depth - backend
-        self.in_flight_count += int(ch.get("in_flight_count", 0))
-        self.deferred_count += int(ch.get("deferred_count", 0))
-        self.requeue_count += int(ch.get("requeue_count", 0))
-        self.timeout_count += int(ch.get("timeout_count", 0))
-        self.message_count += int(ch.get("message_count", 0))
-        clients = ch.get("clients")
-        self.client_count += int(ch.get("client_count", len(clients) if isinstance(clients, list) else 0))
+#: one channel summed over its nsqd (the shared :class:`~nsqtw.stats.channels.ChannelCounts`)
+ChannelTotals = ChannelCounts
 
 
 def format_header() -> str:
-    return ("%s+%s+%s\n" % ("------rate------", "----------------depth----------------",
-                            "--------------metadata---------------")
-            + "%7s %7s | %7s %7s %7s %5s %5s | %7s %7s %12s %7s\n" % (
-                "ingress", "egress", "total", "mem", "disk", "inflt", "def", "req", "t-o", "msgs", "clients"))
+    return ("------rate------+----------------depth----------------+--------------metadata---------------\n"
+            f"{'ingress':>7} {'egress':>7} | {'total':>7} {'mem':>7} {'disk':>7} {'inflt':>5} {'def':>5} | "
+            f"{'req':>7} {'t-o':>7} {'msgs':>12} {'clients':>7}\n")
 
 
 def format_line(c: ChannelTotals, o: ChannelTotals, interval: float) -> str:
     ingress = int((c.message_count - o.message_count) / interval)
     egress = int((c.message_count - o.message_count - (c.depth - o.depth)) / interval)
-    return "%7d %7d | %7d %7d %7d %5d %5d | %7d %7d %12d %7d\n" % (
-        ingress, egress, c.depth, c.memory_depth, c.backend_depth, c.in_flight_count, c.deferred_count,
-        c.requeue_count, c.timeout_count, c.message_count, c.client_count)
+    return (f"{ingress:7d} {egress:7d} | {c.depth:7d} {c.memory_depth:7d} {c.backend_depth:7d} "
+            f"{c.in_flight_count:5d} {c.deferred_count:5d} | {c.requeue_count:7d} {c.timeout_count:7d} "
+            f"{c.message_count:12d} {c.client_count:7d}\n")
 
 
 class StatError(Exception):
@@ -194,7 +169,7 @@ class NsqStat(App):
             results = await defer.DeferredList(
                 [self.get_json(f"http://{a}/stats?format=json&topic={topic}&include_clients=false") for a in addrs],
                 consumeErrors=True)
-            for addr, (ok, doc) in zip(addrs, results):
+            for addr, (ok, doc) in zip(addrs, results, strict=True):
                 if not ok:
                     errors.append(doc.getErrorMessage())
                     continue
@@ -224,7 +199,7 @@ class NsqStat(App):
                     continue
                 for ch in t.get("channels") or []:
                     if ch.get("channel_name") == self.options.channel:
-                        totals.add(ch)
+                        totals.add_nsqd(ch)
                         seen = True
         if producers and len(errors) == len(producers):
             raise StatError(f"failed to get nsqd stats - failed to query any nsqd: {'; '.join(errors)}")

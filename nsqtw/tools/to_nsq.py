@@ -228,7 +228,7 @@ class _Stdin(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         self.app.data_received(data)
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self.app.end_of_input()
 
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             StandardIO(_Stdin(app), reactor=reactor)
             return d
 
-        app.start = start  # type: ignore[method-assign]
+        app.start = start  # type: ignore[method-assign]  # this app also reads stdin once started
         return app
 
     return run_app("to_nsq", argv, ToNsqOptions, make)

@@ -76,7 +76,7 @@ class RecordingWorker(SyncWorker):
         super().__init__(None, clock=clock, threaded=False)
         self.log: list[str] = []
 
-    def submit(self, fn: Callable[[], Any]):  # type: ignore[override]
+    def submit(self, fn: Callable[[], Any]):  # type: ignore[override]  # a fake that records job names
         self.log.append(getattr(getattr(fn, "func", fn), "__name__", "?"))
         return super().submit(fn)
 

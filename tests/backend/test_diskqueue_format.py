@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from zope.interface.verify import verifyObject
+
 from nsqtw.backend import IBackendQueue
 from nsqtw.backend.disk import format_queue_metadata, read_queue_metadata
 from nsqtw.backend.runs import run_frames
@@ -19,10 +21,9 @@ def files(path):
 
 
 def test_provides_interface(tmp_path):
-    """DiskQueue provides IBackendQueue and is durable."""
+    """DiskQueue provides IBackendQueue."""
     q = open_queue(tmp_path)
-    assert IBackendQueue.providedBy(q)
-    assert q.durable is True
+    assert verifyObject(IBackendQueue, q)
 
 
 def test_written_bytes_match_the_specification(tmp_path):

@@ -94,7 +94,7 @@ def test_rewriting_go_records_gives_go_files(go_dir, tmp_path, name):
     for i in range(0, len(records), 10):
         q.put(run_of([frame_of_record(r) for r in records[i:i + 10]]))
     q.close()
-    for n, data in zip(nums, originals):
+    for n, data in zip(nums, originals, strict=True):
         assert (out / f"{name}.diskqueue.{n:06d}.dat").read_bytes() == data
     go_meta = (go_dir / f"{name}.diskqueue.meta.dat").read_bytes().split(b"\n")
     ours = (out / f"{name}.diskqueue.meta.dat").read_bytes().split(b"\n")

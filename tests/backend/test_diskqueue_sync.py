@@ -25,7 +25,7 @@ class ManualWorker(SyncWorker):
         super().__init__(None, threaded=False)
         self.queue: list[tuple[Callable[[], Any], Deferred]] = []
 
-    def submit(self, fn):  # type: ignore[override]
+    def submit(self, fn):  # type: ignore[override]  # a fake that queues instead of running
         d: Deferred = Deferred()
         self.queue.append((fn, d))
         return d

@@ -17,7 +17,7 @@ def _frames(n: int, size: int, attempts: int = 1):
 def _written(tmp_path, name: str, run, general: bool) -> bytes:
     q = DiskQueue(name, str(tmp_path), worker=SyncWorker(None, threaded=False))
     if general:
-        q._encode_uniform = lambda r: None  # type: ignore[assignment]
+        q._encode_uniform = lambda r: None  # type: ignore[assignment]  # force the general encoder
     q.put(run)
     q.close()
     with open(os.path.join(str(tmp_path), f"{name}.diskqueue.000000.dat"), "rb") as f:

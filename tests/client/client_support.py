@@ -49,7 +49,7 @@ class ScriptedRandom(random.Random):
         self.picks = list(picks or [])
         self.floats = list(floats or [])
 
-    def randrange(self, n: int, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]
+    def randrange(self, n: int, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]  # scripted picks, any signature
         pick = self.picks.pop(0) if self.picks else 0
         assert 0 <= pick < n, f"scripted pick {pick} out of range {n}"
         return pick

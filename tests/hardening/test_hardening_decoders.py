@@ -796,7 +796,7 @@ def check_disk_reader(case: Any) -> None:
                 with open(os.path.join(path, "q.diskqueue.meta.dat"), "wb") as f:
                     f.write(blob)
             elif op == "extra_file":
-                with open(os.path.join(path, "q.diskqueue.%06d.dat" % (pos % 5)), "ab") as f:
+                with open(os.path.join(path, f"q.diskqueue.{pos % 5:06d}.dat"), "ab") as f:
                     f.write(blob * 3)
             elif target is None or not os.path.exists(target):
                 continue

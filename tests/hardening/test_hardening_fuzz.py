@@ -207,7 +207,7 @@ def split(rng: random.Random, data: bytes) -> list[bytes]:
     if len(data) < 2 or rng.random() < 0.3:
         return [data]
     cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(1, 6))))
-    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)], strict=True)]
 
 
 async def send_pieces(client: Any, rng: random.Random, data: bytes) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
-FIXTURE_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "go-nsqd-1.3.0-http"
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "go-nsqd-1.3.0-http"
 
 
 class HTTPExchange:
@@ -128,7 +128,7 @@ def shape_diff(ours: Any, go: Any, path: str = "$") -> list[str]:
         if ours.keys() != go.keys():
             problems.append(f"{path}: keys {ours.keys()} != Go's {go.keys()}")
             return problems
-        for (k, a), (_, b) in zip(ours, go):
+        for (k, a), (_, b) in zip(ours, go, strict=True):
             problems += shape_diff(a, b, f"{path}.{k}")
         return problems
     if isinstance(go, list):

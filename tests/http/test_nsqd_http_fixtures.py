@@ -1,4 +1,4 @@
-"""Reproduce every exchange recorded from Go's nsqd 1.3.0 (shared/fixtures/go-nsqd-1.3.0-http) against an
+"""Reproduce every exchange recorded from Go's nsqd 1.3.0 (tests/fixtures/go-nsqd-1.3.0-http) against an
 embedded nsqtw nsqd, and compare status, headers, body and JSON shape (key order and types)."""
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import pytest_twisted
 
 from nsqtw.testing import body_command, command, connect_raw, identify_command
 
-from nsqd_http_helpers import FIXTURE_DIR, fixture, raw_http, shape_diff
+from nsqd_http_helpers import fixture, raw_http, shape_diff
 
 pytestmark = pytest.mark.e2e
 
-if not FIXTURE_DIR.is_dir():  # pragma: no cover
-    pytest.skip(f"Go nsqd fixtures missing: {FIXTURE_DIR}", allow_module_level=True)
 
 E2E = dict(e2e_processing_latency_percentiles=[0.99, 0.5])
 
@@ -192,10 +190,10 @@ async def test_stats_text_matches_go_line_shapes(nsqd):
     our_lines = ours.body.decode().split("\n")
     pats = _text_patterns() + [""]
     assert len(go_lines) == len(pats), "the patterns no longer describe Go's fixture"
-    for pat, line in zip(pats, go_lines):
+    for pat, line in zip(pats, go_lines, strict=True):
         assert re.fullmatch(pat, line), (pat, line)
     assert len(our_lines) == len(go_lines), ours.body.decode()
-    for pat, line in zip(pats, our_lines):
+    for pat, line in zip(pats, our_lines, strict=True):
         assert re.fullmatch(pat, line), (pat, line)
     await cons.close()
 

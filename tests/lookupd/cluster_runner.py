@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
     if prog == "nsqd":
         from nsqtw.tap import nsqd as tap
     elif prog == "nsqlookupd":
-        from nsqtw.tap import nsqlookupd as tap  # type: ignore[no-redef]
+        from nsqtw.tap import nsqlookupd as tap  # type: ignore[no-redef]  # one of the taps by name
     else:
         raise SystemExit(f"unknown daemon {prog!r}")
     options = tap.Options()

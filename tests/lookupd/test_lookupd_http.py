@@ -170,7 +170,7 @@ async def test_lookup_nodes_and_debug_shapes(clocked) -> None:
 
     (node,) = (await get(lookupd.http_address, "/nodes"))[1]["producers"]
     assert list(node) == list(producer) + ["tombstones", "topics"]
-    assert sorted(zip(node["topics"], node["tombstones"])) == [("t", False), ("u", False)]
+    assert sorted(zip(node["topics"], node["tombstones"], strict=True)) == [("t", False), ("u", False)]
 
     debug = (await get(lookupd.http_address, "/debug"))[1]
     assert sorted(debug) == ["channel:t:c1", "channel:t:c2", "client::", "topic:t:", "topic:u:"]

@@ -111,3 +111,16 @@ def test_service_tree_listens_on_both_addresses() -> None:
     assert service.broadcast_address == "b" and service.now() == reactor.seconds()
     service.stopService()
     assert not service.running
+
+
+def test_config_file_on_python_3_10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package supports 3.10, which has no tomllib: --config read through tomli there (it
+    raised ModuleNotFoundError before, found by mypy at python_version 3.10)."""
+    pytest.importorskip("tomli")
+    import sys
+    monkeypatch.setattr(sys, "version_info", (3, 10, 0, "final", 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # an import of tomllib fails
+    cfg = tmp_path / "nsqlookupd.cfg"
+    cfg.write_text('tcp_address = "127.0.0.1:6160"\n')
+    o = options_from_argv(LookupdOptions, ["--config", str(cfg)])
+    assert o.tcp_address == "127.0.0.1:6160"

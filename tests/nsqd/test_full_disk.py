@@ -35,7 +35,6 @@ class FakeDisk:
 class FailingQueue:
     """A durable queue held in memory that fails like a full disk on demand."""
 
-    durable = True
     accepts_all = True
 
     def __init__(self, disk: FakeDisk) -> None:

@@ -86,7 +86,7 @@ def test_refused_publishes_are_not_counted_on_a_flowing_channel() -> None:
     topic = broker.get_topic("t", NOW)
     ch = topic.get_channel("c", NOW)
     stored = 0
-    for i in range(6):
+    for _ in range(6):
         try:
             broker.publish("t", [b"x"], NOW)
             stored += 1

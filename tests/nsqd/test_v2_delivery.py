@@ -440,8 +440,8 @@ def test_scan_repeats_while_more_than_25_percent_dirty():
     """The queue scan goes again at once while more than QueueScanDirtyPercent of the sample had expiries."""
     h = Harness(msg_timeout=1.0)
     for i in range(40):
-        w = sub(h, topic="t%d" % i, rdy=1)
-        h.publish("t%d" % i, b"x")
+        w = sub(h, topic=f"t{i}", rdy=1)
+        h.publish(f"t{i}", b"x")
         w.messages()
     h.advance(1.2)
     rounds = scan_channels(h.broker.channels(), h.now, random.Random(7), 20, 0.25)
@@ -455,17 +455,17 @@ def test_scan_stops_at_exactly_25_percent():
     """Exactly 25% dirty is not more than QueueScanDirtyPercent: one round."""
     h = Harness(msg_timeout=1.0)
     for i in range(20):
-        w = sub(h, topic="t%d" % i, rdy=1)
+        w = sub(h, topic=f"t{i}", rdy=1)
         if i < 5:
-            h.publish("t%d" % i, b"x")
+            h.publish(f"t{i}", b"x")
             w.messages()
     h.advance(1.2)
     assert scan_channels(h.broker.channels(), h.now, random.Random(3), 20, 0.25) == 1
     h2 = Harness(msg_timeout=1.0)
     for i in range(20):
-        w = sub(h2, topic="t%d" % i, rdy=1)
+        w = sub(h2, topic=f"t{i}", rdy=1)
         if i < 6:
-            h2.publish("t%d" % i, b"x")
+            h2.publish(f"t{i}", b"x")
             w.messages()
     h2.advance(1.2)
     assert scan_channels(h2.broker.channels(), h2.now, random.Random(3), 20, 0.25) == 2
@@ -475,8 +475,8 @@ def test_scan_samples_selection_count_channels():
     """With more channels than --queue-scan-selection-count, one round looks at only that many."""
     h = Harness(msg_timeout=1.0)
     for i in range(30):
-        w = sub(h, topic="t%d" % i, rdy=1)
-        h.publish("t%d" % i, b"x")
+        w = sub(h, topic=f"t{i}", rdy=1)
+        h.publish(f"t{i}", b"x")
         w.messages()
     h.advance(1.2)
     scan_channels(h.broker.channels(), h.now, random.Random(11), 5, 1.0)  # dirty_percent 1.0: one round

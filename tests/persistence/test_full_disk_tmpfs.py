@@ -189,9 +189,9 @@ def test_clean_stop_on_a_full_tmpfs_exits_1_and_says_what_it_lost(small_tmpfs, c
             try:
                 sock = socket.create_connection(("127.0.0.1", tcp), timeout=5)
                 break
-            except OSError:
+            except OSError as e:
                 if proc.poll() is not None:
-                    raise AssertionError(proc.stdout.read())
+                    raise AssertionError(proc.stdout.read()) from e
                 time.sleep(0.02)
         assert sock is not None
         body = b"".join(len(b).to_bytes(4, "big") + b for b in [b"a", b"b", b"c"])

@@ -67,7 +67,7 @@ class Daemon:
 
     async def listening(self, *labels: str, timeout: float = 30.0) -> dict[str, tuple[str, int]]:
         labels = labels or ("TCP", "HTTP")
-        await wait_for(lambda: all(l in self.addresses() for l in labels) or self.proc.poll() is not None,
+        await wait_for(lambda: all(label in self.addresses() for label in labels) or self.proc.poll() is not None,
                        timeout, f"{self.prog} listening")
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.prog} exited {self.proc.returncode}:\n{self.stderr()}")

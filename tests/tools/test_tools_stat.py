@@ -92,7 +92,7 @@ async def test_header_every_25_lines_via_lookupd(nsqtw_cluster):
     while not app.finished:
         clock.advance(1)
         n = app.iteration
-        await wait_for(lambda: app.iteration > n or app.finished, what="a poll")
+        await wait_for(lambda n=n: app.iteration > n or app.finished, what="a poll")
     assert await app.done == 0
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 + 24 + 2 + 2

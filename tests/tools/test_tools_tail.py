@@ -8,6 +8,7 @@ import random
 import pytest
 import pytest_twisted
 
+from nsqtw.client.errors import NotConnected
 from nsqtw.options import OptionError
 from nsqtw.tools.tail import Tail, TailOptions, random_channel
 
@@ -89,6 +90,6 @@ async def test_unreachable_nsqd_fails_start():
     port = s.getsockname()[1]
     s.close()
     app = Tail(tool_options(TailOptions, "--topic=t", f"--nsqd-tcp-address=127.0.0.1:{port}"), out=Out())
-    with pytest.raises(Exception):
+    with pytest.raises(NotConnected):
         await within(app.start())
     await within(app.stop())

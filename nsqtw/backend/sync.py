@@ -1,0 +1,173 @@
+"""The disk queues' blocking work (fsync, metadata rewrites, unlinks, closes), in order, off the
+reactor thread: one :class:`SyncWorker` per broker, and the jobs it runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from .deferred_store import DeferredStore
+from .metadata import write_file_atomically
+
+if TYPE_CHECKING:
+    from .disk import DiskQueue
+
+__all__ = ["SyncWorker"]
+
+log = Logger(namespace="nsqtw.diskqueue")
+
+
+class SyncWorker(Service):
+    """
+    One broker's blocking disk work, in order, off the reactor thread.
+
+    Add it to the service tree *before* the broker's services (a MultiService
+    stops children in reverse, so it stops last): its ``stopService`` runs
+    every job already submitted (closing queues submits their final syncs)
+    and joins the thread.  Jobs submitted while it is not running run inline.
+    """
+
+    def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
+                 name: str = "nsqtw-diskqueue-sync") -> None:
+        self.reactor = reactor
+        self.clock = clock if clock is not None else reactor
+        self.threaded = threaded and reactor is not None
+        self.setName(name)  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
+        self._pool: Any = None
+        self._dirty: dict[int, DiskQueue] = {}
+        self._turn_call: Any = None
+        self._unsynced: dict[int, DiskQueue] = {}
+        self.jobs = 0
+
+    # lifecycle
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
+        if self.threaded and self._pool is None:
+            from twisted.python.threadpool import ThreadPool
+            self._pool = ThreadPool(1, 1, name=self.name)
+            self._pool.start()
+
+    def stopService(self) -> Any:
+        super().stopService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
+        self.end_turn()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()  # runs what is queued, then joins the thread
+        return None
+
+    def seconds(self) -> float:
+        return self.clock.seconds() if self.clock is not None else time.time()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Any:
+        if self.clock is None:
+            return None
+        return self.clock.callLater(delay, fn)
+
+    def submit(self, fn: Callable[[], Any]) -> Deferred[Any]:
+        """Run ``fn`` after every job submitted before; fires with its result."""
+        self.jobs += 1
+        pool = self._pool
+        if pool is None:
+            try:
+                return succeed(fn())
+            except BaseException:
+                return fail(Failure())
+        from twisted.internet.threads import deferToThreadPool
+        return deferToThreadPool(self.reactor, pool, fn)
+
+    def flush_and_sync_all(self) -> Deferred[Any]:
+        """Fires once every message put so far, in any queue of this worker, is fsynced.
+
+        The broker's ``--sync-every=1`` OK: publish, then answer when this fires
+        (``E_PUB_FAILED`` if it fails with :class:`~nsqtw.errors.BackendError`).
+        """
+        queues = list(self._unsynced.values())
+        if not queues:
+            return succeed(None)
+        from twisted.internet.defer import FirstError, gatherResults
+
+        def unwrap(f: Failure) -> Failure:
+            return f.value.subFailure if f.check(FirstError) else f
+
+        d = gatherResults([q.flush_and_sync() for q in queues], consumeErrors=True)
+        return d.addCallbacks(lambda _: None, unwrap)
+
+    # end of turn
+    def wake(self, queue: DiskQueue) -> None:
+        """``queue`` has work for the end of this reactor turn (a sync to submit)."""
+        if self.clock is None:
+            queue._end_turn()
+            return
+        self._dirty[id(queue)] = queue
+        if self._turn_call is None:
+            self._turn_call = self.clock.callLater(0, self._turn)
+
+    def _turn(self) -> None:
+        self._turn_call = None
+        self.end_turn()
+
+    def end_turn(self) -> None:
+        """Submit the syncs queues asked for now (the glue may call this at the end of settle)."""
+        if self._turn_call is not None:
+            if self._turn_call.active():
+                self._turn_call.cancel()
+            self._turn_call = None
+        dirty = self._dirty
+        while dirty:
+            _, q = dirty.popitem()
+            try:
+                q._end_turn()
+            except Exception:
+                log.failure("DISKQUEUE({name}) end of turn failed", name=q.name)
+
+
+_INLINE: SyncWorker | None = None
+
+
+def _inline_worker() -> SyncWorker:
+    global _INLINE
+    if _INLINE is None:
+        _INLINE = SyncWorker(None, threaded=False)
+    return _INLINE
+
+
+# --- jobs (run on the worker thread; they only see values handed to them) ---------------------
+
+def _job_sync(fd: int | None, meta_path: str, meta: bytes,
+              hints: tuple[DeferredStore, list[tuple[float, bytes]], float] | None,
+              close_fd: bool = False) -> None:
+    try:
+        if fd is not None:
+            os.fsync(fd)
+        write_file_atomically(meta_path, meta)
+        if hints is not None:
+            store, items, now = hints
+            store.save(items, now)
+    finally:
+        if close_fd and fd is not None:
+            os.close(fd)
+
+
+def _job_close(fd: int, sync: bool) -> None:
+    try:
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _job_unlink(paths: Sequence[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.error("DISKQUEUE failed to remove {path} - {err}", path=p, err=e)

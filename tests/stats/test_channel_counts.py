@@ -1,0 +1,24 @@
+"""nsqtw.stats.channels: one channel summed over nsqd (clusterinfo ChannelStats.Add)."""
+
+from __future__ import annotations
+
+from nsqtw.stats.channels import ChannelCounts
+
+
+def test_sums_channels_of_several_nsqd() -> None:
+    total = ChannelCounts()
+    total.add_nsqd({"depth": 7, "backend_depth": 2, "in_flight_count": 1, "deferred_count": 2,
+                    "requeue_count": 3, "timeout_count": 4, "message_count": 10, "client_count": 2})
+    total.add_nsqd({"depth": 3, "backend_depth": 0, "message_count": 5, "clients": [{}, {}, {}]})
+    assert total == ChannelCounts(depth=10, memory_depth=8, backend_depth=2, in_flight_count=1,
+                                  deferred_count=2, requeue_count=3, timeout_count=4,
+                                  message_count=15, client_count=5)
+
+
+def test_from_nsqd_then_add_is_add_nsqd() -> None:
+    doc = {"depth": 4, "backend_depth": 1, "client_count": 1}
+    a = ChannelCounts()
+    a.add(ChannelCounts.from_nsqd(doc))
+    b = ChannelCounts()
+    b.add_nsqd(doc)
+    assert a == b == ChannelCounts(depth=4, memory_depth=3, backend_depth=1, client_count=1)
