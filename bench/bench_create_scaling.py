@@ -111,6 +111,17 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time (Linux /proc): what creating costs nsqd itself,
+    unlike wall time not stretched by whatever else the machine runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data = tempfile.mkdtemp(prefix="nsqtw-bench-create-", dir=args.dir)
     proc, tcp, http_port, _ = spawn_nsqd(data, args.nsqd_arg or [])
@@ -124,8 +135,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         subs: list[socket.socket] = []
         rss = [("start", rss_kib(proc.pid))]
         blocks: list[tuple[float, float]] = []
+        cpu: list[float] = []
         t0 = time.monotonic()
         block_start = t0
+        cpu_start = cpu_seconds(proc.pid)
         for i in range(args.topics):
             if args.via == "sub":  # a new connection per pair, kept open (its channel stays used)
                 s = socket.create_connection(("127.0.0.1", tcp))
@@ -142,6 +155,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if (i + 1) % args.block == 0 or i + 1 == args.topics:
                 now = time.monotonic()
                 blocks.append((block_start, now))
+                cpu_now = cpu_seconds(proc.pid)
+                cpu.append(cpu_now - cpu_start)
+                cpu_start = cpu_now
                 rss.append((f"{i + 1}", rss_kib(proc.pid)))
                 block_start = now
         conn.close()
@@ -162,20 +178,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(data, ignore_errors=True)
 
     per_block = []
-    for a, b in blocks:
+    for (a, b), c in zip(blocks, cpu, strict=True):
         lat = [v for t, v in e2e if a <= t < b]
         rtt = [v for t, v in rtts if a <= t < b]
-        per_block.append({"seconds": b - a, "e2e_p99_ms": pct(lat, 0.99) * 1e3,
+        per_block.append({"seconds": b - a, "cpu_seconds": c, "e2e_p99_ms": pct(lat, 0.99) * 1e3,
                           "pub_p99_ms": pct(rtt, 0.99) * 1e3, "samples": len(lat)})
     during = [v for t, v in e2e if blocks and blocks[0][0] <= t < blocks[-1][1]]
     during_rtt = [v for t, v in rtts if blocks and blocks[0][0] <= t < blocks[-1][1]]
     before = [v for t, v in e2e if blocks and t < blocks[0][0]]
-    full = [pb["seconds"] for pb, (a, b) in zip(per_block, blocks, strict=True)][: args.topics // args.block]
+    full = [pb["seconds"] for pb in per_block][: args.topics // args.block]
+    full_cpu = [pb["cpu_seconds"] for pb in per_block][: args.topics // args.block]
     return {
         "topics": args.topics,
         "block": args.block,
         "blocks": per_block,
         "flatness": (max(full) / min(full)) if full else float("nan"),
+        "cpu_flatness": (max(full_cpu) / min(full_cpu)) if full_cpu and min(full_cpu) > 0 else float("nan"),
+        "cpu_first_last": (full_cpu[-1] / full_cpu[0]) if full_cpu and full_cpu[0] > 0 else float("nan"),
         "bystander_before_p99_ms": pct(before, 0.99) * 1e3,
         "bystander_e2e_p50_ms": pct(during, 0.5) * 1e3,
         "bystander_e2e_p99_ms": pct(during, 0.99) * 1e3,
@@ -208,9 +227,11 @@ def main() -> None:
     how = "HTTP, one connection" if args.via == "http" else "SUB, one connection each"
     print(f"created {res['topics']} topics with one channel each ({how})")
     for i, b in enumerate(res["blocks"]):
-        print(f"  block {i + 1:3d}: {b['seconds']:6.2f} s per {res['block']}   bystander e2e p99 "
+        print(f"  block {i + 1:3d}: {b['seconds']:6.2f} s per {res['block']} (nsqd CPU {b['cpu_seconds']:5.2f} s)"
+              f"   bystander e2e p99 "
               f"{b['e2e_p99_ms']:7.1f} ms  PUB p99 {b['pub_p99_ms']:7.1f} ms  ({b['samples']} msgs)")
-    print(f"flatness (slowest / fastest block): {res['flatness']:.2f}")
+    print(f"flatness (slowest / fastest block): {res['flatness']:.2f} wall time, "
+          f"{res['cpu_flatness']:.2f} nsqd CPU time (last / first block: {res['cpu_first_last']:.2f})")
     print(f"bystander before creation: e2e p99 {res['bystander_before_p99_ms']:.1f} ms")
     print(f"bystander during creation: e2e p50 {res['bystander_e2e_p50_ms']:.1f} ms, "
           f"p99 {res['bystander_e2e_p99_ms']:.1f} ms, max {res['bystander_e2e_max_ms']:.1f} ms; "

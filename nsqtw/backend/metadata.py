@@ -22,7 +22,7 @@ import os
 import random
 import re
 from typing import Any
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import attr
 from twisted.logger import Logger
@@ -44,6 +44,9 @@ __all__ = [
     "write_file_atomically",
     "metadata_snapshot",
     "write_snapshot",
+    "TopicFragments",
+    "encode_fragments",
+    "write_fragments",
     "MetadataWriter",
 ]
 
@@ -263,16 +266,73 @@ def _name(s: str) -> str:
 def encode_snapshot(snap: Snapshot) -> bytes:
     """:func:`encode_metadata` of :func:`snapshot_metadata` (the same bytes), without
     building the attrs objects first (a rewrite of 10,000 topics is mostly this)."""
-    topics: list[str] = []
-    for name, paused, chans in snap:
-        if name.endswith("#ephemeral"):
-            continue
-        kept = [f'{{"name":{_name(c)},"paused":{"true" if p else "false"}}}'
-                for c, p in chans if not c.endswith("#ephemeral")]
-        listed = "[" + ",".join(kept) + "]" if kept else "null"
-        topics.append(f'{{"name":{_name(name)},"paused":{"true" if paused else "false"},"channels":{listed}}}')
-    body = "[" + ",".join(topics) + "]" if topics else "null"
+    return encode_fragments([_topic_fragment(name, paused, chans)
+                             for name, paused, chans in snap if not name.endswith("#ephemeral")])
+
+
+def _topic_fragment(name: str, paused: bool, chans: list[tuple[str, bool]]) -> str:
+    kept = [f'{{"name":{_name(c)},"paused":{"true" if p else "false"}}}'
+            for c, p in chans if not c.endswith("#ephemeral")]
+    listed = "[" + ",".join(kept) + "]" if kept else "null"
+    return f'{{"name":{_name(name)},"paused":{"true" if paused else "false"},"channels":{listed}}}'
+
+
+class TopicFragments:
+    """:func:`metadata_snapshot` kept up to date topic by topic: the encoded JSON of each topic
+    (with its channels) is cached and redone only for the topics :meth:`touch` names (created,
+    deleted, paused, a channel added or removed). Taking a snapshot is then a copy of the
+    cached strings (done in C) instead of a walk over every topic and channel in Python, so the
+    reactor's share of an ``nsqd.dat`` rewrite no longer grows with the number of topics;
+    joining the strings (:func:`encode_fragments`) runs on the sync thread.
+
+    The content is :func:`encode_snapshot`'s for the same broker, ephemeral topics and
+    channels left out; topics keep the order they were first written in (a topic deleted and
+    created again between two rewrites may keep its old place: nsqd's own order is a Go map's,
+    so no reader depends on it)."""
+
+    def __init__(self, topics: Mapping[str, Any]) -> None:
+        self._topics = topics
+        self._fragments: dict[str, str] = {}
+        self._dirty: dict[str, None] = {}  # ordered: new topics are added in creation order
+        self._all = True
+
+    def touch(self, topic: str | None = None) -> None:
+        """``topic`` changed (None: assume everything did)."""
+        if topic is None:
+            self._all = True
+        else:
+            self._dirty[topic] = None
+
+    def __call__(self) -> list[str]:
+        topics = self._topics
+        if self._all:
+            self._all = False
+            self._dirty.clear()
+            self._fragments = {
+                name: _topic_fragment(name, t.paused, [(c.name, c.paused) for c in list(t.channels.values())])
+                for name, t in list(topics.items()) if not name.endswith("#ephemeral")}
+        elif self._dirty:
+            frags = self._fragments
+            for name in self._dirty:
+                t = topics.get(name)
+                if t is None or name.endswith("#ephemeral"):
+                    frags.pop(name, None)
+                else:
+                    frags[name] = _topic_fragment(name, t.paused,
+                                                  [(c.name, c.paused) for c in list(t.channels.values())])
+            self._dirty.clear()
+        return list(self._fragments.values())
+
+
+def encode_fragments(fragments: list[str]) -> bytes:
+    """``nsqd.dat``'s bytes from :class:`TopicFragments` (runs on the sync thread)."""
+    body = "[" + ",".join(fragments) + "]" if fragments else "null"
     return f'{{"topics":{body},"version":{_str(NSQ_VERSION)}}}'.encode()
+
+
+def write_fragments(data_path: str, fragments: list[str]) -> None:
+    """Encode and persist what :class:`TopicFragments` returned (blocking; sync thread)."""
+    write_file_atomically(os.path.join(data_path, METADATA_FILE), encode_fragments(fragments))
 
 
 def write_snapshot(data_path: str, snap: Snapshot) -> None:

@@ -97,6 +97,7 @@ class Broker:
         self.exiting = False
         self.loading = False
         self._client_ids = count(1)
+        self._channel_list: list[Channel] | None = None
 
     # --- settling -------------------------------------------------------------
 
@@ -172,6 +173,8 @@ class Broker:
         if hasattr(backend, "deferred_sink"):
             backend.deferred_sink = ch.restore_deferred
         topic.channels[name] = ch
+        if self._channel_list is not None:
+            self._channel_list.append(ch)
         self._notify(Event.CHANNEL_CREATED, topic.name, name)
         if topic.mem.depth() or topic.backend.depth() or topic.deferred:
             self.pumping.add(topic)
@@ -218,11 +221,19 @@ class Broker:
         ch.empty()
         ch.backend.delete()
         topic.channels.pop(name, None)
+        self._channel_list = None
         self.dirty.discard(ch)
         self.backlog.forget(ch)
 
     def channels(self) -> list[Channel]:
-        return [ch for t in self.topics.values() for ch in t.channels.values()]
+        """Every channel of every topic: one list kept while channels are only added (a new
+        channel is appended), rebuilt after a deletion; callers must not change it. The queue
+        scan asks for it after every creation, so building it anew each time made creating
+        the N-th channel cost O(N)."""
+        chans = self._channel_list
+        if chans is None:
+            chans = self._channel_list = [ch for t in self.topics.values() for ch in t.channels.values()]
+        return chans
 
     def set_paused(self, topic_name: str, channel_name: str | None, paused: bool) -> None:
         topic = self.find_topic(topic_name)

@@ -93,9 +93,10 @@ class NsqdService(MultiService):
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
         self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
-        from ..backend.metadata import MetadataWriter, metadata_snapshot, write_snapshot
-        self.metadata_writer = MetadataWriter(partial(metadata_snapshot, self.broker),
-                                              partial(write_snapshot, self.data_path),
+        from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments
+        self.metadata_fragments = TopicFragments(self.broker.topics)
+        self.metadata_writer = MetadataWriter(self.metadata_fragments,
+                                              partial(write_fragments, self.data_path),
                                               self.sync_worker.submit, clock=reactor)
         from ..tcp.tls import server_context
         try:
@@ -204,6 +205,7 @@ class NsqdService(MultiService):
             self.settle()
 
     def _on_event(self, event: str, topic: str, channel: str | None) -> None:
+        self.metadata_fragments.touch(topic)
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
             self._sampler.stale = True
         if event != Event.PAUSED and not self.broker.loading and not self.broker.exiting:
@@ -333,6 +335,7 @@ class NsqdService(MultiService):
         for svc in reversed(list(self)):
             if svc is not self.sync_worker:
                 waits.append(defer.maybeDeferred(svc.stopService))
+        self.metadata_fragments.touch()  # the last rewrite: everything, from the broker itself
         closing = self.persist_metadata(urgent=True)
         waits.append(closing)
         waits.extend(self._flush_queues())

@@ -150,3 +150,73 @@ def test_factory_queue_without_metadata_recovers_files_from_the_one_listing(tmp_
         os.listdir = real
     assert calls == []
     assert lost.depth() == 5 and gone.depth() == 0 and all(q.depth() == 0 for q in others)
+
+
+# --- the snapshot is kept per topic -------------------------------------------------------
+
+def _encoded_by_walk(broker: Broker) -> bytes:
+    from nsqtw.backend.metadata import encode_snapshot
+    return encode_snapshot(metadata_snapshot(broker))
+
+
+def test_topic_fragments_say_what_a_full_walk_says_through_every_kind_of_change():
+    from nsqtw.backend.metadata import TopicFragments, decode_metadata, encode_fragments
+    broker = Broker(NsqdOptions(), 0.0)
+    frags = TopicFragments(broker.topics)
+    broker.listeners.append(lambda event, topic, channel: frags.touch(topic))
+
+    def same() -> None:
+        got = encode_fragments(frags())
+        assert got == _encoded_by_walk(broker)
+        decode_metadata(got)  # and nsqd.dat stays readable
+
+    same()  # no topics: "topics":null
+    for i in range(5):
+        t = broker.get_topic(f"t{i}")
+        broker._new_channel(t, "c", 0.0)
+    same()
+    broker._new_channel(broker.topics["t2"], "d", 0.0)
+    broker._new_channel(broker.topics["t2"], "e#ephemeral", 0.0)
+    broker.get_topic("gone#ephemeral")
+    broker.set_paused("t3", None, True)
+    broker.set_paused("t1", "c", True)
+    same()
+    broker.delete_channel("t2", "d")
+    broker.delete_topic("t0")
+    same()
+    broker.set_paused("t3", None, False)
+    same()
+
+
+def test_a_snapshot_redoes_only_the_topics_that_changed():
+    """What makes a rewrite's reactor share independent of the number of topics: an untouched
+    topic's cached text is reused, not rebuilt from the broker."""
+    from nsqtw.backend.metadata import TopicFragments, encode_fragments
+    broker = Broker(NsqdOptions(), 0.0)
+    frags = TopicFragments(broker.topics)
+    for i in range(3):
+        broker.get_topic(f"t{i}")
+    first = encode_fragments(frags())
+    broker._new_channel(broker.topics["t1"], "quiet", 0.0)  # no listener told it: not touched
+    assert encode_fragments(frags()) == first
+    frags.touch("t1")
+    assert b'"quiet"' in encode_fragments(frags())
+    assert encode_fragments(frags()) == _encoded_by_walk(broker)
+    broker._new_channel(broker.topics["t2"], "late", 0.0)
+    frags.touch()  # everything (the shutdown rewrite)
+    assert encode_fragments(frags()) == _encoded_by_walk(broker)
+
+
+def test_the_channel_list_grows_in_place_and_is_rebuilt_after_a_deletion():
+    """The queue scan asks for every channel after each creation: appending keeps that O(1)."""
+    broker = Broker(NsqdOptions(), 0.0)
+    t = broker.get_topic("t")
+    a = broker._new_channel(t, "a", 0.0)
+    chans = broker.channels()
+    assert chans == [a]
+    b = broker._new_channel(broker.get_topic("u"), "b", 0.0)
+    assert broker.channels() is chans and chans == [a, b]
+    broker.delete_channel("t", "a")
+    assert broker.channels() == [b]
+    broker.delete_topic("u")
+    assert broker.channels() == []
