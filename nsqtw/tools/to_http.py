@@ -87,17 +87,77 @@ class PacedEndpointFactory:
         return at - now
 
 
+#: new connections to one host:port (across every nsq_to_http in this process) that may be open
+#: without having heard from the server yet: below the 5 of the smallest common listen backlog
+#: (Python's ``http.server``), so a burst never overflows it however slowly the server accepts
+UNANSWERED_PER_HOST = 4
+
+_unanswered: dict[tuple[bytes, int], defer.DeferredSemaphore] = {}
+
+
+def _unanswered_slots(key: tuple[bytes, int]) -> defer.DeferredSemaphore:
+    sem = _unanswered.get(key)
+    if sem is None:
+        sem = _unanswered[key] = defer.DeferredSemaphore(UNANSWERED_PER_HOST)
+    return sem
+
+
 class _PacedEndpoint:
+    """Opens a connection once fewer than ``UNANSWERED_PER_HOST`` new connections to the same
+    host are still waiting for the server's first bytes, and ``CONNECT_SPACING`` after the last
+    one. The slot is given back when the server's first bytes arrive (it accepted the
+    connection and answered), or when the connection fails or closes."""
+
     def __init__(self, factory: PacedEndpointFactory, key: tuple[bytes, int], endpoint: Any) -> None:
         self.factory = factory
         self.key = key
         self.endpoint = endpoint
 
     def connect(self, protocol_factory: Any) -> defer.Deferred:
-        wait = self.factory.delay(self.key)
-        if wait <= 0:
-            return self.endpoint.connect(protocol_factory)
-        return task.deferLater(self.factory.reactor, wait, self.endpoint.connect, protocol_factory)
+        slots = _unanswered_slots(self.key)
+
+        def paced(_: Any) -> defer.Deferred:
+            wait = self.factory.delay(self.key)
+            if wait <= 0:
+                return self.endpoint.connect(protocol_factory)
+            return task.deferLater(self.factory.reactor, wait, self.endpoint.connect, protocol_factory)
+
+        def connected(proto: Any) -> Any:
+            _release_on_first_answer(proto, slots)
+            return proto
+
+        def failed(f: Any) -> Any:
+            slots.release()
+            return f
+
+        d = slots.acquire()
+        d.addCallback(paced)
+        d.addCallbacks(connected, failed)
+        return d
+
+
+def _release_on_first_answer(proto: Any, slots: defer.DeferredSemaphore) -> None:
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            slots.release()
+
+    def data_received(data: bytes) -> None:
+        release()
+        del proto.dataReceived  # the class's own from now on
+        proto.dataReceived(data)
+
+    lost = proto.connectionLost
+
+    def connection_lost(reason: Any) -> None:
+        release()
+        lost(reason)
+
+    proto.dataReceived = data_received
+    proto.connectionLost = connection_lost
 
 
 def parse_headers(values: list[str]) -> dict[str, str]:

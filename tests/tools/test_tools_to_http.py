@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from klein import Klein
-from twisted.internet import task
+from twisted.internet import defer, task
 from twisted.web.server import Site
 
 from nsqtw.options import OptionError
@@ -275,3 +275,38 @@ def test_new_connections_to_one_host_are_paced() -> None:
     assert f.delay((b"other", 1)) == 0.0  # per host
     clock.advance(1.0)
     assert f.delay((b"h", 1)) == 0.0  # a quiet host connects at once
+
+
+def test_at_most_four_new_connections_per_host_wait_for_the_server() -> None:
+    """However slowly a server accepts, a burst of new connections never has more than
+    ``UNANSWERED_PER_HOST`` (4, under http.server's listen backlog of 5) waiting for the
+    server's first bytes; each answer, failure or close lets the next one open."""
+    from twisted.internet.protocol import Protocol
+
+    from nsqtw.tools import to_http
+
+    clock = task.Clock()
+    opened: list[tuple[Protocol, defer.Deferred]] = []
+
+    class Endpoint:
+        def connect(self, factory: Any) -> defer.Deferred:
+            d: defer.Deferred = defer.Deferred()
+            opened.append((Protocol(), d))
+            return d
+
+    f = to_http.PacedEndpointFactory(clock, 2.0, spacing=0.0)
+    key = (b"slow-host-%d" % id(clock), 80)
+    results = [to_http._PacedEndpoint(f, key, Endpoint()).connect(None) for _ in range(7)]
+    assert len(opened) == 4  # three wait
+    for proto, d in opened[:4]:
+        d.callback(proto)
+    assert len(opened) == 4  # connected, but the server said nothing yet
+    opened[0][0].dataReceived(b"HTTP/1.1 200 OK\r\n")
+    assert len(opened) == 5
+    opened[1][0].connectionLost(None)
+    assert len(opened) == 6
+    opened[4][1].errback(ConnectionRefusedError())
+    results[4].addErrback(lambda f: None)
+    assert len(opened) == 7
+    opened[0][0].dataReceived(b"more")  # a second read gives back nothing more
+    assert len(to_http._unanswered[key].waiting) == 0 and to_http._unanswered[key].tokens == 0
