@@ -27,6 +27,7 @@ from ..backend.dummy import DummyQueue
 from ..backend.runs import Run, run_of_frame, run_of_frames
 from ..errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
 from ..options import NsqdOptions
+from ..protocol.names import is_ephemeral
 from .backlog import HeldBacklog
 from .channel import Channel
 from .client import ClientState
@@ -234,6 +235,45 @@ class Broker:
         if chans is None:
             chans = self._channel_list = [ch for t in self.topics.values() for ch in t.channels.values()]
         return chans
+
+    # --- what nsqlookupd peers use (service/lookup_peers.PeerBroker) ---------------
+
+    def registrations(self) -> list[tuple[str, str | None]]:
+        """nsqd's REGISTER replay: ``(topic, None)`` for a live topic without live channels,
+        ``(topic, channel)`` for each live channel."""
+        out: list[tuple[str, str | None]] = []
+        for topic in list(self.topics.values()):
+            if topic.exiting:
+                continue
+            channels = [name for name, ch in topic.channels.items() if not ch.exiting]
+            if channels:
+                out.extend((topic.name, name) for name in channels)
+            else:
+                out.append((topic.name, None))
+        return out
+
+    def has_topic(self, name: str) -> bool:
+        return name in self.topics
+
+    def hold_topic(self, name: str) -> Topic | None:
+        """Keep a new topic's messages at the topic while nsqlookupd is asked which channels
+        to pre-create (None: no such topic)."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            topic.hold()
+        return topic
+
+    def precreate_channels(self, topic: Topic, channels: list[str], now: float) -> None:
+        """The channels nsqlookupd knows for a held topic, ephemeral ones left out (no
+        ephemeral channel without a consumer); nothing if the topic went meanwhile."""
+        if self.topics.get(topic.name) is not topic or topic.exiting:
+            return
+        for name in channels:
+            if not is_ephemeral(name):
+                topic.get_channel(name, now)
+
+    def release_topic(self, topic: Topic) -> None:
+        topic.release()
 
     def set_paused(self, topic_name: str, channel_name: str | None, paused: bool) -> None:
         topic = self.find_topic(topic_name)

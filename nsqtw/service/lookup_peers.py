@@ -55,23 +55,46 @@ from ..lookupd.v1 import (
 )
 from ..nsqd.broker import Event
 from ..options import split_host_port
-from ..protocol.names import is_ephemeral
 from ..tcp.lookup_peer import COMMAND_TIMEOUT, LookupdInfo, LookupPeerProtocol, PeerFactory
 from ..upstream import Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
-    from ..nsqd.broker import Broker
     from ..options import NsqdOptions
+
+
+class PeerBroker(typing.Protocol):
+    """What the lookup peers need of the broker, and no more: its event listeners (to turn
+    creations and deletions into REGISTER/UNREGISTER), whether it is still loading
+    ``nsqd.dat``, the registrations to replay on (re)connect, and channel pre-creation for a
+    topic held while nsqlookupd is asked (the held topic is an opaque token here)."""
+
+    @property
+    def loading(self) -> bool: ...
+
+    @property
+    def listeners(self) -> list[Callable[[str, str, str | None], None]]: ...
+
+    def registrations(self) -> list[tuple[str, str | None]]: ...
+
+    def has_topic(self, name: str) -> bool: ...
+
+    def hold_topic(self, name: str) -> Any: ...
+
+    def precreate_channels(self, held: Any, channels: list[str], now: float) -> None: ...
+
+    def release_topic(self, held: Any) -> None: ...
 
 
 class NsqdPeerHost(typing.Protocol):
     """What the lookup peers need of their nsqd (the NsqdService provides it): the options,
-    the bound ports, the broker (its topics, for the replay and channel pre-creation, and its
-    event listeners), the reactor and a settle after pre-creating channels."""
+    the bound ports, the broker (as :class:`PeerBroker`), the reactor and a settle after
+    pre-creating channels."""
 
     options: NsqdOptions
-    broker: Broker
     reactor: Any
+
+    @property
+    def broker(self) -> PeerBroker: ...
 
     @property
     def tcp_port(self) -> int | None: ...
@@ -221,15 +244,8 @@ class LookupPeersService(MultiService):
 
     def registration_commands(self) -> list[bytes]:
         """The replay: REGISTER every topic without channels and every channel."""
-        commands = []
-        for topic in list(self.nsqd.broker.topics.values()):
-            if topic.exiting:
-                continue
-            channels = [ch for ch in topic.channels.values() if not ch.exiting]
-            if not channels:
-                commands.append(register_command(topic.name))
-            for ch in channels:
-                commands.append(register_command(topic.name, ch.name))
+        commands = [register_command(topic, channel) if channel is not None else register_command(topic)
+                    for topic, channel in self.nsqd.broker.registrations()]
         return commands
 
     # --- peers ------------------------------------------------------------------
@@ -301,10 +317,7 @@ class LookupPeersService(MultiService):
 
     def _precreate_channels(self, name: str) -> None:
         broker = self.nsqd.broker
-        if broker.loading:
-            return
-        topic = broker.topics.get(name)
-        if topic is None:
+        if broker.loading or not broker.has_topic(name):
             return
         addresses = self.lookupd_http_addresses()
         if not addresses:
@@ -312,17 +325,13 @@ class LookupPeersService(MultiService):
                 log.error("no available nsqlookupd to query for channels to pre-create for topic {topic}",
                           topic=name)
             return
-        topic.hold()
+        topic = broker.hold_topic(name)
+        if topic is None:
+            return
         d = self._query_channels(name, addresses)
 
         def create(channels: list[str]) -> None:
-            if broker.topics.get(name) is not topic or topic.exiting:
-                return
-            now = self.nsqd.reactor.seconds()
-            for channel in channels:
-                if is_ephemeral(channel):
-                    continue  # no ephemeral channel without a consumer
-                topic.get_channel(channel, now)
+            broker.precreate_channels(topic, channels, self.nsqd.reactor.seconds())
 
         def failed(f: Failure) -> None:
             if self.running and not f.check(defer.CancelledError):
@@ -331,7 +340,7 @@ class LookupPeersService(MultiService):
 
         def release(_: Any) -> None:
             self._precreating.discard(d)
-            topic.release()
+            broker.release_topic(topic)
             self.nsqd.settle()
             if not self._precreating:
                 waiting, self._idle_waiters = self._idle_waiters, []
