@@ -63,3 +63,31 @@ def test_taken_port_prints_one_fatal_line_and_exits_1(tmp_path, daemon, flag):
     assert fatal[0].endswith(f"FATAL: failed to instantiate {daemon} - listen (127.0.0.1:{taken}) failed - "
                              f"listen tcp 127.0.0.1:{taken}: bind: address already in use")
     assert "Traceback" not in out.stderr and "Unhandled" not in out.stderr and "ERROR" not in out.stderr
+
+
+TWISTD = ["-c", "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()",
+          "--nodaemon", "--pidfile="]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("plugin,args,expected", [
+    ("nsqd", ["--tls-cert=/nonexistent.pem", "--tls-key=/nonexistent.pem"],
+     "FATAL: failed to instantiate nsqd - failed to build TLS config - --tls-cert /nonexistent.pem: "
+     "No such file or directory"),
+    ("nsqtw", ["--lookupd-http-listen="],
+     "FATAL: failed to instantiate nsqtw - --lookupd-http-listen must be <addr>:<port>"),
+    ("nsqtw", ["--lookupd-tcp-listen=127.0.0.1:0", "--lookupd-http-listen=nope"],
+     "FATAL: failed to instantiate nsqtw - --lookupd-http-listen 'nope': missing port in address"),
+])
+def test_twistd_refused_configuration_is_one_fatal_line(tmp_path, plugin, args, expected):
+    """A configuration the service tree refuses, under twistd: the drop-in command's one FATAL
+    line naming the flag, status 1, no traceback (twistd alone prints one and exits 0)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, *TWISTD, plugin, f"--data-path={tmp_path}", *args],
+                         cwd=str(Path(__file__).resolve().parents[1]), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert expected in out.stderr
+    assert "Traceback" not in out.stdout + out.stderr

@@ -41,9 +41,17 @@ class AllInOneService(MultiService):
         if lookupd_tcp_address:
             from ..lookupd.options import LookupdOptions
             from .lookupd import build_lookupd
-            self.lookupd = build_lookupd(LookupdOptions(
-                tcp_address=lookupd_tcp_address, http_address=lookupd_http_address,
-                broadcast_address=nsqd_options.broadcast_address), reactor)
+            if not lookupd_http_address:
+                raise OptionError("--lookupd-http-listen must be <addr>:<port> (nsqlookupd needs its "
+                                  "HTTP API; an empty --lookupd-tcp-listen leaves nsqlookupd out)")
+            try:
+                lookupd_options = LookupdOptions(
+                    tcp_address=lookupd_tcp_address, http_address=lookupd_http_address,
+                    broadcast_address=nsqd_options.broadcast_address)
+            except OptionError as e:  # name the all-in-one's flags, not nsqlookupd's own
+                raise OptionError(str(e).replace("--tcp-address", "--lookupd-tcp-listen")
+                                  .replace("--http-address", "--lookupd-http-listen")) from None
+            self.lookupd = build_lookupd(lookupd_options, reactor)
             self.lookupd.setServiceParent(self)
             lookupd_tcp = local_address(lookupd_tcp_address, "lookupd-tcp-address")
             if lookupd_http_address:

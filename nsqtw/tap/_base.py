@@ -6,7 +6,7 @@ import atexit
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.python import usage
 
@@ -14,7 +14,23 @@ from .. import version_line
 from ..options import OptionError
 from .flags import HelpRequested, VersionRequested, options_from_argv, usage_text
 
-__all__ = ["GoFlagOptions", "exit_1_on_loss"]
+__all__ = ["GoFlagOptions", "exit_1_on_loss", "build_or_exit"]
+
+_T = TypeVar("_T")
+
+
+def build_or_exit(prog: str, build: Callable[[], _T]) -> _T:
+    """Build a daemon's service tree for twistd; a configuration it refuses (a TLS file that is
+    missing, an address it cannot use) ends twistd with the drop-in command's one FATAL line
+    and status 1, never a traceback."""
+    from ..golog import go_log_line
+
+    try:
+        return build()
+    except (OptionError, TypeError, ValueError) as e:
+        sys.stderr.write(go_log_line(f"[{prog}] ", 5, f"failed to instantiate {prog} - {e}"))
+        sys.stderr.flush()
+        raise SystemExit(1) from None
 
 
 def exit_1_on_loss(reactor: Any, lost: Callable[[], int]) -> None:

@@ -4,7 +4,8 @@
 Takes every nsqd flag, plus ``--lookupd-tcp-listen`` (default
 ``0.0.0.0:4160``), ``--lookupd-http-listen`` (``0.0.0.0:4161``) and
 ``--admin-http-address`` (``0.0.0.0:4171``) for the other two parts; an empty
-value leaves that part out.  nsqd registers with the local nsqlookupd (and any
+``--lookupd-tcp-listen`` leaves nsqlookupd out, an empty ``--admin-http-address``
+nsqadmin.  nsqd registers with the local nsqlookupd (and any
 ``--lookupd-tcp-address`` given), and nsqadmin reads the cluster through it.
 """
 
@@ -16,7 +17,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from ..options import NsqdOptions
-from ._base import GoFlagOptions, exit_1_on_loss
+from ._base import GoFlagOptions, build_or_exit, exit_1_on_loss
 
 __all__ = ["Options", "makeService", "split_extra_flags", "EXTRA_FLAGS"]
 
@@ -76,6 +77,6 @@ def makeService(options: Options) -> IService:
     from ..service.listen import enable_warm_up_threads
     enable_warm_up_threads()
     reactor = resolve_reactor()
-    service = build_allinone(options.config, reactor, **options.addresses)
+    service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses))
     exit_1_on_loss(reactor, lambda: service.nsqd.lost_at_shutdown)
     return service

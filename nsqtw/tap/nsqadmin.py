@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.application.service import IService
 
 from ..admin.options import AdminOptions
-from ._base import GoFlagOptions
+from ._base import GoFlagOptions, build_or_exit
 
 __all__ = ["Options", "makeService"]
 
@@ -18,4 +18,4 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.admin import build_admin
-    return build_admin(options.config, resolve_reactor())
+    return build_or_exit("nsqadmin", lambda: build_admin(options.config, resolve_reactor()))

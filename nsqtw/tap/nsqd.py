@@ -6,7 +6,7 @@ from __future__ import annotations
 from twisted.application.service import IService
 
 from ..options import NsqdOptions
-from ._base import GoFlagOptions, exit_1_on_loss
+from ._base import GoFlagOptions, build_or_exit, exit_1_on_loss
 
 __all__ = ["Options", "makeService"]
 
@@ -24,6 +24,6 @@ def makeService(options: Options) -> IService:
     from ..service.listen import enable_warm_up_threads
     enable_warm_up_threads()
     reactor = resolve_reactor()
-    service = build_nsqd(options.config, reactor)
+    service = build_or_exit("nsqd", lambda: build_nsqd(options.config, reactor))
     exit_1_on_loss(reactor, lambda: service.lost_at_shutdown)
     return service

@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.application.service import IService
 
 from ..lookupd.options import LookupdOptions
-from ._base import GoFlagOptions
+from ._base import GoFlagOptions, build_or_exit
 
 __all__ = ["Options", "makeService"]
 
@@ -18,4 +18,4 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.lookupd import build_lookupd
-    return build_lookupd(options.config, resolve_reactor())
+    return build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, resolve_reactor()))
