@@ -179,47 +179,176 @@ class AdminHTTPAPI:
 
     # --- data shared by pages and the API -------------------------------------------------
 
+    def _now(self) -> float:
+        return float(self.node.clock.seconds())
+
+    def _missing_json(self, states: list[Any]) -> list[dict[str, Any]]:
+        now = self._now()
+        return [st.to_json(now) for st in states]
+
+    @staticmethod
+    def _partial(doc: dict[str, Any], answered: int, missing: list[dict[str, Any]]) -> dict[str, Any]:
+        """``nodes_missing`` and the ``partial`` counts every read document carries (issue 17)."""
+        if missing:  # only then: with every node answering, the shapes stay nsqadmin's
+            doc["nodes_missing"] = missing
+            doc["partial"] = {"answered": answered, "total": answered + len(missing)}
+        return doc
+
     async def _topics_doc(self, inactive: bool) -> dict[str, Any]:
         topics, errors = await self._ci.topics()
         if inactive:
             return {"topics": await self._ci.inactive_topics(topics), "message": warning_message(errors)}
-        return {"topics": topics, "message": warning_message(errors)}
+        failing = self._ci.book.failing()
+        # a topic only on a node that stopped answering stays listed (marked), never silently dropped
+        names = sorted(set(topics) | {t for st in failing for t in st.topics})
+        by_topic: dict[str, list[str]] = {}
+        for st in failing:
+            for t in st.topics:
+                by_topic.setdefault(t, []).append(st.address)
+        doc: dict[str, Any] = {"topics": names, "message": warning_message(errors)}
+        if failing:
+            doc["nodes_missing"] = self._missing_json(failing)
+            doc["topics_missing_nodes"] = by_topic
+        return doc
 
     async def _topic_doc(self, topic: str) -> dict[str, Any]:
         producers, errors = await self._ci.topic_producers(topic)
-        per_node, _, errs = await self._ci.nsqd_stats(producers, topic, "", False)
+        per_node: list[Any] = []
+        errs: list[str] = []
+        if producers:
+            try:
+                per_node, _, errs, _ = await self._ci.nsqd_stats_failed(producers, topic, "", False)
+            except UpstreamError as e:
+                errs = [str(e)]
+        present = [t.node for t in per_node]
+        missing = self._ci.book.failing(topic, present)
+        if not per_node and not missing and not await self._ci.topic_known(topic):
+            raise HTTPAPIError(404, "TOPIC_NOT_FOUND")
         total = topic_totals(topic, per_node)
         doc = total.to_json()
         doc["message"] = warning_message(list(errors) + list(errs))
-        return doc
+        lookupds, _ = self._ci.addresses()
+        known = {c.channel_name for c in total.channels or []}
+        extra: list[str] = []
+        if lookupds:
+            try:
+                registered, _ = await self._ci.lookupd_topic_channels(topic, lookupds)
+            except UpstreamError:
+                registered = []
+            extra = [c for c in registered if c not in known]
+        for st in missing:
+            extra += [c for c in st.topics.get(topic, []) if c not in known and c not in extra]
+        doc["channels_elsewhere"] = sorted(extra)
+        return self._partial(doc, len(present), self._missing_json(missing))
 
-    async def _channel_doc(self, topic: str, channel: str) -> dict[str, Any]:
+    async def _channel_doc(self, topic: str, channel: str, strict: bool = False) -> dict[str, Any]:
+        """``strict`` (the page): an unknown topic or channel is a 404; the API answers an unknown
+        channel of a known topic as nsqadmin does (200, no stats)."""
         producers, errors = await self._ci.topic_producers(topic)
-        _, channels, errs = await self._ci.nsqd_stats(producers, topic, channel, True)
+        channels: dict[str, Any] = {}
+        errs: list[str] = []
+        if producers:
+            try:
+                _, channels, errs, _ = await self._ci.nsqd_stats_failed(producers, topic, channel, True)
+            except UpstreamError as e:
+                errs = [str(e)]
         found = channels.get(channel)
+        present = [n.node for n in (found.nodes or [])] if found is not None else []
+        missing = self._ci.book.failing_channel(topic, channel, present)
+        if found is None and not missing and strict:
+            if not producers and not await self._ci.topic_known(topic):
+                raise HTTPAPIError(404, "TOPIC_NOT_FOUND")
+            lookupds, _ = self._ci.addresses()
+            registered: list[str] = []
+            if lookupds:
+                try:
+                    registered, _ = await self._ci.lookupd_topic_channels(topic, lookupds)
+                except UpstreamError:
+                    registered = []
+            if channel not in registered:
+                raise HTTPAPIError(404, "CHANNEL_NOT_FOUND")
         doc = found.to_json() if found is not None else {}
         doc["message"] = warning_message(list(errors) + list(errs))
-        return doc
+        return self._partial(doc, len(present), self._missing_json(missing))
 
     async def _nodes_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
-        return {"nodes": [p.to_json() for p in producers], "message": warning_message(errors)}
+        lookupds, _ = self._ci.addresses()
+        errs: list[str] = []
+        if lookupds and producers:
+            try:
+                _, _, errs, _ = await self._ci.nsqd_stats_failed(producers, "", "", False)
+            except UpstreamError as e:
+                errs = [str(e)]
+        now = self._now()
+        book = self._ci.book
+        nodes = []
+        for p in producers:
+            doc = p.to_json()
+            state = book.get(p.http_address)
+            if state is not None:
+                doc.update({k: v for k, v in state.to_json(now).items() if k not in ("topics", "node", "hostname")})
+            nodes.append(doc)
+        listed = {p.http_address for p in producers}
+        for state in book.failing(present=listed):
+            host, _, port = state.address.rpartition(":")
+            doc = {"remote_addresses": [], "remote_address": "", "hostname": state.hostname,
+                   "broadcast_address": host.strip("[]"), "tcp_port": state.tcp_port,
+                   "http_port": int(port) if port.isdigit() else 0, "version": state.version,
+                   "topics": [{"topic": t, "tombstoned": False} for t in sorted(state.topics)],
+                   "out_of_date": False}
+            doc.update({k: v for k, v in state.to_json(now).items() if k not in ("topics", "node", "hostname")})
+            nodes.append(doc)
+        answered = sum(1 for n in nodes if n.get("status", "ok") == "ok")
+        out = {"nodes": nodes, "message": warning_message(list(errors) + list(errs))}
+        missing = [n for n in nodes if n.get("status", "ok") != "ok"]
+        if missing:
+            out["partial"] = {"answered": answered, "total": len(nodes)}
+        return out
 
     async def _node_doc(self, node: str) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
         producer = next((p for p in producers if p.http_address == node), None)
-        if producer is None:
+        state = self._ci.book.get(node)
+        if producer is None and (state is None or state.status == "ok"):
             raise HTTPAPIError(404, "NODE_NOT_FOUND")
-        per_node, _, _ = await self._ci.nsqd_stats([producer], "", "", True)
+        per_node: list[Any] = []
+        errs: list[str] = []
+        if producer is not None:
+            try:
+                per_node, _, errs, _ = await self._ci.nsqd_stats_failed([producer], "", "", True)
+            except UpstreamError as e:
+                errs = [str(e)]
+        state = self._ci.book.get(node)
         total_clients = sum(len(c.clients or []) for t in per_node for c in (t.channels or []))
         total_messages = sum(t.message_count for t in per_node)
-        return {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
-                "total_clients": total_clients, "message": warning_message(errors)}
+        doc = {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
+               "total_clients": total_clients, "message": warning_message(list(errors) + list(errs)),
+               "status": state.to_json(self._now()) if state is not None else None}
+        return doc
 
     async def _counter_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
-        _, channels, errs = await self._ci.nsqd_stats(producers, "", "", False)
-        return {"stats": counter_stats(channels), "message": warning_message(list(errors) + list(errs))}
+        channels: dict[str, Any] = {}
+        errs: list[str] = []
+        answered = len(producers)
+        if producers:
+            try:
+                _, channels, errs, failed = await self._ci.nsqd_stats_failed(producers, "", "", False)
+                answered -= len(failed)
+            except UpstreamError as e:
+                errs = [str(e)]
+                answered = 0
+        stats = counter_stats(channels)
+        missing = self._ci.book.failing()
+        # a node that stopped answering keeps its last counts, marked stale: the sum says it is partial
+        for st in missing:
+            for key, count in st.counts.items():
+                topic, _, channel = key.partition(":")
+                stats[f"{key}:{st.address}"] = {"node": st.address, "topic_name": topic, "channel_name": channel,
+                                                "message_count": count, "stale": True, "last_seen": st.last_seen}
+        doc = {"stats": stats, "message": warning_message(list(errors) + list(errs))}
+        return self._partial(doc, answered, self._missing_json(missing))
 
     # --- pages ------------------------------------------------------------------------------
 
@@ -239,7 +368,8 @@ class AdminHTTPAPI:
     async def topics_page(self, request: IRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topics_doc(False)
-            return pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"])
+            return pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"],
+                                     doc.get("topics_missing_nodes"))
         return await self._render(request, build, "Topics", "topics", "/api/topics")
 
     @app.route("/topics/<topic>", methods=["GET"])
@@ -254,7 +384,7 @@ class AdminHTTPAPI:
     async def channel_page(self, request: IRequest, topic: str, channel: str) -> bytes:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
-            doc = await self._channel_doc(topic, channel)
+            doc = await self._channel_doc(topic, channel, strict=True)
             return pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
                                       doc["message"])
         return await self._render(request, build, f"Channel {topic}/{channel}", "topics",
@@ -264,7 +394,7 @@ class AdminHTTPAPI:
     async def nodes_page(self, request: IRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._nodes_doc()
-            return pages.nodes_page(ctx, doc["nodes"], doc["message"])
+            return pages.nodes_page(ctx, doc["nodes"], doc["message"], doc.get("partial"))
         return await self._render(request, build, "Nodes", "nodes", "/api/nodes")
 
     @app.route("/nodes/<node>", methods=["GET"])
@@ -291,7 +421,8 @@ class AdminHTTPAPI:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._counter_doc()
             total = sum(s["message_count"] for s in doc["stats"].values())
-            return pages.counter_page(ctx, total, doc["message"])
+            return pages.counter_page(ctx, total, doc["message"], doc.get("partial"),
+                                      doc.get("nodes_missing") or [])
         return await self._render(request, build, "Counter", "counter", "/api/counter")
 
     @app.route("/ping", methods=["GET"])

@@ -19,7 +19,7 @@ import attr
 
 from .cluster import TopicStats
 
-__all__ = ["History", "Sample", "last_value"]
+__all__ = ["History", "Sample", "last_value", "current_value", "rising"]
 
 # per node: (depth, in_flight_count, message_count)
 _Counts = tuple[int, int, int]
@@ -31,6 +31,7 @@ class ChannelSample:
     in_flight_count: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
     client_count: int = attr.ib(default=0)
+    timeout_count: int = attr.ib(default=0)
     paused: bool = attr.ib(default=False)
     nodes: dict[str, _Counts] = attr.ib(factory=dict)
 
@@ -38,6 +39,8 @@ class ChannelSample:
 @attr.s(slots=True)
 class TopicSample:
     depth: int = attr.ib(default=0)
+    #: what its channels hold (the backlog consumers have not taken yet)
+    backlog: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
     paused: bool = attr.ib(default=False)
     nodes: dict[str, _Counts] = attr.ib(factory=dict)
@@ -48,14 +51,35 @@ class TopicSample:
 class Sample:
     t: float = attr.ib()
     topics: dict[str, TopicSample] = attr.ib(factory=dict)
+    #: the nodes that did not answer this poll
+    failed: frozenset[str] = attr.ib(default=frozenset())
 
 
 def last_value(series: Sequence[Any] | None) -> Any:
-    """The newest non-null point of a series (what a table cell shows)."""
+    """The newest non-null point of a series."""
     for v in reversed(series or ()):
         if v is not None:
             return v
     return None
+
+
+def current_value(series: Sequence[Any] | None) -> tuple[Any, Any]:
+    """(the newest point, or None when the newest poll had none; the last non-null point before it).
+
+    A table cell shows the first; when it is None and the second is not, the
+    second is shown greyed and labelled as the last value seen, never as current."""
+    if not series:
+        return None, None
+    if series[-1] is not None:
+        return series[-1], None
+    return None, last_value(series)
+
+
+def rising(series: Sequence[Any] | None) -> bool:
+    """Whether the last two points exist and the newer is higher (e.g. timeouts still happening)."""
+    if not series or len(series) < 2 or series[-1] is None or series[-2] is None:
+        return False
+    return bool(series[-1] > series[-2])
 
 
 def _rate(prev: dict[str, _Counts] | None, cur: dict[str, _Counts] | None, dt: float) -> float | None:
@@ -84,9 +108,11 @@ class History:
         self.samples: deque[Sample] = deque(maxlen=size)
         self.message = ""
 
-    def record(self, t: float, topics: Iterable[TopicStats], message: str = "") -> Sample:
-        """Add one poll's per-node topic rows (as :func:`~nsqtw.admin.cluster.aggregate_stats` gives)."""
-        sample = Sample(t)
+    def record(self, t: float, topics: Iterable[TopicStats], message: str = "",
+               failed: Iterable[str] = ()) -> Sample:
+        """Add one poll's per-node topic rows (as :func:`~nsqtw.admin.cluster.aggregate_stats` gives);
+        ``failed``: the nodes that did not answer (their topics get gaps, not their last values)."""
+        sample = Sample(t, failed=frozenset(failed))
         for ts in topics:
             topic = sample.topics.get(ts.topic_name)
             if topic is None:
@@ -103,6 +129,8 @@ class History:
                 ch.in_flight_count += cs.in_flight_count
                 ch.message_count += cs.message_count
                 ch.client_count += cs.client_count
+                ch.timeout_count += cs.timeout_count
+                topic.backlog += cs.depth
                 ch.paused = ch.paused or cs.paused
                 ch.nodes[ts.node] = (cs.depth, cs.in_flight_count, cs.message_count)
         self.samples.append(sample)
@@ -166,6 +194,8 @@ class History:
                 return t.depth, t.message_count, 0, t.nodes
             series = self._series(pick)
             del series["in_flight_count"]
+            series["backlog"] = [None if s.topics.get(name) is None else s.topics[name].backlog
+                                 for s in self.samples]
             current = newest.topics.get(name) if newest else None
             series["channel_count"] = len(current.channels) if current else None
             series["paused"] = bool(current.paused) if current else False
@@ -208,6 +238,9 @@ class History:
                 c = t.channels.get(cname) if t else None
                 return None if c is None else (c.depth, c.message_count, c.in_flight_count, c.nodes)
             channels[cname] = self._series(ch_pick)
+            channels[cname]["timeout_count"] = [
+                None if s.topics.get(name) is None or s.topics[name].channels.get(cname) is None
+                else s.topics[name].channels[cname].timeout_count for s in self.samples]
         out["channels"] = channels
         out["message"] = self.message
         return out

@@ -175,15 +175,27 @@ class HistoryPoller(Service):
 
     async def _poll(self) -> None:
         ci = self.node.cluster
+        now = self.node.clock.seconds()
         try:
             producers, errors = await ci.producers()
-            topics, _, errs = await ci.nsqd_stats(producers, "", "", False)
+        except UpstreamError as e:
+            # nothing answered: a gap in every series, never the last values frozen as current
+            self._report(f"UPSTREAM_ERROR: {e}")
+            self.node.history.record(now, [], self.node.history.message,
+                                     failed=[s.address for s in ci.book.nodes.values()])
+            return
+        try:
+            topics, _, errs, failed = await ci.nsqd_stats_failed(producers, "", "", False)
         except UpstreamError as e:
             self._report(f"UPSTREAM_ERROR: {e}")
+            self.node.history.record(now, [], self.node.history.message,
+                                     failed=[p.http_address for p in producers])
             return
         message = warning_message(list(errors) + list(errs))
         self._report(message)
-        self.node.history.record(self.node.clock.seconds(), topics, message)
+        ci.book.forget()
+        gone = [s.address for s in ci.book.failing() if s.address not in failed]
+        self.node.history.record(now, topics, message, failed=list(failed) + gone)
 
     def _report(self, message: str) -> None:
         """Log a poll problem when it starts or changes, not every interval."""

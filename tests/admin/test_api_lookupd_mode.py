@@ -59,12 +59,14 @@ async def test_topic_stats_use_lookupd_producers(cluster) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_unknown_topic_is_an_upstream_error_as_in_nsqadmin(cluster) -> None:
-    """lookupd answers 404 TOPIC_NOT_FOUND for a topic it never saw, and nsqadmin reports 502 for it."""
+async def test_unknown_topic_is_a_404(cluster) -> None:
+    """lookupd answers 404 TOPIC_NOT_FOUND for a topic it never saw; nsqadmin says 404 TOPIC_NOT_FOUND
+    (Go's nsqadmin says 502 with lookupd's raw answer inside, issue 17 item 6), and the page is an HTML 404."""
     admin, _, _, _ = cluster
     code, doc, _ = await call("GET", admin.url + "api/topics/never")
-    assert code == 502 and "TOPIC_NOT_FOUND" in doc["message"]
-    assert doc["message"].startswith("UPSTREAM_ERROR: failed to query any nsqlookupd: ")
+    assert (code, doc) == (404, {"message": "TOPIC_NOT_FOUND"})
+    code, html, _ = await call("GET", admin.url + "topics/never")
+    assert code == 404 and "<html" in html and "TOPIC_NOT_FOUND" in html and "UPSTREAM" not in html
 
 
 @pytest_twisted.ensureDeferred

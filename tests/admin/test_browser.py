@@ -142,8 +142,8 @@ async def test_topics_page_shows_a_topic_just_published_to(admin, nsqds, browser
     links = await browser.css('a[href="/topics/browser_topic"]')
     assert len(links) == 1 and await browser._run(lambda: links[0].text) == "browser_topic"
     # the sparkline fills in once nsqadmin has two samples and the page has polled them
-    await browser.until("return document.querySelector('svg[data-spark=\"topics/browser_topic/depth\"] path.line')",
-                        "the depth sparkline")
+    await browser.until("return document.querySelector('svg[data-spark=\"topics/browser_topic/rate\"] path.line')",
+                        "the rate sparkline")
     await browser.screenshot("topics")
     assert await browser.console_errors() == []
 
@@ -165,7 +165,7 @@ async def test_channel_page_shows_consumer_then_pause_with_confirmation(admin, n
 
         await browser.click('button[data-action="pause"]')
         await browser.until("return document.getElementById('confirm').open", "the confirmation dialog")
-        assert "Pause channel orders/archive?" in await browser.text("#confirm-text")
+        assert "Pause channel orders/archive on 1 node?" in await browser.text("#confirm-text")
         await browser.screenshot("channel-confirm-pause")
         # cancelling does nothing
         await browser.click("#confirm-no")

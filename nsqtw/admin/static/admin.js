@@ -43,10 +43,11 @@
     var s = '';
     if (n >= 3600e9) { s = Math.floor(n / 3600e9) + 'h'; n = n % 3600e9; }
     if (n >= 60e9) { s += Math.floor(n / 60e9) + 'm'; n = n % 60e9; }
-    if (n >= 1e9) { return s + trim2(n / 1e9) + 's'; }
-    if (n >= 1e6) { return s + trim2(n / 1e6) + 'ms'; }
-    if (n >= 1e3) { return s + trim2(n / 1e3) + 'us'; }
-    return s ? s : trim2(n) + 'ns';
+    // below a minute after hours or minutes, always seconds: 1h39m0.28s, never 1h39m277.81ms
+    if (n >= 1e9 || s) { return s + trim2(n / 1e9) + 's'; }
+    if (n >= 1e6) { return trim2(n / 1e6) + 'ms'; }
+    if (n >= 1e3) { return trim2(n / 1e3) + 'us'; }
+    return trim2(n) + 'ns';
   }
 
   function fmtRate(r) {
