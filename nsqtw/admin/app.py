@@ -24,6 +24,9 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from klein import Klein
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from twisted.web.server import GzipEncoderFactory
@@ -33,6 +36,8 @@ from ..errors import HTTPAPIError
 from ..options import LOG_LEVELS, OptionError, config_value
 from ..protocol.names import is_valid_name
 from ..http.responses import first, install_error_handlers, plain, query, v1, v1_error
+from werkzeug.exceptions import NotFound
+
 from . import pages
 from .cluster import UpstreamError, counter_stats, topic_totals, warning_message
 
@@ -40,6 +45,8 @@ if TYPE_CHECKING:
     from ..service.admin import AdminService
 
 __all__ = ["AdminHTTPAPI", "is_admin_request"]
+
+log = Logger(namespace="nsqtw.admin")
 
 _ACTIONS = ("pause", "unpause", "empty")
 _MAX_BODY = 1024 * 1024
@@ -107,6 +114,15 @@ class _Slashless(Resource):
 
     def render(self, request: IRequest) -> Any:
         request.postpath = [seg for seg in request.postpath if seg] or [b""]
+        d = request.notifyFinish()
+
+        def gone(reason: Failure) -> None:
+            # the browser closed the connection before the answer (often while nsqd or nsqlookupd was
+            # still being asked): one line, and the upstream calls for it are cancelled
+            log.info("{method} {uri}: the client went away before the answer ({why})",
+                     method=request.method.decode("latin-1"), uri=request.uri.decode("latin-1"),
+                     why=reason.getErrorMessage())
+        d.addErrback(gone)
         return self.inner.render(request)
 
 
@@ -128,6 +144,25 @@ class AdminHTTPAPI:
     """The klein app serving one nsqadmin."""
 
     app = Klein()
+
+    @app.handle_errors(NotFound)
+    def _not_found_page(self, request: IRequest, failure: Failure) -> bytes:
+        """An unknown path: the JSON 404 under /api, /static and /config, an HTML page elsewhere."""
+        path = request.path.decode("latin-1")
+        base = self._opts.base.rstrip("/")
+        rel = path[len(base):] if base and path.startswith(base) else path
+        accept = (request.getHeader(b"Accept") or b"").decode("latin-1")
+        if rel.startswith(("/api", "/static", "/config")) or ("json" in accept and "html" not in accept):
+            return v1_error(request, 404, "NOT_FOUND")
+        ctx = self._ctx(request)
+        page = pages.error_page(ctx, "Page not found", f"NOT_FOUND: nsqadmin has no page at {path}", 404)
+        return self._page(request, ctx, page)
+
+    @app.handle_errors(CancelledError)
+    def _cancelled(self, request: IRequest, failure: Failure) -> bytes:
+        """The client went away (logged once by _Slashless); nothing to answer."""
+        return b""
+
     install_error_handlers(app)
 
     def __init__(self, node: AdminService) -> None:

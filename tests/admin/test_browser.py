@@ -124,11 +124,11 @@ async def browser():
     await within(threads.deferToThread(b.quit), 30)
 
 
-async def subscribe(nsqd: Any, topic: str, channel: str, **identify: Any) -> Any:
+async def subscribe(nsqd: Any, topic: str, channel: str, rdy: int = 2, **identify: Any) -> Any:
     client = await connect_raw(nsqd.tcp_port)
     client.send(identify_command(feature_negotiation=True, **identify))
     await within(client.response())
-    client.send(command("SUB", topic, channel) + command("RDY", 2))
+    client.send(command("SUB", topic, channel) + command("RDY", rdy))
     assert await within(client.response()) == b"OK"
     return client
 
@@ -210,8 +210,10 @@ async def test_non_admin_gets_no_action_buttons(admin, nsqds, browser) -> None:
 @pytest_twisted.ensureDeferred
 async def test_pages_refresh_live_without_reload(admin, nsqds, browser) -> None:
     """New messages update the depth cell in place; a new channel appears through a fragment refresh;
-    the page itself is never reloaded."""
+    the page itself is never reloaded.  (A consumer that takes nothing keeps the channel from being
+    marked "backlog, no consumer", which would rightly re-render the row.)"""
     await create_channel(nsqds[0], "live", "first")
+    idle = await subscribe(nsqds[0], "live", "first", rdy=0)
     await browser.get(admin.url + "topics/live")
     await browser.js("window.__same_page = true")
     assert await browser.text('tr[data-row="channel:first"] [data-v="depth"]') == "0"
@@ -227,6 +229,7 @@ async def test_pages_refresh_live_without_reload(admin, nsqds, browser) -> None:
                         "the topic depth sparkline")
     await browser.screenshot("topic-live")
     assert await browser.console_errors() == []
+    await idle.close()
 
 
 @pytest_twisted.ensureDeferred

@@ -115,18 +115,52 @@
     }
   }
 
+  // ok: every upstream answered; 'warn': the page shows a partial picture (why says which); false: refresh failed
   function setLive(ok, why) {
     var el = document.getElementById('live');
     if (!el) { return; }
-    if (ok) {
+    if (ok === true) {
       el.className = 'live';
       el.textContent = 'live \u00b7 ' + new Date().toLocaleTimeString();
-      el.title = 'refreshes every ' + (refreshMs / 1000) + 's';
+      el.title = 'refreshes every ' + (refreshMs / 1000) + 's; every node answered';
+    } else if (ok === 'warn') {
+      el.className = 'live warn';
+      el.textContent = 'partial \u00b7 ' + new Date().toLocaleTimeString();
+      el.title = why || 'some nodes did not answer';
     } else {
       el.className = 'live down';
       el.textContent = 'stale';
       el.title = why || 'refresh failed';
     }
+  }
+
+  function upstreamTrouble(data, hist) {
+    var why = [];
+    if (data && data.partial) {
+      why.push('partial: ' + data.partial.answered + ' of ' + data.partial.total + ' nodes answered');
+    } else if (data && data.nodes_missing && data.nodes_missing.length) {
+      why.push(data.nodes_missing.length + ' node(s) not answering');
+    }
+    if (data && data.message) { why.push(data.message); }
+    if (hist && hist.message && (!data || hist.message !== data.message)) { why.push('history: ' + hist.message); }
+    return why.join('\n');
+  }
+
+  // ---- times: "10:21:03 (2m ago)" in the browser's time zone ---------------------------
+
+  function age(seconds) {
+    seconds = Math.max(0, Math.round(seconds));
+    if (seconds < 60) { return seconds + 's'; }
+    if (seconds < 3600) { return Math.floor(seconds / 60) + 'm' + (seconds % 60) + 's'; }
+    return Math.floor(seconds / 3600) + 'h' + Math.floor((seconds % 3600) / 60) + 'm';
+  }
+
+  function localTimes() {
+    document.querySelectorAll('time[data-ts]').forEach(function (t) {
+      var ts = parseInt(t.dataset.ts, 10);
+      if (!ts) { return; }
+      t.textContent = new Date(ts * 1000).toLocaleTimeString() + ' (' + age(Date.now() / 1000 - ts) + ' ago)';
+    });
   }
 
   // ---- which rows the API answer has ---------------------------------------------------
@@ -135,27 +169,38 @@
     var rows = {};
     var i, j;
     if (!data) { return null; }
+    var missing = function () {
+      (data.nodes_missing || []).forEach(function (n) { rows['missing:' + n.node] = {obj: n, paused: false}; });
+    };
     if (page === 'topics') {
       var ht = (hist && hist.topics) || {};
+      var mt = data.topics_missing_nodes || {};
       (data.topics || []).forEach(function (name) {
         var h = ht[name] || {};
         rows['topic:' + name] = {obj: {}, paused: !!h.paused};
+        if (mt[name] && mt[name].length) { rows['missing-topic:' + name] = {obj: {}, paused: false}; }
       });
     } else if (page === 'topic') {
       rows.total = {obj: data, paused: !!data.paused};
       (data.nodes || []).forEach(function (n) { rows['node:' + n.node] = {obj: n, paused: !!n.paused}; });
+      missing();
+      var hc = (hist && hist.channels) || {};
       (data.channels || []).forEach(function (c) {
         rows['channel:' + c.channel_name] = {obj: c, paused: !!c.paused};
+        troubles(c, hc[c.channel_name], 'trouble:' + c.channel_name, rows);
       });
+      (data.channels_elsewhere || []).forEach(function (c) { rows['elsewhere:' + c] = {obj: {}, paused: false}; });
     } else if (page === 'channel') {
       rows.total = {obj: data, paused: !!data.paused};
       (data.nodes || []).forEach(function (n) { rows['node:' + n.node] = {obj: n, paused: !!n.paused}; });
+      missing();
       (data.clients || []).forEach(function (c) {
         rows['client:' + c.node + '/' + c.remote_address] = {obj: c, paused: false};
       });
     } else if (page === 'nodes') {
       (data.nodes || []).forEach(function (p) {
-        rows['node:' + joinHostPort(p.broadcast_address, p.http_port)] = {obj: p, paused: false};
+        var ok = !p.status || p.status === 'ok';
+        rows[(ok ? 'node:' : 'missing:') + joinHostPort(p.broadcast_address, p.http_port)] = {obj: p, paused: false};
       });
     } else if (page === 'node') {
       var topics = data.topics || [];
@@ -167,10 +212,15 @@
         nch += chans.length;
         for (j = 0; j < chans.length; j++) {
           rows['channel:' + t.topic_name + '/' + chans[j].channel_name] = {obj: chans[j], paused: !!chans[j].paused};
+          troubles(chans[j], null, 'trouble:' + t.topic_name + '/' + chans[j].channel_name, rows);
+          (chans[j].clients || []).forEach(function (c) {
+            rows['client:' + c.node + '/' + c.remote_address] = {obj: c, paused: false};
+          });
         }
       }
       rows.total = {obj: {topic_count: topics.length, channel_count: nch, total_clients: data.total_clients,
                           total_messages: data.total_messages}, paused: false};
+      if (data.status) { rows.status = {obj: data.status, paused: data.status.status !== 'ok'}; }
     } else if (page === 'lookup') {
       var map = data.topics || {};
       Object.keys(map).forEach(function (name) {
@@ -181,6 +231,16 @@
       return null;
     }
     return rows;
+  }
+
+  // the marks a channel gets (the same rules as pages.channel_trouble)
+  function troubles(c, h, prefix, rows) {
+    if ((c.depth || 0) > 0 && !(c.client_count) && !c.paused) { rows[prefix + ':backlog'] = {obj: {}, paused: false}; }
+    var tc = h && h.timeout_count;
+    if (tc && tc.length > 1 && tc[tc.length - 1] !== null && tc[tc.length - 2] !== null &&
+        tc[tc.length - 1] > tc[tc.length - 2]) {
+      rows[prefix + ':timeouts'] = {obj: {}, paused: false};
+    }
   }
 
   function signature(keys) {
@@ -215,8 +275,20 @@
     return cur === undefined ? null : cur;
   }
 
+  // the newest point of a series, or (when the newest poll had none) {stale: the last one seen}
+  function current(series) {
+    if (!series || !series.length) { return {value: null, stale: null}; }
+    var v = series[series.length - 1];
+    if (v !== null && v !== undefined) { return {value: v, stale: null}; }
+    return {value: null, stale: last(series)};
+  }
+
   function cellText(field, obj, h) {
-    if (field === 'rate') { return fmtRate(last(h && h.rate)); }
+    if (field === 'rate') {
+      var r = current(h && h.rate);
+      if (r.value === null && r.stale !== null && page === 'topics') { return {stale: fmtRate(r.stale)}; }
+      return fmtRate(r.value);
+    }
     if (field === 'mem_disk') {
       return commafy(obj.memory_depth) + ' + ' + commafy(obj.backend_depth);
     }
@@ -240,12 +312,34 @@
     }
     var v = obj[field];
     if (v === undefined && h) {
-      var lv = last(h[field]);
-      return lv === null ? '\u2013' : commafy(lv);
+      var cv = current(h[field]);
+      if (cv.value !== null) { return commafy(cv.value); }
+      return cv.stale === null ? '\u2013' : {stale: commafy(cv.stale)};
     }
     if (typeof v === 'number') { return commafy(v); }
     if (v === undefined || v === null) { return undefined; }
     return String(v);
+  }
+
+  function setCell(cell, text) {
+    if (text === undefined) { return; }
+    if (typeof text === 'object') {
+      // a value no node vouches for now: greyed and labelled, never shown as current
+      if (cell.textContent === 'last ' + text.stale) { return; }
+      cell.textContent = '';
+      var span = document.createElement('span');
+      span.className = 'stale';
+      span.title = 'no node holding this answered the newest poll; this is the last value seen';
+      span.textContent = 'last ' + text.stale;
+      cell.appendChild(span);
+      return;
+    }
+    if (cell.textContent !== text) {
+      cell.textContent = text;
+      cell.classList.remove('changed');
+      void cell.offsetWidth;
+      cell.classList.add('changed');
+    }
   }
 
   function fillCells(rows, hist) {
@@ -255,13 +349,7 @@
       var h = resolve(hist, rowEl.dataset.hist);
       rowEl.querySelectorAll('[data-v]').forEach(function (cell) {
         if (cell.closest('[data-row]') !== rowEl) { return; }
-        var text = cellText(cell.dataset.v, row.obj, h);
-        if (text !== undefined && cell.textContent !== text) {
-          cell.textContent = text;
-          cell.classList.remove('changed');
-          void cell.offsetWidth;
-          cell.classList.add('changed');
-        }
+        setCell(cell, cellText(cell.dataset.v, row.obj, h));
       });
     });
   }
@@ -354,6 +442,8 @@
         stats.fragments++;
         main.innerHTML = html;
         drawSparks(lastHist);
+        localTimes();
+        applySort();
       })
       .finally(function () { refreshing = false; });
   }
@@ -361,6 +451,9 @@
   function update(data, hist) {
     if (page === 'error') { window.location.reload(); return null; }
     if (hist) { lastHist = hist; }
+    var trouble = upstreamTrouble(data, hist);
+    setLive(trouble ? 'warn' : true, trouble);
+    localTimes();
     if (page === 'counter') { return updateCounter(data, hist); }
     var rows = rowsFor(data, hist);
     if (rows && dataSignature(rows) !== domSignature()) {
@@ -368,6 +461,7 @@
     }
     if (rows) { fillCells(rows, hist); }
     drawSparks(hist);
+    applySort();
     return null;
   }
 
@@ -376,7 +470,7 @@
     var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
                  cfg.history ? getJSON(cfg.history) : Promise.resolve(null)];
     return Promise.all(wants)
-      .then(function (res) { stats.polls++; setLive(true); return update(res[0], res[1]); })
+      .then(function (res) { stats.polls++; return update(res[0], res[1]); })
       .catch(function (err) { stats.errors++; setLive(false, err.message); })
       .finally(function () { timer = setTimeout(poll, refreshMs); });
   }
@@ -389,6 +483,10 @@
   function updateCounter(data, hist) {
     var el = document.getElementById('counter');
     if (!el || !data) { return; }
+    if (!!data.partial !== !!document.getElementById('counter-partial')) {
+      // a node stopped (or started again) answering: the page says which counts are the last seen
+      return refreshFragment();
+    }
     var total = 0;
     var stats = data.stats || {};
     Object.keys(stats).forEach(function (k) { total += stats[k].message_count || 0; });
@@ -410,6 +508,81 @@
     if (rateEl && hist && hist.total) { rateEl.textContent = fmtRate(last(hist.total.rate)); }
     drawSparks(hist);
   }
+
+  // ---- sortable tables: click (or Enter on) a heading; the order survives live refreshes ------------
+
+  var sortState = null;  // {table: index of the table on the page, col: column, dir: 1 or -1}
+
+  function sortKey(cell) {
+    if (!cell) { return ''; }
+    if (cell.dataset.sort !== undefined) {
+      var f = parseFloat(cell.dataset.sort);
+      return isNaN(f) ? cell.dataset.sort.toLowerCase() : f;
+    }
+    var text = cell.textContent.trim();
+    var num = text.replace(/^last /, '').replace(/,/g, '').replace(/\/s$/, '');
+    if (num !== '' && !isNaN(Number(num))) { return Number(num); }
+    if (text === '\u2013' || text === '') { return -1; }
+    return text.toLowerCase();
+  }
+
+  function applySort() {
+    if (!sortState) { return; }
+    var tables = main.querySelectorAll('table.sortable-table');
+    var table = tables[sortState.table];
+    if (!table) { return; }
+    var tbody = table.tBodies[0];
+    var rows = Array.prototype.slice.call(tbody.rows);
+    var col = sortState.col;
+    var dir = sortState.dir;
+    var sorted = rows.slice().sort(function (a, b) {
+      if (a.classList.contains('total')) { return 1; }
+      if (b.classList.contains('total')) { return -1; }
+      var ka = sortKey(a.cells[col]);
+      var kb = sortKey(b.cells[col]);
+      if (typeof ka !== typeof kb) { ka = String(ka); kb = String(kb); }
+      return (ka < kb ? -1 : ka > kb ? 1 : 0) * dir;
+    });
+    var same = sorted.every(function (r, i) { return r === rows[i]; });
+    if (!same) { sorted.forEach(function (r) { tbody.appendChild(r); }); }
+    table.querySelectorAll('th.sortable').forEach(function (th, i) {
+      th.setAttribute('aria-sort', i === col ? (dir > 0 ? 'ascending' : 'descending') : 'none');
+    });
+  }
+
+  function sortBy(th) {
+    var table = th.closest('table');
+    var tables = Array.prototype.slice.call(main.querySelectorAll('table.sortable-table'));
+    var t = tables.indexOf(table);
+    var col = Array.prototype.indexOf.call(th.parentNode.children, th);
+    var dir = th.classList.contains('num') ? -1 : 1;  // numbers: biggest first
+    if (sortState && sortState.table === t && sortState.col === col) { dir = -sortState.dir; }
+    sortState = {table: t, col: col, dir: dir};
+    applySort();
+  }
+
+  document.addEventListener('click', function (ev) {
+    var th = ev.target.closest('th.sortable');
+    if (th && main.contains(th)) { sortBy(th); }
+  });
+  document.addEventListener('keydown', function (ev) {
+    var th = ev.target.closest && ev.target.closest('th.sortable');
+    if (th && (ev.key === 'Enter' || ev.key === ' ')) { ev.preventDefault(); sortBy(th); }
+  });
+
+  // ---- an outcome message that must survive a navigation (after a delete) ---------------------
+
+  function flashAfterNavigation(kind, text, url) {
+    try { sessionStorage.setItem('nsqadmin.flash', JSON.stringify({kind: kind, text: text})); } catch (e) { /* private mode */ }
+    window.location.href = url;
+  }
+
+  (function pendingFlash() {
+    var raw = null;
+    try { raw = sessionStorage.getItem('nsqadmin.flash'); sessionStorage.removeItem('nsqadmin.flash'); } catch (e) { raw = null; }
+    if (!raw) { return; }
+    try { var f = JSON.parse(raw); flash(f.kind, f.text); } catch (e) { /* ignore */ }
+  }());
 
   // ---- actions ------------------------------------------------------------------------------
 
@@ -449,19 +622,18 @@
         flash('error', 'Could not ' + action + ' ' + what + ': ' + (res.message || res.status));
         return null;
       }
-      if (res.message) {
-        flash('warning', what + ' ' + DONE[action] + ' \u2013 ' + res.message);
-      } else {
-        flash('ok', what.charAt(0).toUpperCase() + what.slice(1) + ' ' + DONE[action] + '.');
-      }
+      var kind = res.message ? 'warning' : 'ok';
+      var text = res.message ? (what + ' ' + DONE[action] + ' \u2013 ' + res.message)
+        : (what.charAt(0).toUpperCase() + what.slice(1) + ' ' + DONE[action] + '.');
       if (action === 'delete' && page === 'topic' && !channel) {
-        window.location.href = base + '/topics';
+        flashAfterNavigation(kind, text, base + '/topics');
         return null;
       }
       if (action === 'delete' && page === 'channel' && channel) {
-        window.location.href = base + '/topics/' + enc(topic);
+        flashAfterNavigation(kind, text, base + '/topics/' + enc(topic));
         return null;
       }
+      flash(kind, text);
       return refreshFragment();
     }, function (err) {
       btn.disabled = false;
@@ -498,6 +670,7 @@
 
   // ---- start ----------------------------------------------------------------------------
 
+  localTimes();
   if (cfg.api || cfg.history) {
     poll();
   }
