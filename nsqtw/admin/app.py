@@ -84,6 +84,20 @@ def _body_str(doc: Any, key: str) -> str:
     return value
 
 
+def _flag(page: pages.Page, doc: dict[str, Any]) -> pages.Page:
+    """Mark a page whose picture is partial, so its live dot starts as a warning."""
+    why = []
+    partial = doc.get("partial")
+    if partial:
+        why.append(f"partial: {partial['answered']} of {partial['total']} nodes answered")
+    elif doc.get("nodes_missing"):
+        why.append(f"{len(doc['nodes_missing'])} node(s) not answering")
+    if doc.get("message"):
+        why.append(str(doc["message"]))
+    page.trouble = "\n".join(why)
+    return page
+
+
 class _JSONNotFound(Resource):
     isLeaf = True
 
@@ -403,8 +417,8 @@ class AdminHTTPAPI:
     async def topics_page(self, request: IRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topics_doc(False)
-            return pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"],
-                                     doc.get("topics_missing_nodes"))
+            return _flag(pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"],
+                                           doc.get("topics_missing_nodes")), doc)
         return await self._render(request, build, "Topics", "topics", "/api/topics")
 
     @app.route("/topics/<topic>", methods=["GET"])
@@ -412,7 +426,7 @@ class AdminHTTPAPI:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topic_doc(topic)
-            return pages.topic_page(ctx, topic, doc, self.node.history.topic(topic), doc["message"])
+            return _flag(pages.topic_page(ctx, topic, doc, self.node.history.topic(topic), doc["message"]), doc)
         return await self._render(request, build, f"Topic {topic}", "topics", f"/api/topics/{pages.q(topic)}")
 
     @app.route("/topics/<topic>/<channel>", methods=["GET"])
@@ -420,8 +434,8 @@ class AdminHTTPAPI:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._channel_doc(topic, channel, strict=True)
-            return pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
-                                      doc["message"])
+            return _flag(pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
+                                            doc["message"]), doc)
         return await self._render(request, build, f"Channel {topic}/{channel}", "topics",
                                   f"/api/topics/{pages.q(topic)}/{pages.q(channel)}")
 
@@ -429,7 +443,7 @@ class AdminHTTPAPI:
     async def nodes_page(self, request: IRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._nodes_doc()
-            return pages.nodes_page(ctx, doc["nodes"], doc["message"], doc.get("partial"))
+            return _flag(pages.nodes_page(ctx, doc["nodes"], doc["message"], doc.get("partial")), doc)
         return await self._render(request, build, "Nodes", "nodes", "/api/nodes")
 
     @app.route("/nodes/<node>", methods=["GET"])
@@ -437,7 +451,7 @@ class AdminHTTPAPI:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._node_doc(node)
-            return pages.node_page(ctx, node, doc, doc["message"])
+            return _flag(pages.node_page(ctx, node, doc, doc["message"]), doc)
         return await self._render(request, build, f"Node {node}", "nodes", f"/api/nodes/{pages.q(node)}")
 
     @app.route("/lookup", methods=["GET"])
@@ -456,8 +470,8 @@ class AdminHTTPAPI:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._counter_doc()
             total = sum(s["message_count"] for s in doc["stats"].values())
-            return pages.counter_page(ctx, total, doc["message"], doc.get("partial"),
-                                      doc.get("nodes_missing") or [])
+            return _flag(pages.counter_page(ctx, total, doc["message"], doc.get("partial"),
+                                            doc.get("nodes_missing") or []), doc)
         return await self._render(request, build, "Counter", "counter", "/api/counter")
 
     @app.route("/ping", methods=["GET"])

@@ -56,6 +56,8 @@ class Page:
     history: str = attr.ib(default="")
     status: int = attr.ib(default=200)
     nav: str = attr.ib(default="")
+    #: why the picture is partial (some upstream failed); the footer's live dot starts as a warning
+    trouble: str = attr.ib(default="")
 
 
 def q(name: str) -> str:
@@ -103,6 +105,9 @@ def render(ctx: PageContext, page: Page) -> str:
         who=who,
         cluster=cluster,
         version=escape(f"nsqtw {__version__} \u00b7 NSQ {NSQ_VERSION}"),
+        live_class="live warn" if page.trouble else "live",
+        live_text="partial" if page.trouble else "live",
+        live_title=escape(page.trouble or "live refresh"),
         content=page.content,
     )
 
@@ -161,10 +166,11 @@ def _status_badge(state: dict[str, Any]) -> Markup:
     ])
 
 
-def _partial_badge(partial: dict[str, Any] | None) -> Markup:
+def _partial_badge(partial: dict[str, Any] | None, block: bool = False) -> Markup:
     if not partial:
         return Markup("")
-    return el("span", f"partial: {partial['answered']} of {partial['total']} nodes", class_="badge warn partial",
+    return el("span", f"partial: {partial['answered']} of {partial['total']} nodes",
+              class_="badge warn partial" + (" block-badge" if block else ""),
               title="the total covers only the nodes that answered; the others are listed above with when "
                     "they were last seen")
 
@@ -238,7 +244,8 @@ def _node_link(ctx: PageContext, doc: dict[str, Any]) -> Markup:
     node = doc.get("node", "")
     label = _host_port(doc)
     if label != node and doc.get("hostname") and not node.startswith(doc.get("hostname", "") + ":"):
-        return join([el("a", label, href=ctx.url(f"/nodes/{q(node)}")), " ", el("small", f"({node})", class_="muted")])
+        return join([el("a", label, href=ctx.url(f"/nodes/{q(node)}")), " ",
+                     el("small", f"({node})", class_="muted block")])
     return el("a", label, href=ctx.url(f"/nodes/{q(node)}"))
 
 
@@ -403,7 +410,7 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
         rows += _missing_rows(ctx, missing, width)
         rows.append(el(
             "tr",
-            el("td", "Total", " ", _partial_badge(partial), class_="name"),
+            el("td", "Total", " ", _partial_badge(partial, block=True), class_="name"),
             _num(stats.get("depth"), "depth"), _mem_disk(stats), _num(stats.get("message_count"), "message_count"),
             _rate_cell(history.get("topic")),
             el("td", commafy(len(channels)), class_="num", data_v="channel_count"),
@@ -552,7 +559,7 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
         rows = [row(n, _node_link(ctx, n), f"node:{n.get('node', '')}", hist_nodes.get(n.get("node", "")),
                     f"nodes/{n.get('node', '')}") for n in nodes]
         rows += _missing_rows(ctx, missing, 12 + len(quantiles))
-        rows.append(row(stats, join(["Total ", _partial_badge(partial)]), "total", history.get("channel"), "channel",
+        rows.append(row(stats, join(["Total ", _partial_badge(partial, block=True)]), "total", history.get("channel"), "channel",
                         cls="total"))
         e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
                                                          class_="group"), el("th", colspan=2)) if quantiles else "")
