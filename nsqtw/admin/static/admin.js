@@ -50,6 +50,8 @@
     return trim2(n) + 'ns';
   }
 
+  stats.fmt = {nanotohuman: function (n) { return nanotohuman(n); }};
+
   function fmtRate(r) {
     return (r === null || r === undefined) ? '\u2013' : Number(r).toFixed(1) + '/s';
   }

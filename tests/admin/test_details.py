@@ -1,0 +1,148 @@
+"""Issue 17 items 4 and 6: trouble that stands out, and the details (durations, 404s, labels, disconnects)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer, protocol, task
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.logger import globalLogPublisher
+
+from admin_helpers import call, create_channel, find_channel, nsqd_stats, publish, within
+from nsqtw.admin.history import History, current_value, rising
+from nsqtw.admin.html import nanotohuman
+from nsqtw.admin.nodes import NodeBook
+
+pytestmark = pytest.mark.e2e
+
+
+def test_durations_after_hours_and_minutes_are_seconds() -> None:
+    """1h39m plus 277.81 ms reads 1h39m0.28s (it read 1h39m277.81ms, in nsqadmin too)."""
+    assert nanotohuman(3600e9 + 39 * 60e9 + 277.81e6) == "1h39m0.28s"
+    assert nanotohuman(60e9 + 5e6) == "1m0.01s" and nanotohuman(3600e9) == "1h0s"
+    assert nanotohuman(277.81e6) == "277.81ms"
+
+
+def test_node_book_unreachable_then_gone_then_forgotten() -> None:
+    """A node that stops answering is unreachable since its first failure; one nsqlookupd stops listing
+    is gone since then; both keep their last-seen time and topics; gone ones are forgotten after retention."""
+    clock = task.Clock()
+    book = NodeBook(clock, retention=60)
+    book.listed(["a:1", "b:1"])
+    book.answered("a:1", {"topics": [{"topic_name": "t", "depth": 3, "channels": [
+        {"channel_name": "c", "depth": 4, "message_count": 9, "client_count": 1}]}], "start_time": 5}, full=True)
+    book.answered("b:1", {"topics": [{"topic_name": "t", "channels": []}]}, full=True)
+    clock.advance(10)
+    book.failed("a:1", "no answer")
+    clock.advance(5)
+    book.failed("a:1", "no answer again")
+    a = book.get("a:1")
+    assert a is not None and (a.status, a.unreachable_since, a.last_seen) == ("unreachable", 10, 0)
+    assert (a.depth, a.clients, a.counts) == (7, 1, {"t:c": 9})
+    book.listed(["a:1"])
+    b = book.get("b:1")
+    assert b is not None and (b.status, b.since) == ("gone", 15)
+    assert [s.address for s in book.failing("t")] == ["a:1", "b:1"]
+    assert [s.address for s in book.failing("t", present=["a:1"])] == ["b:1"]
+    assert book.failing_channel("t", "c") == [a, b]  # b never reported channels: it may hold c
+    clock.advance(61)
+    book.forget()
+    assert book.get("b:1") is None and book.get("a:1") is a
+    book.answered("a:1")
+    assert a.status == "ok" and a.last_seen == 76
+
+
+def test_history_gap_is_not_the_last_value() -> None:
+    """A topic whose node failed the newest poll has None there; cells show it as 'last', not current."""
+    from nsqtw.admin.cluster import TopicStats
+
+    h = History(10, 1.0)
+    h.record(0, [TopicStats(node="n:1", topic_name="t", depth=5, message_count=5)])
+    h.record(1, [], failed=["n:1"])
+    series = h.overview()["topics"]["t"]["depth"]
+    assert series == [5, None] and current_value(series) == (None, 5)
+    assert current_value([1, 2]) == (2, None) and rising([1, 3]) and not rising([3, None])
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_pages_are_html_404s_and_api_ones_json(admin) -> None:
+    code, html, headers = await call("GET", admin.url + "no/such/page")
+    assert code == 404 and headers.getRawHeaders(b"content-type") == [b"text/html; charset=utf-8"]
+    assert "<html" in html and "NOT_FOUND" in html and 'href="/nodes"' in html
+    code, doc, _ = await call("GET", admin.url + "api/no/such")
+    assert (code, doc) == (404, {"message": "NOT_FOUND"})
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_channel_page_is_a_404_not_no_producers(admin, nsqds) -> None:
+    """/topics/orders/nochannel used to answer 200 'No producers exist' though orders has producers."""
+    await create_channel(nsqds[0], "orders", "archive")
+    code, html, _ = await call("GET", admin.url + "topics/orders/nochannel")
+    assert code == 404 and "CHANNEL_NOT_FOUND" in html and "No producers" not in html
+    code, _, _ = await call("GET", admin.url + "topics/orders/archive")
+    assert code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_glyphs_and_charts_have_titles_and_labels(admin, nsqds) -> None:
+    await create_channel(nsqds[0], "t", "c")
+    code, html, _ = await call("GET", admin.url + "topics/t")
+    assert code == 200
+    assert (f'title="tombstone topic t on {nsqds[0].http_address}" '
+            f'aria-label="tombstone topic t on {nsqds[0].http_address}"') in html
+    import re
+    svgs = re.findall(r"<svg[^>]*>.*?</svg>", html)
+    assert svgs and all('aria-label="' in s and "<title>" in s for s in svgs), svgs
+
+
+class _Silent(protocol.Protocol):
+    """An 'nsqd' that accepts connections and never answers (hung)."""
+
+    def connectionMade(self) -> None:
+        self.factory.connected.append(self)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.factory.lost.append(self)
+
+
+@pytest_twisted.ensureDeferred
+async def test_browser_going_away_is_one_log_line(start_admin) -> None:
+    """A client that disconnects while nsqadmin waits for a hung nsqd: one log line, the upstream call
+    is cancelled (the hung server sees its connection closed), no traceback or error is logged."""
+    from twisted.internet import reactor
+
+    factory = protocol.Factory.forProtocol(_Silent)
+    factory.connected, factory.lost = [], []  # type: ignore[attr-defined]
+    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+
+    async def until(check: Any, what: str) -> None:
+        deadline = reactor.seconds() + 10
+        while not check():
+            assert reactor.seconds() < deadline, what
+            await task.deferLater(reactor, 0.02, lambda: None)
+
+    try:
+        admin = await start_admin(nsqd_http_addresses=[f"127.0.0.1:{port.getHost().port}"],
+                                  http_client_request_timeout=30.0, history_interval=3600.0)
+        await until(lambda: len(factory.connected) == 1, "the history poller's call")
+        events.clear()
+        client = await TCP4ClientEndpoint(reactor, "127.0.0.1", admin.http_port).connect(
+            protocol.Factory.forProtocol(protocol.Protocol))
+        client.transport.write(b"GET /topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await until(lambda: len(factory.connected) == 2, "nsqadmin to ask the hung nsqd for the page")
+        upstream = factory.connected[1]
+        client.transport.loseConnection()
+        await until(lambda: upstream in factory.lost, "the page's upstream call to be cancelled")
+        texts = [e.get("log_format", "") for e in events]
+        went = [e for e in events if "went away" in (e.get("log_format") or "")]
+        assert len(went) == 1, texts
+        bad = [e for e in events if e.get("log_failure") is not None or e.get("isError")
+               or str(e.get("log_level", "")).endswith(("error", "critical"))]
+        assert bad == [], bad
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+        await port.stopListening()
