@@ -595,6 +595,26 @@ class AdminHTTPAPI:
     def api_history_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
         return v1(request, self.node.history.channel(topic, channel))
 
+    # --- charts (nsqtw): the long series the topic, channel and node pages draw ------------------------
+
+    def _since(self, request: IRequest) -> float:
+        raw = first(query(request), "range") or "300"
+        if not raw.isascii() or not raw.isdigit() or int(raw) <= 0:
+            raise HTTPAPIError(400, "INVALID_RANGE")
+        return self._now() - int(raw)
+
+    @app.route("/api/charts/topics/<topic>", methods=["GET"])
+    def api_charts_topic(self, request: IRequest, topic: str) -> bytes:
+        return v1(request, self.node.history.charts(topic=topic, since=self._since(request)))
+
+    @app.route("/api/charts/topics/<topic>/<channel>", methods=["GET"])
+    def api_charts_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+        return v1(request, self.node.history.charts(topic=topic, channel=channel, since=self._since(request)))
+
+    @app.route("/api/charts/nodes/<node>", methods=["GET"])
+    def api_charts_node(self, request: IRequest, node: str) -> bytes:
+        return v1(request, self.node.history.charts(node=node, since=self._since(request)))
+
     @app.route("/api/graphite", methods=["GET"])
     def api_graphite(self, request: IRequest) -> bytes:
         raise HTTPAPIError(404, "NOT_FOUND: nsqtw does not use graphite; see /api/history")

@@ -258,6 +258,41 @@ def _rate_cell(hist: dict[str, Any] | None) -> Markup:
     return el("td", fmt_rate(last_value((hist or {}).get("rate"))), class_="num rate", data_v="rate")
 
 
+# --- charts (the long series of /api/charts/...; drawn by the page script) -------------------
+
+#: (chart key, title, series, legend labels, unit)
+CHARTS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("depth", "Depth", "memory_depth,backend_depth", "memory,disk", "count"),
+    ("rates", "Publish and finish rate", "publish_rate,finish_rate", "publish,finish", "rate"),
+    ("inflight", "In flight and deferred", "in_flight_count,deferred_count", "in flight,deferred", "count"),
+    ("trouble", "Requeue and timeout rate", "requeue_rate,timeout_rate", "requeued,timed out", "rate"),
+    ("clients", "Connected clients", "clients", "clients", "count"),
+)
+RANGES = ((300, "5 min"), (3600, "1 h"), (21600, "6 h"))
+
+
+def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False) -> Markup:
+    """Time-series charts of ``what`` (a topic, channel or node) with a range picker and hover read-out."""
+    charts = list(CHARTS)
+    if e2e:
+        charts.append(("e2e", "End-to-end latency", "e2e:*", "", "ns"))
+    figures = []
+    for key, title, series, labels, unit in charts:
+        label = f"{title} of {what}, over time"
+        figures.append(el(
+            "figure",
+            el("figcaption", title, el("span", "", class_="readout", aria_live="off")),
+            el("svg", el("title", label), class_="chart", role="img", aria_label=label, viewBox="0 0 480 170"),
+            el("div", class_="legend"),
+            class_="chart-box", data_chart=key, data_series=series, data_labels=labels, data_unit=unit))
+    picker = el("div", *(el("button", label, type="button", class_="btn range" + (" active" if i == 0 else ""),
+                            data_range=str(seconds), aria_pressed="true" if i == 0 else "false")
+                         for i, (seconds, label) in enumerate(RANGES)),
+                class_="ranges", role="group", aria_label="time range")
+    return el("section", el("h2", "History ", el("small", "(gaps: a node did not answer)", class_="muted")),
+              picker, el("div", *figures, class_="charts"), class_="charts-panel", data_charts=api)
+
+
 # --- topics --------------------------------------------------------------------------
 
 
@@ -289,7 +324,7 @@ def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], me
         missing = missing_by_topic.get(name) or []
         if missing:
             badges.append(el("span", f"{len(missing)} node{'s' if len(missing) != 1 else ''} not answering",
-                             class_="badge danger", title=", ".join(missing)))
+                             class_="badge danger", title=", ".join(missing), data_row=f"missing-topic:{name}"))
         elif depth_now is None:
             badges.append(el("span", "inactive", class_="badge",
                              title="no nsqd produces this topic now (see the Lookup page)"))
@@ -430,6 +465,8 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
 
     parts.append(_channels_table(ctx, topic, channels, history.get("channels") or {},
                                  stats.get("channels_elsewhere") or [], bool(missing)))
+    if nodes or missing:
+        parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}"), f"topic {topic}"))
     if nodes and not channels:
         # before it has channels, a topic keeps its messages in its own queue: show those
         parts.append(peek_panel(ctx, ctx.url(f"/api/topic-peek/{q(topic)}"), states=False))
@@ -438,14 +475,17 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
                 history=ctx.url(f"/api/history/{q(topic)}"), nav="topics")
 
 
-def channel_trouble(c: dict[str, Any], hist: dict[str, Any] | None) -> list[Markup]:
-    """Badges for a channel that needs an operator: a backlog nobody consumes, timeouts still rising."""
+def channel_trouble(c: dict[str, Any], hist: dict[str, Any] | None, key: str) -> list[Markup]:
+    """Badges for a channel that needs an operator: a backlog nobody consumes, timeouts still rising.
+
+    Each carries ``data-row="<key>:backlog|timeouts"`` so the page script re-renders when one
+    appears or goes (it computes the same rules from the API answer)."""
     out = []
     if int(c.get("depth") or 0) > 0 and int(c.get("client_count") or 0) == 0 and not c.get("paused"):
-        out.append(el("span", "backlog, no consumer", class_="badge danger trouble-badge",
+        out.append(el("span", "backlog, no consumer", class_="badge danger trouble-badge", data_row=f"{key}:backlog",
                       title=f"{commafy(c.get('depth'))} messages wait and no client is subscribed"))
     if rising((hist or {}).get("timeout_count")):
-        out.append(el("span", "timeouts rising", class_="badge warn trouble-badge",
+        out.append(el("span", "timeouts rising", class_="badge warn trouble-badge", data_row=f"{key}:timeouts",
                       title="messages timed out (not finished in time) since the previous poll"))
     return out
 
@@ -464,7 +504,7 @@ def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]]
     rows = []
     for c in channels:
         name = c.get("channel_name", "")
-        trouble = channel_trouble(c, hist_channels.get(name))
+        trouble = channel_trouble(c, hist_channels.get(name), f"trouble:{name}")
         rows.append(el(
             "tr",
             el("td", el("a", name, href=ctx.url(f"/topics/{q(topic)}/{q(name)}")), " ",
@@ -572,6 +612,9 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
         parts.append(el("section", el("h2", "Channel"),
                         _grid(el("thead", e2e_head, head), el("tbody", *rows))))
     parts.append(_clients_table(ctx, stats.get("clients") or []))
+    if nodes or missing:
+        parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}/{q(channel)}"),
+                                  f"channel {topic}/{channel}", e2e=True))
     if nodes:
         parts.append(peek_panel(ctx, ctx.url(f"/api/topics/{q(topic)}/{q(channel)}/peek"), states=True))
     return Page(f"Channel {topic}/{channel}", "channel", join(parts),
@@ -797,7 +840,7 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
         ))
         for c in t.get("channels") or []:
             cname = c.get("channel_name", "")
-            trouble = channel_trouble(c, None)
+            trouble = channel_trouble(c, None, f"trouble:{name}/{cname}")
             rows.append(el(
                 "tr",
                 el("td", el("a", cname, href=ctx.url(f"/topics/{q(name)}/{q(cname)}")), " ",
@@ -823,13 +866,15 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
                         ", ".join(status.get("topics") or []) or "(none)", ".")
     else:
         table = _notice("This node has no topics.")
-    state_line = (el("p", _status_badge(status), class_="node-status", data_row="status")
+    state_line = (el("p", _status_badge(status), class_="node-status", data_row="status",
+                     data_paused="1" if status.get("status", "ok") != "ok" else None)
                   if status else Markup(""))
     content = join([
         _crumbs(ctx, ("Nodes", ctx.url("/nodes")), (node, None)),
         el("header", el("h1", el("span", "nsqd", class_="kind"), " ", node), class_="page-head"),
         state_line,
         _warning(message), cards, table,
+        charts_panel(ctx, ctx.url(f"/api/charts/nodes/{q(node)}"), f"node {node}"),
     ])
     return Page(f"Node {node}", "node", content, api=ctx.url(f"/api/nodes/{q(node)}"), nav="nodes")
 

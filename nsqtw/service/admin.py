@@ -26,6 +26,7 @@ from .. import NSQ_VERSION, __version__
 from ..admin.app import AdminHTTPAPI
 from ..admin.cluster import ClusterInfo, UpstreamError, Upstream, join_host_port, warning_message
 from ..admin.history import History
+from ..admin.nodes import NodeBook
 from ..admin.options import AdminOptions, split_upstream
 from ..options import OptionError
 from .listen import ListeningService
@@ -230,8 +231,10 @@ class AdminService(MultiService):
         self.http_client = http_client if http_client is not None else make_http_client(reactor, options)
         self.upstream = Upstream(self.http_client, reactor, options.http_client_request_timeout,
                                  f"nsqadmin/{NSQ_VERSION} (nsqtw {__version__})")
-        self.cluster = ClusterInfo(self.upstream, self._addresses, reactor)
-        self.history = History(options.history_size, options.history_interval)
+        self.history = History(options.history_size, options.history_interval, options.history_retention)
+        # a node that went away is still shown for as long as the charts reach back
+        self.cluster = ClusterInfo(self.upstream, self._addresses, reactor,
+                                   NodeBook(reactor, retention=self.history.retention))
         self._notifications: set[defer.Deferred] = set()
         for name in ("statsd_prefix", "statsd_counter_format", "statsd_gauge_format", "statsd_interval"):
             field = attr.fields_dict(AdminOptions)[name]

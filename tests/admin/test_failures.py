@@ -138,6 +138,16 @@ def _missing(doc: dict[str, Any]) -> dict[str, str]:
     return {m["node"]: m["status"] for m in doc.get("nodes_missing") or []}
 
 
+async def _settled(browser: Any, what: str) -> None:
+    """Three more live refreshes without re-rendering <main>: the rows the page shows are the rows the
+    API answer has (a marker the script expects but the server never renders would re-render forever)."""
+    await browser.until("return window.nsqadmin.polls >= 1", f"{what} to poll")
+    fragments = await browser.js("return window.nsqadmin.fragments")
+    polls = await browser.js("return window.nsqadmin.polls")
+    await browser.until(f"return window.nsqadmin.polls >= {polls} + 3", f"{what} to poll three more times")
+    assert await browser.js("return window.nsqadmin.fragments") <= fragments + 1, what
+
+
 async def _fits(browser: Any, width: int, name: str) -> None:
     """At ``width`` CSS pixels the page never scrolls sideways; at 1280 and up every table fits its box."""
     await browser._run(browser.driver.execute_cdp_cmd, "Emulation.setDeviceMetricsOverride",
@@ -235,6 +245,7 @@ async def test_hung_and_killed_nsqd_are_shown_not_hidden(processes, browser) -> 
         assert await browser.text(f'{solo} [data-v="depth"]') == "last 7"
         assert "not answering" in await browser.text(solo)
         await browser.screenshot("failed-topics")
+        await _settled(browser, "the topics page")
 
         await browser.get(admin.url + "topics/orders")
         failed = await browser.css("tr.failed")
@@ -245,6 +256,7 @@ async def test_hung_and_killed_nsqd_are_shown_not_hidden(processes, browser) -> 
         assert "partial: 1 of 3 nodes" in await browser.text('tr.total')
         await browser.until("return document.getElementById('live').classList.contains('warn')", "warning dot")
         await browser.screenshot("failed-topic")
+        await _settled(browser, "the topic page")
 
         await browser.get(admin.url + "topics/orders/archive")
         assert "partial: 1 of 3 nodes" in await browser.text("tr.total")
@@ -256,10 +268,16 @@ async def test_hung_and_killed_nsqd_are_shown_not_hidden(processes, browser) -> 
         assert "gone from nsqlookupd" in await browser.text(f'tr[data-row="missing:{killed.http_address}"]')
         assert "reachable" in await browser.text(f'tr[data-row="node:{healthy.http_address}"]')
         await browser.screenshot("failed-nodes")
+        await _settled(browser, "the nodes page")
+
+        await browser.get(admin.url + f"nodes/{hung.http_address}")
+        assert "unreachable since" in await browser.text(".node-status")
+        await _settled(browser, "a hung node's page")
 
         await browser.get(admin.url + f"nodes/{healthy.http_address}")
         assert "worker-1" in await browser.text('tr.client-row')
         await browser.screenshot("node-clients")
+        await _settled(browser, "the healthy node's page")
 
         await browser.get(admin.url + "counter")
         assert "partial: 1 of 3 nodes" in await browser.text("#counter-partial")

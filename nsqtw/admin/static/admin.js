@@ -431,6 +431,176 @@
     });
   }
 
+  // ---- charts: time and value axes, gaps where a node did not answer, hover read-out ---------------
+
+  var chartRange = 300;
+  var lastCharts = null;
+
+  function niceMax(v) {
+    if (!(v > 0)) { return 1; }
+    var p = Math.pow(10, Math.floor(Math.log10(v)));
+    var steps = [1, 2, 2.5, 5, 10];
+    for (var i = 0; i < steps.length; i++) { if (v <= steps[i] * p) { return steps[i] * p; } }
+    return 10 * p;
+  }
+
+  function fmtValue(v, unit) {
+    if (v === null || v === undefined) { return 'no answer'; }
+    if (unit === 'rate') { return (Math.round(v * 10) / 10) + '/s'; }
+    if (unit === 'ns') { return nanotohuman(v); }
+    return commafy(Math.round(v));
+  }
+
+  function fmtAxis(v, unit) {
+    if (unit === 'ns') { return nanotohuman(v); }
+    var a = Math.abs(v);
+    var t = a >= 1e6 ? (Math.round(v / 1e5) / 10) + 'M' : a >= 1e4 ? (Math.round(v / 100) / 10) + 'k'
+      : String(Math.round(v * 100) / 100);
+    return unit === 'rate' ? t + '/s' : t;
+  }
+
+  function hhmm(ts, span) {
+    var d = new Date(ts * 1000);
+    var two = function (n) { return (n < 10 ? '0' : '') + n; };
+    return two(d.getHours()) + ':' + two(d.getMinutes()) + (span <= 900 ? ':' + two(d.getSeconds()) : '');
+  }
+
+  function svgEl(name, attrs, text) {
+    var e = document.createElementNS(SVGNS, name);
+    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    if (text !== undefined) { e.textContent = text; }
+    return e;
+  }
+
+  // the path of one series: x from time, y from value, a new "M" after every gap
+  function chartPath(ts, values, x, y) {
+    var d = '';
+    var pen = false;
+    for (var i = 0; i < values.length; i++) {
+      var v = values[i];
+      if (v === null || v === undefined) { pen = false; continue; }
+      var px = x(ts[i]).toFixed(1);
+      var py = y(v).toFixed(1);
+      var next = values[i + 1];
+      if (!pen) {
+        d += 'M' + px + ',' + py;
+        // a lone point between gaps still shows, as a short dash
+        if (next === null || next === undefined) { d += 'h2'; }
+        pen = true;
+      } else {
+        d += 'L' + px + ',' + py;
+      }
+    }
+    return d;
+  }
+
+  function drawChart(fig, doc) {
+    var svg = fig.querySelector('svg.chart');
+    var unit = fig.dataset.unit;
+    var names = fig.dataset.series.split(',');
+    var labels = (fig.dataset.labels || '').split(',');
+    var series = doc.series || {};
+    if (names[0] === 'e2e:*') {
+      names = Object.keys(series).filter(function (k) { return k.indexOf('e2e:') === 0; });
+      labels = names.map(function (k) { return 'p' + Math.round(parseFloat(k.slice(4)) * 1000) / 10; });
+      fig.hidden = names.length === 0;
+      if (!names.length) { return; }
+    }
+    var ts = doc.timestamps || [];
+    // draw in the svg's own pixels, so text is never stretched
+    var W = Math.max(200, Math.round(svg.getBoundingClientRect().width) || 480), H = 170, L = 56, R = 8, T = 8, B = 22;
+    svg.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
+    var title = svg.querySelector('title');
+    while (svg.lastChild) { svg.removeChild(svg.lastChild); }
+    if (title) { svg.appendChild(title); }
+    var max = 0;
+    names.forEach(function (n) { (series[n] || []).forEach(function (v) { if (v !== null && v > max) { max = v; } }); });
+    var top = niceMax(max);
+    var t0 = ts.length ? Math.min(ts[0], Math.floor(Date.now() / 1000) - chartRange) : 0;
+    var t1 = ts.length ? ts[ts.length - 1] : 1;
+    if (ts.length) { t0 = Math.max(t0, t1 - chartRange); }
+    var span = Math.max(1, t1 - t0);
+    var x = function (t) { return L + (t - t0) / span * (W - L - R); };
+    var y = function (v) { return T + (1 - v / top) * (H - T - B); };
+    // value axis: 0, half, top; time axis: start, middle, end
+    [0, top / 2, top].forEach(function (v) {
+      svg.appendChild(svgEl('line', {x1: L, x2: W - R, y1: y(v), y2: y(v), 'class': 'grid-line'}));
+      svg.appendChild(svgEl('text', {x: L - 5, y: y(v) + 4, 'class': 'axis y'}, fmtAxis(v, unit)));
+    });
+    [t0, t0 + span / 2, t1].forEach(function (t, i) {
+      svg.appendChild(svgEl('text', {x: x(t), y: H - 5, 'class': 'axis x' + (i === 0 ? ' first' : i === 2 ? ' last' : '')},
+                            hhmm(t, span)));
+    });
+    // gaps: shade every sample no node answered for
+    var gapSeries = series[names[0]] || [];
+    for (var g = 0; g < ts.length; g++) {
+      if (gapSeries[g] === null || gapSeries[g] === undefined) {
+        var gx0 = x(g > 0 ? (ts[g - 1] + ts[g]) / 2 : ts[g]);
+        var gx1 = x(g < ts.length - 1 ? (ts[g] + ts[g + 1]) / 2 : ts[g]);
+        svg.appendChild(svgEl('rect', {x: gx0, y: T, width: Math.max(1, gx1 - gx0), height: H - T - B, 'class': 'gap'}));
+      }
+    }
+    names.forEach(function (n, i) {
+      svg.appendChild(svgEl('path', {d: chartPath(ts, series[n] || [], x, y), 'class': 'series s' + i,
+                                     'data-series': n, 'vector-effect': 'non-scaling-stroke'}));
+    });
+    var legend = fig.querySelector('.legend');
+    if (legend) {
+      legend.textContent = '';
+      names.forEach(function (n, i) {
+        var item = document.createElement('span');
+        item.className = 'key s' + i;
+        item.textContent = labels[i] || n;
+        legend.appendChild(item);
+      });
+    }
+    var cursor = svgEl('line', {x1: 0, x2: 0, y1: T, y2: H - B, 'class': 'cursor', visibility: 'hidden'});
+    svg.appendChild(cursor);
+    var readout = fig.querySelector('.readout');
+    svg.onmousemove = function (ev) {
+      if (!ts.length) { return; }
+      var box = svg.getBoundingClientRect();
+      var px = (ev.clientX - box.left) / box.width * W;
+      var best = 0;
+      for (var k = 1; k < ts.length; k++) { if (Math.abs(x(ts[k]) - px) < Math.abs(x(ts[best]) - px)) { best = k; } }
+      cursor.setAttribute('x1', x(ts[best]));
+      cursor.setAttribute('x2', x(ts[best]));
+      cursor.setAttribute('visibility', 'visible');
+      readout.textContent = hhmm(ts[best], 0) + ' \u00b7 ' + names.map(function (n, i) {
+        return (labels[i] || n) + ' ' + fmtValue((series[n] || [])[best], unit);
+      }).join(' \u00b7 ');
+    };
+    svg.onmouseleave = function () { cursor.setAttribute('visibility', 'hidden'); readout.textContent = ''; };
+  }
+
+  function drawCharts(doc) {
+    if (!doc) { return; }
+    lastCharts = doc;
+    main.querySelectorAll('figure[data-chart]').forEach(function (fig) { drawChart(fig, doc); });
+  }
+
+  function chartsUrl() {
+    var panel = main.querySelector('[data-charts]');
+    return panel ? panel.dataset.charts + '?range=' + chartRange : null;
+  }
+
+  function pollCharts() {
+    var url = chartsUrl();
+    if (!url) { return Promise.resolve(null); }
+    return getJSON(url).then(function (doc) { stats.charts = (stats.charts || 0) + 1; drawCharts(doc); });
+  }
+
+  document.addEventListener('click', function (ev) {
+    var btn = ev.target.closest('button[data-range]');
+    if (!btn || !main.contains(btn)) { return; }
+    chartRange = parseInt(btn.dataset.range, 10) || 300;
+    main.querySelectorAll('button[data-range]').forEach(function (b) {
+      b.classList.toggle('active', b === btn);
+      b.setAttribute('aria-pressed', b === btn ? 'true' : 'false');
+    });
+    pollCharts();
+  });
+
   // ---- refresh ------------------------------------------------------------------------
 
   function refreshFragment() {
@@ -446,6 +616,12 @@
         drawSparks(lastHist);
         localTimes();
         applySort();
+        main.querySelectorAll('button[data-range]').forEach(function (b) {
+          var on = parseInt(b.dataset.range, 10) === chartRange;
+          b.classList.toggle('active', on);
+          b.setAttribute('aria-pressed', on ? 'true' : 'false');
+        });
+        drawCharts(lastCharts);
       })
       .finally(function () { refreshing = false; });
   }
@@ -470,7 +646,8 @@
   function poll() {
     clearTimeout(timer);
     var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
-                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null)];
+                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null),
+                 pollCharts().catch(function () { return null; })];
     return Promise.all(wants)
       .then(function (res) { stats.polls++; return update(res[0], res[1]); })
       .catch(function (err) { stats.errors++; setLive(false, err.message); })
