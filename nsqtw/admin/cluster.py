@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from urllib.parse import quote
 
@@ -737,11 +737,11 @@ async def _each(items: Sequence[T], call: Callable[[T], Awaitable[Any]]) -> tupl
 async def _each_failed(items: Sequence[T], call: Callable[[T], Awaitable[Any]]
                        ) -> tuple[list[tuple[T, Any]], list[tuple[T, str]]]:
     """Like :func:`_each`, with each failed item beside its error text."""
-    ds = [defer.ensureDeferred(call(item)) for item in items]
+    ds: list[defer.Deferred[Any]] = [defer.ensureDeferred(cast(Any, call(item))) for item in items]
     outcomes = await defer.DeferredList(ds, consumeErrors=True)
     results: list[tuple[T, Any]] = []
     failed: list[tuple[T, str]] = []
-    for item, (ok, value) in zip(items, outcomes):
+    for item, (ok, value) in zip(items, outcomes, strict=True):
         if ok:
             results.append((item, value))
         else:

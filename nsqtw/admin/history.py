@@ -235,7 +235,7 @@ class History:
                 if t is None:
                     return None
                 return t.depth, t.message_count, 0, t.nodes
-            series = self._series(pick)
+            series: dict[str, Any] = self._series(pick)
             del series["in_flight_count"]
             series["backlog"] = [None if s.topics.get(name) is None else s.topics[name].backlog
                                  for s in self.samples]
@@ -302,7 +302,7 @@ class History:
         out["channel"] = self._series(pick)
         node_names = sorted({n for s in self.samples for n in ((find(s) or ChannelSample()).nodes)})
         out["nodes"] = {
-            node: self._series(self._node_pick(lambda s: (find(s).nodes if find(s) else None), node))
+            node: self._series(self._node_pick(lambda s: (getattr(find(s), "nodes", None)), node))
             for node in node_names
         }
         out["message"] = self.message

@@ -11,7 +11,7 @@ server-rendered cell and a refreshed one read the same.
 from __future__ import annotations
 
 import html
-from typing import Any, Union
+from typing import Any
 from collections.abc import Iterable
 
 __all__ = ["Markup", "escape", "el", "join", "commafy", "nanotohuman", "fmt_rate", "fmt_seconds", "percentile_label"]
@@ -25,7 +25,7 @@ class Markup(str):
     __slots__ = ()
 
 
-Child = Union[None, str, int, float, Markup, Iterable[Any]]
+Child = None | str | int | float | Markup | Iterable[Any]
 
 
 def escape(value: Any) -> Markup:

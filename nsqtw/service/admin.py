@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
+from typing import Any, cast
 
 import attr
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.iweb import IRequest
+from typing import Any as HTTPRequest  # an IRequest (zope interfaces do not type-check without a mypy plugin)
 
 from .. import NSQ_VERSION, __version__
 from ..admin.app import AdminHTTPAPI
@@ -121,7 +121,7 @@ def make_http_client(reactor: Any, options: AdminOptions) -> Any:
     pool._factory = _QuietFactory
     agent = Agent(reactor, contextFactory=tls_policy(options), connectTimeout=options.http_client_connect_timeout,
                   pool=pool)
-    return HTTPClient(agent)
+    return HTTPClient(cast(Any, agent))  # an Agent is an IAgent
 
 
 def check_resolvable(options: AdminOptions) -> None:
@@ -140,7 +140,7 @@ def check_resolvable(options: AdminOptions) -> None:
 class HistoryPoller(Service):
     """Samples every nsqd's ``/stats`` into the history every ``--history-interval`` (injected clock)."""
 
-    name = "history"
+    name = "history"  # type: ignore[assignment]  # twisted types Service.name as None
 
     def __init__(self, node: AdminService, interval: float) -> None:
         self.node = node
@@ -261,7 +261,7 @@ class AdminService(MultiService):
 
     # --- notifications ------------------------------------------------------------------
 
-    def notification(self, action: str, topic: str, channel: str, node: str, request: IRequest) -> dict[str, Any]:
+    def notification(self, action: str, topic: str, channel: str, node: str, request: HTTPRequest) -> dict[str, Any]:
         """nsqadmin's ``AdminAction`` for one request (``channel``, ``node`` and ``user`` omitted when empty)."""
         secure = request.isSecure() or (request.getHeader(b"X-Scheme") or b"").lower() == b"https"
         host = (request.getHeader(b"Host") or b"").decode("latin-1")
@@ -283,7 +283,7 @@ class AdminService(MultiService):
         doc["via"] = self.hostname
         return doc
 
-    def notify(self, action: str, topic: str, channel: str, node: str, request: IRequest) -> None:
+    def notify(self, action: str, topic: str, channel: str, node: str, request: HTTPRequest) -> None:
         """POST the action to ``--notification-http-endpoint`` in the background."""
         endpoint = self.options.notification_http_endpoint
         if not endpoint:

@@ -90,7 +90,7 @@ async def test_create_topic_and_channel_everywhere(cluster) -> None:
 async def test_delete_topic_on_lookupd_and_every_producer(cluster) -> None:
     """DELETE /api/topics/:topic removes it from lookupd and from every nsqd that had it."""
     admin, lookupd, nodes, peers = cluster
-    for n, p in zip(nodes, peers):
+    for n, p in zip(nodes, peers, strict=True):
         await publish(n, "gone", [b"1"])
         await registered(p)
     code, doc, _ = await call("DELETE", admin.url + "api/topics/gone")
@@ -106,7 +106,7 @@ async def test_delete_topic_on_lookupd_and_every_producer(cluster) -> None:
 async def test_delete_channel_on_lookupd_and_every_producer(cluster) -> None:
     """DELETE /api/topics/:topic/:channel removes the channel from lookupd and each producer."""
     admin, lookupd, nodes, peers = cluster
-    for n, p in zip(nodes, peers):
+    for n, p in zip(nodes, peers, strict=True):
         await create_channel(n, "t", "c")
         await registered(p)
     code, doc, _ = await call("DELETE", admin.url + "api/topics/t/c")
@@ -123,7 +123,7 @@ async def test_delete_channel_on_lookupd_and_every_producer(cluster) -> None:
 async def test_pause_reaches_producers_found_through_lookupd(cluster) -> None:
     """POST /api/topics/:t/:c {"action":"pause"} pauses the channel on every producer lookupd lists."""
     admin, lookupd, nodes, peers = cluster
-    for n, p in zip(nodes, peers):
+    for n, p in zip(nodes, peers, strict=True):
         await create_channel(n, "t", "c")
         await registered(p)
     code, doc, _ = await call("POST", admin.url + "api/topics/t/c", {"action": "pause"})
@@ -136,7 +136,7 @@ async def test_pause_reaches_producers_found_through_lookupd(cluster) -> None:
 async def test_tombstone_topic_producer(cluster) -> None:
     """DELETE /api/nodes/:node {"topic"} tombstones the node on lookupd and deletes the topic on that node."""
     admin, lookupd, nodes, peers = cluster
-    for n, p in zip(nodes, peers):
+    for n, p in zip(nodes, peers, strict=True):
         await publish(n, "tomb", [b"1"])
         await registered(p)
     node = nodes[0].http_address

@@ -117,13 +117,6 @@ class Browser:
             shutil.rmtree(self.profile, ignore_errors=True)
 
 
-@pytest_twisted.async_yield_fixture
-async def browser():
-    b = await within(threads.deferToThread(Browser.start), 60)
-    yield b
-    await within(threads.deferToThread(b.quit), 30)
-
-
 async def subscribe(nsqd: Any, topic: str, channel: str, rdy: int = 2, **identify: Any) -> Any:
     client = await connect_raw(nsqd.tcp_port)
     client.send(identify_command(feature_negotiation=True, **identify))

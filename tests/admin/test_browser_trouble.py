@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import pytest_twisted
 
+import re
+
 from admin_helpers import call, create_channel, nsqd_stats, publish, within
-from test_browser import browser, pytestmark as browser_marks, subscribe  # noqa: F401
+from test_browser import pytestmark as browser_marks, subscribe
 
 pytestmark = list(browser_marks)
 
@@ -92,3 +94,48 @@ async def test_page_script_formats_durations_like_the_server(admin, browser) -> 
     assert await browser.js("return window.nsqadmin.fmt.nanotohuman(277.81e6)") == "277.81ms"
     code, _, _ = await call("GET", admin.url + "topics")
     assert code == 200
+
+
+@pytest.mark.admin_options(history_interval=3600.0, refresh_interval=0.3)
+@pytest_twisted.ensureDeferred
+async def test_chart_paths_follow_the_data(admin, nsqds, browser) -> None:
+    """In Chromium, the channel page's depth chart has one path piece per run of answers (the gap
+    between them is shaded, not drawn as zero), its points sit at the data's heights, and hovering
+    reads the value out."""
+    from twisted.internet import reactor
+
+    from test_details import _chan
+
+    await create_channel(nsqds[0], "t", "c")
+    node = nsqds[0].http_address
+    now = reactor.seconds()
+    admin.history.samples.clear()
+    for i, depth in enumerate([0, 10, None, 10, 0]):
+        stats = [] if depth is None else [_chan(node, depth, 0, 100 * i)]
+        admin.history.record(now - 40 + 10 * i, stats, failed=[node] if depth is None else [])
+    b = browser
+    await b.get(admin.url + "topics/t/c")
+    fig = 'figure[data-chart="depth"]'
+    await b.until(f"return document.querySelector('{fig} path[data-series=\"memory_depth\"]')"
+                  " && window.nsqadmin.charts >= 1", "the depth chart")
+    d = await b.js(f"return document.querySelector('{fig} path[data-series=\"memory_depth\"]').getAttribute('d')")
+    assert d.count("M") == 2, d
+    ys = {float(y) for y in re.findall(r"[ML][\d.]+,([\d.]+)", d)}
+    assert ys == {8.0, 148.0}, d  # 10 at the top of a 0..10 axis, 0 at the bottom
+    assert len(await b.css(f"{fig} rect.gap")) == 1
+    labels = await b.js(f"return Array.from(document.querySelectorAll('{fig} text.axis.y'))"
+                        ".map(function (t) { return t.textContent; })")
+    assert labels == ["0", "5", "10"]
+    await b.js(f"""var svg = document.querySelector('{fig} svg');
+        var p = svg.querySelector('path[data-series="memory_depth"]').getPointAtLength(0);
+        var box = svg.getBoundingClientRect(); var vb = svg.viewBox.baseVal;
+        var seg = svg.querySelector('path[data-series="memory_depth"]').getAttribute('d').split('L')[1];
+        var x = parseFloat(seg.split(',')[0]);
+        svg.dispatchEvent(new MouseEvent('mousemove', {{clientX: box.left + x / vb.width * box.width,
+                                                        clientY: box.top + 10}}));""")
+    assert "memory 10" in await b.text(f"{fig} .readout")
+    await b.screenshot("channel-charts")
+    await b.click('button[data-range="3600"]')
+    await b.until("return document.querySelector('button[data-range=\"3600\"]').getAttribute('aria-pressed')"
+                  " === 'true'", "the 1 h range")
+    assert await b.console_errors() == []

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, protocol, task
+from twisted.internet import protocol, task
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.logger import globalLogPublisher
 
-from admin_helpers import call, create_channel, find_channel, nsqd_stats, publish, within
+from admin_helpers import call, create_channel
 from nsqtw.admin.history import History, current_value, rising
 from nsqtw.admin.html import nanotohuman
 from nsqtw.admin.nodes import NodeBook
@@ -146,3 +146,48 @@ async def test_browser_going_away_is_one_log_line(start_admin) -> None:
     finally:
         globalLogPublisher.removeObserver(events.append)
         await port.stopListening()
+
+
+def _chan(node: str, depth: int, backend: int, msgs: int, in_flight: int = 0, timeouts: int = 0,
+          clients: int = 1) -> Any:
+    from nsqtw.admin.cluster import ChannelStats, TopicStats
+
+    cs = ChannelStats(node=node, topic_name="t", channel_name="c", depth=depth, memory_depth=depth - backend,
+                      backend_depth=backend, message_count=msgs, in_flight_count=in_flight,
+                      timeout_count=timeouts, client_count=clients)
+    return TopicStats(node=node, topic_name="t", message_count=msgs, channels=[cs])
+
+
+def test_chart_series_rates_finish_and_gaps() -> None:
+    """Publish rate from message counts; finish rate as the Spark job computes it (put minus the growth
+    of what the channel holds); a sample where a node of the scope failed is a gap in every series."""
+    h = History(10, 10.0)
+    h.record(0, [_chan("a:1", 0, 0, 0)])
+    h.record(10, [_chan("a:1", 50, 20, 100, in_flight=10)])   # 100 put, 60 more held: 4/s finished
+    h.record(20, [], failed=["a:1"])
+    h.record(30, [_chan("a:1", 0, 0, 150)])
+    h.record(40, [_chan("a:1", 0, 0, 250, timeouts=5)])
+    doc = h.charts(topic="t", channel="c")
+    s = doc["series"]
+    assert doc["timestamps"] == [0, 10, 20, 30, 40]
+    assert s["memory_depth"] == [0, 30, None, 0, 0] and s["backend_depth"] == [0, 20, None, 0, 0]
+    assert s["publish_rate"] == [None, 10.0, None, None, 10.0]
+    assert s["finish_rate"] == [None, 4.0, None, None, 10.0]
+    assert s["timeout_rate"] == [None, 0.0, None, None, 0.5] and s["clients"] == [1, 1, None, 1, 1]
+    assert h.charts(topic="t", channel="c", since=25)["timestamps"] == [30, 40]
+    assert h.charts(node="a:1")["series"]["memory_depth"][1] == 30
+    assert h.charts(topic="nope")["series"]["memory_depth"] == [None] * 5
+
+
+def test_history_retention_thins_old_samples_and_bounds_memory() -> None:
+    """Beyond the newest ``size`` samples, at most one per retention/720 s is kept, none older than
+    the retention: a day of 1 s samples with a 1 h retention keeps 10 + at most 721."""
+    from nsqtw.admin.history import COARSE_POINTS
+
+    h = History(10, 1.0, retention=3600)
+    for t in range(86_400):
+        h.record(float(t), [])
+    assert len(h.samples) == 10 and len(h.coarse) <= COARSE_POINTS + 1
+    window = h.window()
+    assert window[0].t >= 86_399 - 3600 - h.coarse_step and window[-1].t == 86_399
+    assert all(b.t - a.t >= h.coarse_step for a, b in zip(h.coarse, list(h.coarse)[1:], strict=False))

@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import pytest_twisted
 from twisted.internet import defer, task
 from twisted.internet.protocol import ProcessProtocol
 
 from admin_helpers import call, publish, within
-from test_browser import ARTIFACTS, browser, pytestmark as browser_marks, subscribe  # noqa: F401
+from test_browser import pytestmark as browser_marks, subscribe
 from nsqtw.testing import command
 
 ROOT = Path(__file__).resolve().parents[2]
