@@ -940,9 +940,10 @@ def counter_page(ctx: PageContext, total: int, message: str, partial: dict[str, 
     note = Markup("")
     if partial:
         note = el("div", _partial_badge(partial), " the sum includes the last counts seen from ",
-                  join([join([el("a", m.get("node", ""), href=ctx.url(f"/nodes/{q(m.get('node', ''))}")),
+                  join([join(["; " if i else "",
+                              el("a", m.get("node", ""), href=ctx.url(f"/nodes/{q(m.get('node', ''))}")),
                               " (", m.get("status", ""), ", last seen ", _ts(m.get("last_seen")), ")"])
-                        for m in missing]), class_="hint partial-note", id="counter-partial")
+                        for i, m in enumerate(missing)]), class_="hint partial-note", id="counter-partial")
     content = join([
         el("header", el("h1", "Messages processed"), class_="page-head"),
         _warning(message),

@@ -195,8 +195,9 @@ class HistoryPoller(Service):
         message = warning_message(list(errors) + list(errs))
         self._report(message)
         ci.book.forget()
-        gone = [s.address for s in ci.book.failing() if s.address not in failed]
-        self.node.history.record(now, topics, message, failed=list(failed) + gone)
+        # only nodes asked and silent make gaps: one that left nsqlookupd (gone) is not asked any more,
+        # and its topics' totals go on over the nodes that remain (the pages say the total is partial)
+        self.node.history.record(now, topics, message, failed=failed)
 
     def _report(self, message: str) -> None:
         """Log a poll problem when it starts or changes, not every interval."""

@@ -77,13 +77,26 @@ class Browser:
         from selenium.webdriver.common.by import By
         return await self._run(self.driver.find_elements, By.CSS_SELECTOR, selector)
 
+    def _on_one(self, selector: str, act: Callable[[Any], Any]) -> Any:
+        """``act`` on the one element matching ``selector``, found again if a live refresh replaced
+        it in between (a fragment swap makes the old element stale)."""
+        from selenium.common.exceptions import StaleElementReferenceException
+        from selenium.webdriver.common.by import By
+
+        for attempt in range(5):
+            (el,) = self.driver.find_elements(By.CSS_SELECTOR, selector)
+            try:
+                return act(el)
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
+        return None
+
     async def text(self, selector: str) -> str:
-        (el,) = await self.css(selector)
-        return await self._run(lambda: el.text)
+        return await self._run(self._on_one, selector, lambda el: el.text)
 
     async def click(self, selector: str) -> None:
-        (el,) = await self.css(selector)
-        await self._run(el.click)
+        await self._run(self._on_one, selector, lambda el: el.click())
 
     async def until(self, script: str, what: str) -> Any:
         """Wait (in the browser thread) until a JS expression is truthy; fail after WAIT seconds."""

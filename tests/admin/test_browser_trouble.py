@@ -134,6 +134,7 @@ async def test_chart_paths_follow_the_data(admin, nsqds, browser) -> None:
         svg.dispatchEvent(new MouseEvent('mousemove', {{clientX: box.left + x / vb.width * box.width,
                                                         clientY: box.top + 10}}));""")
     assert "memory 10" in await b.text(f"{fig} .readout")
+    await b.js("document.querySelector('.charts-panel').scrollIntoView()")
     await b.screenshot("channel-charts")
     await b.click('button[data-range="3600"]')
     await b.until("return document.querySelector('button[data-range=\"3600\"]').getAttribute('aria-pressed')"

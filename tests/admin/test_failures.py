@@ -261,6 +261,11 @@ async def test_hung_and_killed_nsqd_are_shown_not_hidden(processes, browser) -> 
         assert "partial: 1 of 3 nodes" in await browser.text("tr.total")
         assert len(await browser.css("tr.failed")) == 2
         await browser.screenshot("failed-channel")
+        # the charts: the hung node's samples are gaps (shaded), not zeros
+        await browser.until("return document.querySelector('figure[data-chart=\"depth\"] rect.gap')",
+                            "a gap in the channel's depth chart")
+        await browser.js("document.querySelector('.charts-panel').scrollIntoView()")
+        await browser.screenshot("failed-channel-charts")
 
         await browser.get(admin.url + "nodes")
         assert "unreachable since" in await browser.text(f'tr[data-row="missing:{hung.http_address}"]')
