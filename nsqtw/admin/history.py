@@ -352,9 +352,11 @@ class History:
         quantiles = sorted({q for s in samples for k, v in s.e2e.items() if chan_key(k) for q in v})
         for q in quantiles:
             series[f"e2e:{q:g}"] = []
+        gaps: list[bool] = []
         prev: Sample | None = None
         for s in samples:
             gap = bool(nodes & s.failed) or not any(depth_key(k) or chan_key(k) for k in s.rows)
+            gaps.append(gap)
             if gap:
                 for values in series.values():
                     values.append(None)
@@ -381,7 +383,7 @@ class History:
                 series[f"e2e:{q:g}"].append(round(sum(vals) / len(vals), 1) if vals else None)
             prev = s
         return {"interval": self.interval, "retention": self.retention, "timestamps": [int(s.t) for s in samples],
-                "series": series, "message": self.message}
+                "series": series, "gaps": gaps, "message": self.message}
 
 
 def _chart_rate(prev: Sample | None, cur: Sample, keyf: Any, delta: Any, dt: float) -> float | None:

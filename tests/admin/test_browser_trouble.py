@@ -110,30 +110,31 @@ async def test_chart_paths_follow_the_data(admin, nsqds, browser) -> None:
     node = nsqds[0].http_address
     now = reactor.seconds()
     admin.history.samples.clear()
-    for i, depth in enumerate([0, 10, None, 10, 0]):
-        stats = [] if depth is None else [_chan(node, depth, 0, 100 * i)]
-        admin.history.record(now - 40 + 10 * i, stats, failed=[node] if depth is None else [])
+    # five minutes of samples 10 s apart: depth a triangle wave 0..100, a 3-sample gap in the middle
+    depths = [None if 14 <= i <= 16 else abs(5 - i % 10) * 20 for i in range(30)]
+    for i, depth in enumerate(depths):
+        stats = [] if depth is None else [_chan(node, depth, 0, 50 * i, in_flight=5, clients=2)]
+        admin.history.record(now - 290 + 10 * i, stats, failed=[node] if depth is None else [])
     b = browser
     await b.get(admin.url + "topics/t/c")
     fig = 'figure[data-chart="depth"]'
     await b.until(f"return document.querySelector('{fig} path[data-series=\"memory_depth\"]')"
                   " && window.nsqadmin.charts >= 1", "the depth chart")
     d = await b.js(f"return document.querySelector('{fig} path[data-series=\"memory_depth\"]').getAttribute('d')")
-    assert d.count("M") == 2, d
-    ys = {float(y) for y in re.findall(r"[ML][\d.]+,([\d.]+)", d)}
-    assert ys == {8.0, 148.0}, d  # 10 at the top of a 0..10 axis, 0 at the bottom
-    assert len(await b.css(f"{fig} rect.gap")) == 1
+    assert d.count("M") == 2, d  # one piece before the gap, one after
+    ys = [float(y) for y in re.findall(r"[ML][\d.]+,([\d.]+)", d)]
+    assert len(ys) == 27 and min(ys) == 8.0 and max(ys) == 148.0, d  # 100 at the top of 0..100, 0 at the bottom
+    assert len(await b.css(f"{fig} rect.gap")) == 3
     labels = await b.js(f"return Array.from(document.querySelectorAll('{fig} text.axis.y'))"
                         ".map(function (t) { return t.textContent; })")
-    assert labels == ["0", "5", "10"]
+    assert labels == ["0", "50", "100"]
     await b.js(f"""var svg = document.querySelector('{fig} svg');
-        var p = svg.querySelector('path[data-series="memory_depth"]').getPointAtLength(0);
         var box = svg.getBoundingClientRect(); var vb = svg.viewBox.baseVal;
-        var seg = svg.querySelector('path[data-series="memory_depth"]').getAttribute('d').split('L')[1];
-        var x = parseFloat(seg.split(',')[0]);
+        var first = svg.querySelector('path[data-series="memory_depth"]').getAttribute('d').split('L')[0];
+        var x = parseFloat(first.slice(1).split(',')[0]);
         svg.dispatchEvent(new MouseEvent('mousemove', {{clientX: box.left + x / vb.width * box.width,
                                                         clientY: box.top + 10}}));""")
-    assert "memory 10" in await b.text(f"{fig} .readout")
+    assert "memory 100" in await b.text(f"{fig} .readout")
     await b.js("document.querySelector('.charts-panel').scrollIntoView()")
     await b.screenshot("channel-charts")
     await b.click('button[data-range="3600"]')

@@ -169,7 +169,7 @@ def test_chart_series_rates_finish_and_gaps() -> None:
     h.record(40, [_chan("a:1", 0, 0, 250, timeouts=5)])
     doc = h.charts(topic="t", channel="c")
     s = doc["series"]
-    assert doc["timestamps"] == [0, 10, 20, 30, 40]
+    assert doc["timestamps"] == [0, 10, 20, 30, 40] and doc["gaps"] == [False, False, True, False, False]
     assert s["memory_depth"] == [0, 30, None, 0, 0] and s["backend_depth"] == [0, 20, None, 0, 0]
     assert s["publish_rate"] == [None, 10.0, None, None, 10.0]
     assert s["finish_rate"] == [None, 4.0, None, None, 10.0]

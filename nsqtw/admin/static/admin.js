@@ -531,10 +531,11 @@
       svg.appendChild(svgEl('text', {x: x(t), y: H - 5, 'class': 'axis x' + (i === 0 ? ' first' : i === 2 ? ' last' : '')},
                             hhmm(t, span)));
     });
-    // gaps: shade every sample no node answered for
-    var gapSeries = series[names[0]] || [];
+    // gaps: shade every sample in which a node of this chart did not answer (a rate that merely has no
+    // previous sample yet is left blank, not shaded)
+    var gaps = doc.gaps || [];
     for (var g = 0; g < ts.length; g++) {
-      if (gapSeries[g] === null || gapSeries[g] === undefined) {
+      if (gaps[g]) {
         var gx0 = x(g > 0 ? (ts[g - 1] + ts[g]) / 2 : ts[g]);
         var gx1 = x(g < ts.length - 1 ? (ts[g] + ts[g + 1]) / 2 : ts[g]);
         svg.appendChild(svgEl('rect', {x: gx0, y: T, width: Math.max(1, gx1 - gx0), height: H - T - B, 'class': 'gap'}));
