@@ -528,14 +528,16 @@ def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]]
                        class_="elsewhere", data_row=f"elsewhere:{name}"))
     e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
                                                      class_="group"), el("th", colspan=2)) if quantiles else "")
-    head = el("tr", el("th", "Channel"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
-              el("th", "In-Flight", class_="num"), el("th", "Deferred", class_="num"),
-              el("th", "Requeued", class_="num"), el("th", "Timed Out", class_="num"),
-              el("th", "Messages", class_="num"), el("th", "Rate", class_="num"),
-              el("th", "Clients", class_="num", title="connections"), *_e2e_heads(quantiles),
+    def sortable(label: str, cls: str = "num", title: str | None = None) -> Markup:
+        return el("th", label, class_=f"{cls} sortable", tabindex="0", aria_sort="none", title=title)
+    head = el("tr", sortable("Channel", "text"), sortable("Depth"), sortable("Memory + Disk"),
+              sortable("In-Flight"), sortable("Deferred"), sortable("Requeued"), sortable("Timed Out"),
+              sortable("Messages"), sortable("Rate"), sortable("Clients", title="connections"),
+              *[el("th", percentile_label(quant), class_="num e2e sortable", tabindex="0", aria_sort="none")
+                for quant in quantiles],
               el("th", "Depth graph", class_="graph"), el("th", "Rate graph", class_="graph"))
     return el("section", el("h2", "Channel message queues"),
-              _grid(el("thead", e2e_head, head), el("tbody", *rows)))
+              _grid(el("thead", e2e_head, head), el("tbody", *rows), cls="grid sortable-table"))
 
 
 # --- channel ---------------------------------------------------------------------------

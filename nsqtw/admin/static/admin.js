@@ -700,8 +700,13 @@
       return isNaN(f) ? cell.dataset.sort.toLowerCase() : f;
     }
     var text = cell.textContent.trim();
-    var num = text.replace(/^last /, '').replace(/,/g, '').replace(/\/s$/, '');
+    var num = text.replace(/^last /, '').replace(/,/g, '').replace(/\/s$/, '').replace(/ \+ .*$/, '');
     if (num !== '' && !isNaN(Number(num))) { return Number(num); }
+    var dur = /^(?:(\d+)h)?(?:(\d+)m(?!s))?(?:([\d.]+)(s|ms|us|ns))?$/.exec(text);
+    if (dur && text) {
+      var mult = {s: 1e9, ms: 1e6, us: 1e3, ns: 1}[dur[4] || 's'];
+      return (Number(dur[1] || 0) * 3600e9) + (Number(dur[2] || 0) * 60e9) + Number(dur[3] || 0) * mult;
+    }
     if (text === '\u2013' || text === '') { return -1; }
     return text.toLowerCase();
   }
