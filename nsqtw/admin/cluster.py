@@ -28,6 +28,7 @@ from urllib.parse import quote
 import attr
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from .nodes import NodeBook
 
@@ -670,8 +671,15 @@ class Upstream:
             content = await response.content()
             return response.code, (response.phrase or b"").decode("latin-1"), content
 
+        def timed_out(result: Any, timeout: float) -> Any:
+            # the timeout cancelled the request: treq then fails with ResponseNeverReceived, which
+            # would hide that the node simply did not answer in time
+            if isinstance(result, Failure):
+                raise defer.TimeoutError(timeout, "Deferred")
+            return result
+
         d = defer.ensureDeferred(go())
-        d.addTimeout(self.request_timeout, self.clock)
+        d.addTimeout(self.request_timeout, self.clock, onTimeoutCancel=timed_out)
         try:
             return await d
         except defer.TimeoutError:

@@ -191,3 +191,32 @@ def test_history_retention_thins_old_samples_and_bounds_memory() -> None:
     window = h.window()
     assert window[0].t >= 86_399 - 3600 - h.coarse_step and window[-1].t == 86_399
     assert all(b.t - a.t >= h.coarse_step for a, b in zip(h.coarse, list(h.coarse)[1:], strict=False))
+
+
+@pytest_twisted.ensureDeferred
+async def test_nsqd_mode_keeps_a_configured_node_that_never_answers(start_admin, nsqds) -> None:
+    """With --nsqd-http-address, a configured nsqd that hangs is listed on /nodes as unreachable (never
+    seen) and the counter says its sum is partial, instead of the node silently vanishing."""
+    from twisted.internet import reactor
+
+    factory = protocol.Factory.forProtocol(_Silent)
+    factory.connected, factory.lost = [], []  # type: ignore[attr-defined]
+    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
+    hung = f"127.0.0.1:{port.getHost().port}"
+    try:
+        admin = await start_admin(nsqd_http_addresses=[nsqds[0].http_address, hung],
+                                  http_client_request_timeout=0.5, history_interval=3600.0)
+        code, doc, _ = await call("GET", admin.url + "api/nodes")
+        assert code == 200 and doc["partial"] == {"answered": 1, "total": 2}
+        by_status = {n["status"]: n for n in doc["nodes"]}
+        assert by_status["unreachable"]["last_seen"] is None and "no answer within" in by_status["unreachable"]["error"]
+        assert by_status["ok"]["uptime_seconds"] >= 0
+        code, doc, _ = await call("GET", admin.url + "api/counter")
+        assert code == 200 and doc["partial"] == {"answered": 1, "total": 2}
+        code, html, _ = await call("GET", admin.url + "nodes")
+        assert code == 200 and "unreachable since" in html and "last seen <span class=\"muted\">never</span>" in html
+        assert 'class="live warn"' in html
+    finally:
+        for p in list(factory.connected):
+            p.transport.abortConnection()
+        await port.stopListening()

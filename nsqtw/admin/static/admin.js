@@ -610,7 +610,11 @@
     var url = new URL(window.location.href);
     url.searchParams.set('fragment', '1');
     return fetch(url.toString(), {credentials: 'same-origin', cache: 'no-store'})
-      .then(function (r) { return r.text(); })
+      .then(function (r) {
+        // what this page shows is gone (deleted elsewhere): show the server's own page for it
+        if (!r.ok) { window.location.reload(); return new Promise(function () {}); }
+        return r.text();
+      })
       .then(function (html) {
         stats.fragments++;
         main.innerHTML = html;
@@ -644,8 +648,11 @@
     return null;
   }
 
+  var acting = false;  // an action is under way: no refresh races it (a delete would 404 the page)
+
   function poll() {
     clearTimeout(timer);
+    if (acting) { timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
     var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
                  cfg.history ? getJSON(cfg.history) : Promise.resolve(null),
                  pollCharts().catch(function () { return null; })];
@@ -758,6 +765,7 @@
   // ---- an outcome message that must survive a navigation (after a delete) ---------------------
 
   function flashAfterNavigation(kind, text, url) {
+    acting = true;  // leaving: no more refreshes of a page that is gone
     try { sessionStorage.setItem('nsqadmin.flash', JSON.stringify({kind: kind, text: text})); } catch (e) { /* private mode */ }
     window.location.href = url;
   }
@@ -801,8 +809,10 @@
       req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});
     }
     btn.disabled = true;
+    acting = true;
     return req.then(function (res) {
       btn.disabled = false;
+      acting = false;
       if (!res.ok) {
         flash('error', 'Could not ' + action + ' ' + what + ': ' + (res.message || res.status));
         return null;
@@ -822,6 +832,7 @@
       return refreshFragment();
     }, function (err) {
       btn.disabled = false;
+      acting = false;
       flash('error', 'Could not ' + action + ' ' + what + ': ' + err.message);
     });
   }
