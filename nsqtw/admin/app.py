@@ -10,7 +10,7 @@ the series the pages draw their graphs from.
 
 Path parameters arrive percent-decoded (twisted.web unquotes each segment), so
 ``/api/topics/tmp%23ephemeral`` names ``tmp#ephemeral``.  The app holds an
-:class:`~nsqtw.service.admin.AdminService` (the running service): the current options,
+:class:`AdminNode` (the running service, an :class:`~nsqtw.service.admin.AdminService`): the current options,
 the :class:`~nsqtw.admin.cluster.ClusterInfo`, the history and the notifier.
 """
 
@@ -21,10 +21,13 @@ import json
 import mimetypes
 import os
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 from klein import Klein
-from twisted.web.iweb import IRequest
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from typing import Any as HTTPRequest  # an IRequest (zope interfaces do not type-check without a mypy plugin)
 from twisted.web.resource import Resource
 from twisted.web.server import GzipEncoderFactory
 from twisted.web.resource import EncodingResourceWrapper
@@ -33,20 +36,39 @@ from ..errors import HTTPAPIError
 from ..options import LOG_LEVELS, OptionError, config_value
 from ..protocol.names import is_valid_name
 from ..http.responses import first, install_error_handlers, plain, query, v1, v1_error
+from werkzeug.exceptions import NotFound
+
 from . import pages
 from .cluster import UpstreamError, counter_stats, topic_totals, warning_message
 
-if TYPE_CHECKING:
-    from ..service.admin import AdminService
+from .cluster import ClusterInfo
+from .history import History
+from .options import AdminOptions
+
+
+class AdminNode(Protocol):
+    """What the app needs of the running nsqadmin (``nsqtw.service.admin.AdminService`` is one), so
+    this module does not import the service layer that builds it."""
+
+    options: AdminOptions
+    cluster: ClusterInfo
+    history: History
+    clock: Any
+
+    def notify(self, action: str, topic: str, channel: str, node: str, request: Any) -> None: ...
+
+    def set_options(self, **changes: Any) -> None: ...
 
 __all__ = ["AdminHTTPAPI", "is_admin_request"]
+
+log = Logger(namespace="nsqtw.admin")
 
 _ACTIONS = ("pause", "unpause", "empty")
 _MAX_BODY = 1024 * 1024
 HTML_TYPE = b"text/html; charset=utf-8"
 
 
-def is_admin_request(request: IRequest, admin_users: list[str], header: str) -> bool:
+def is_admin_request(request: HTTPRequest, admin_users: list[str], header: str) -> bool:
     """``isAuthorizedAdminRequest``: everyone without ``--admin-user``, else a listed user."""
     if not admin_users:
         return True
@@ -54,7 +76,7 @@ def is_admin_request(request: IRequest, admin_users: list[str], header: str) -> 
     return user is not None and user in admin_users
 
 
-def _read_json(request: IRequest) -> Any:
+def _read_json(request: HTTPRequest) -> Any:
     data = request.content.read(_MAX_BODY + 1) if request.content is not None else b""
     if len(data) > _MAX_BODY:
         raise HTTPAPIError(413, "INVALID_BODY")
@@ -77,20 +99,34 @@ def _body_str(doc: Any, key: str) -> str:
     return value
 
 
+def _flag(page: pages.Page, doc: dict[str, Any]) -> pages.Page:
+    """Mark a page whose picture is partial, so its live dot starts as a warning."""
+    why = []
+    partial = doc.get("partial")
+    if partial:
+        why.append(f"partial: {partial['answered']} of {partial['total']} nodes answered")
+    elif doc.get("nodes_missing"):
+        why.append(f"{len(doc['nodes_missing'])} node(s) not answering")
+    if doc.get("message"):
+        why.append(str(doc["message"]))
+    page.trouble = "\n".join(why)
+    return page
+
+
 class _JSONNotFound(Resource):
     isLeaf = True
 
-    def render(self, request: IRequest) -> bytes:
+    def render(self, request: HTTPRequest) -> bytes:
         return v1_error(request, 404, "NOT_FOUND")
 
 
 class _Prefix(Resource):
     """One segment of ``--base-path``; anything else is nsqadmin's JSON 404."""
 
-    def getChild(self, path: bytes, request: IRequest) -> Resource:
+    def getChild(self, path: bytes, request: HTTPRequest) -> Resource:
         return _JSONNotFound()
 
-    def render(self, request: IRequest) -> bytes:
+    def render(self, request: HTTPRequest) -> bytes:
         return v1_error(request, 404, "NOT_FOUND")
 
 
@@ -105,8 +141,17 @@ class _Slashless(Resource):
         super().__init__()
         self.inner = inner
 
-    def render(self, request: IRequest) -> Any:
+    def render(self, request: HTTPRequest) -> Any:
         request.postpath = [seg for seg in request.postpath if seg] or [b""]
+        d = request.notifyFinish()
+
+        def gone(reason: Failure) -> None:
+            # the browser closed the connection before the answer (often while nsqd or nsqlookupd was
+            # still being asked): one line, and the upstream calls for it are cancelled
+            log.info("{method} {uri}: the client went away before the answer ({why})",
+                     method=request.method.decode("latin-1"), uri=request.uri.decode("latin-1"),
+                     why=reason.getErrorMessage())
+        d.addErrback(gone)
         return self.inner.render(request)
 
 
@@ -119,7 +164,7 @@ def mount(base: str, leaf: Resource) -> Resource:
     node = root
     for i, seg in enumerate(segments):
         child: Resource = leaf if i == len(segments) - 1 else _Prefix()
-        node.putChild(seg.encode(), child)
+        node.putChild(seg.encode(), cast(Any, child))  # a Resource is an IResource
         node = child
     return root
 
@@ -128,9 +173,28 @@ class AdminHTTPAPI:
     """The klein app serving one nsqadmin."""
 
     app = Klein()
+
+    @app.handle_errors(NotFound)
+    def _not_found_page(self, request: HTTPRequest, failure: Failure) -> bytes:
+        """An unknown path: the JSON 404 under /api, /static and /config, an HTML page elsewhere."""
+        path = request.path.decode("latin-1")
+        base = self._opts.base.rstrip("/")
+        rel = path[len(base):] if base and path.startswith(base) else path
+        accept = (request.getHeader(b"Accept") or b"").decode("latin-1")
+        if rel.startswith(("/api", "/static", "/config")) or ("json" in accept and "html" not in accept):
+            return v1_error(request, 404, "NOT_FOUND")
+        ctx = self._ctx(request)
+        page = pages.error_page(ctx, "Page not found", f"NOT_FOUND: nsqadmin has no page at {path}", 404)
+        return self._page(request, ctx, page)
+
+    @app.handle_errors(CancelledError)
+    def _cancelled(self, request: HTTPRequest, failure: Failure) -> bytes:
+        """The client went away (logged once by _Slashless); nothing to answer."""
+        return b""
+
     install_error_handlers(app)
 
-    def __init__(self, node: AdminService) -> None:
+    def __init__(self, node: AdminNode) -> None:
         self.node = node
 
     def resource(self) -> Resource:
@@ -148,15 +212,15 @@ class AdminHTTPAPI:
     def _ci(self) -> Any:
         return self.node.cluster
 
-    def _is_admin(self, request: IRequest) -> bool:
+    def _is_admin(self, request: HTTPRequest) -> bool:
         o = self._opts
         return is_admin_request(request, o.admin_users, o.acl_http_header)
 
-    def _require_admin(self, request: IRequest) -> None:
+    def _require_admin(self, request: HTTPRequest) -> None:
         if not self._is_admin(request):
             raise HTTPAPIError(403, "FORBIDDEN")
 
-    def _ctx(self, request: IRequest) -> pages.PageContext:
+    def _ctx(self, request: HTTPRequest) -> pages.PageContext:
         o = self._opts
         user = request.getHeader(o.acl_http_header) or ""
         return pages.PageContext(
@@ -165,7 +229,7 @@ class AdminHTTPAPI:
             refresh_ms=int(o.refresh_interval * 1000), acl_enforced=bool(o.admin_users),
         )
 
-    def _page(self, request: IRequest, ctx: pages.PageContext, page: pages.Page) -> bytes:
+    def _page(self, request: HTTPRequest, ctx: pages.PageContext, page: pages.Page) -> bytes:
         request.setHeader(b"Content-Type", HTML_TYPE)
         request.setHeader(b"Cache-Control", b"no-store")
         request.setResponseCode(page.status)
@@ -179,51 +243,180 @@ class AdminHTTPAPI:
 
     # --- data shared by pages and the API -------------------------------------------------
 
+    def _now(self) -> float:
+        return float(self.node.clock.seconds())
+
+    def _missing_json(self, states: list[Any]) -> list[dict[str, Any]]:
+        now = self._now()
+        return [st.to_json(now) for st in states]
+
+    @staticmethod
+    def _partial(doc: dict[str, Any], answered: int, missing: list[dict[str, Any]]) -> dict[str, Any]:
+        """``nodes_missing`` and the ``partial`` counts every read document carries (issue 17)."""
+        if missing:  # only then: with every node answering, the shapes stay nsqadmin's
+            doc["nodes_missing"] = missing
+            doc["partial"] = {"answered": answered, "total": answered + len(missing)}
+        return doc
+
     async def _topics_doc(self, inactive: bool) -> dict[str, Any]:
         topics, errors = await self._ci.topics()
         if inactive:
             return {"topics": await self._ci.inactive_topics(topics), "message": warning_message(errors)}
-        return {"topics": topics, "message": warning_message(errors)}
+        failing = self._ci.book.failing()
+        # a topic only on a node that stopped answering stays listed (marked), never silently dropped
+        names = sorted(set(topics) | {t for st in failing for t in st.topics})
+        by_topic: dict[str, list[str]] = {}
+        for st in failing:
+            for t in st.topics:
+                by_topic.setdefault(t, []).append(st.address)
+        doc: dict[str, Any] = {"topics": names, "message": warning_message(errors)}
+        if failing:
+            doc["nodes_missing"] = self._missing_json(failing)
+            doc["topics_missing_nodes"] = by_topic
+        return doc
 
     async def _topic_doc(self, topic: str) -> dict[str, Any]:
         producers, errors = await self._ci.topic_producers(topic)
-        per_node, _, errs = await self._ci.nsqd_stats(producers, topic, "", False)
+        per_node: list[Any] = []
+        errs: list[str] = []
+        if producers:
+            try:
+                per_node, _, errs, _ = await self._ci.nsqd_stats_failed(producers, topic, "", False)
+            except UpstreamError as e:
+                errs = [str(e)]
+        present = [t.node for t in per_node]
+        missing = self._ci.book.failing(topic, present)
+        if not per_node and not missing and not await self._ci.topic_known(topic):
+            raise HTTPAPIError(404, "TOPIC_NOT_FOUND")
         total = topic_totals(topic, per_node)
         doc = total.to_json()
         doc["message"] = warning_message(list(errors) + list(errs))
-        return doc
+        lookupds, _ = self._ci.addresses()
+        known = {c.channel_name for c in total.channels or []}
+        extra: list[str] = []
+        if lookupds:
+            try:
+                registered, _ = await self._ci.lookupd_topic_channels(topic, lookupds)
+            except UpstreamError:
+                registered = []
+            extra = [c for c in registered if c not in known]
+        for st in missing:
+            extra += [c for c in st.topics.get(topic, []) if c not in known and c not in extra]
+        doc["channels_elsewhere"] = sorted(extra)
+        return self._partial(doc, len(present), self._missing_json(missing))
 
-    async def _channel_doc(self, topic: str, channel: str) -> dict[str, Any]:
+    async def _channel_doc(self, topic: str, channel: str, strict: bool = False) -> dict[str, Any]:
+        """``strict`` (the page): an unknown topic or channel is a 404; the API answers an unknown
+        channel of a known topic as nsqadmin does (200, no stats)."""
         producers, errors = await self._ci.topic_producers(topic)
-        _, channels, errs = await self._ci.nsqd_stats(producers, topic, channel, True)
+        channels: dict[str, Any] = {}
+        errs: list[str] = []
+        if producers:
+            try:
+                _, channels, errs, _ = await self._ci.nsqd_stats_failed(producers, topic, channel, True)
+            except UpstreamError as e:
+                errs = [str(e)]
         found = channels.get(channel)
+        present = [n.node for n in (found.nodes or [])] if found is not None else []
+        missing = self._ci.book.failing_channel(topic, channel, present)
+        if found is None and not missing and strict:
+            if not producers and not await self._ci.topic_known(topic):
+                raise HTTPAPIError(404, "TOPIC_NOT_FOUND")
+            lookupds, _ = self._ci.addresses()
+            registered: list[str] = []
+            if lookupds:
+                try:
+                    registered, _ = await self._ci.lookupd_topic_channels(topic, lookupds)
+                except UpstreamError:
+                    registered = []
+            if channel not in registered:
+                raise HTTPAPIError(404, "CHANNEL_NOT_FOUND")
         doc = found.to_json() if found is not None else {}
         doc["message"] = warning_message(list(errors) + list(errs))
-        return doc
+        return self._partial(doc, len(present), self._missing_json(missing))
 
     async def _nodes_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
-        return {"nodes": [p.to_json() for p in producers], "message": warning_message(errors)}
+        lookupds, _ = self._ci.addresses()
+        errs: list[str] = []
+        if lookupds and producers:
+            try:
+                _, _, errs, _ = await self._ci.nsqd_stats_failed(producers, "", "", False)
+            except UpstreamError as e:
+                errs = [str(e)]
+        now = self._now()
+        book = self._ci.book
+        nodes = []
+        for p in producers:
+            doc = p.to_json()
+            state = book.get(p.http_address)
+            if state is not None:
+                doc.update({k: v for k, v in state.to_json(now).items() if k not in ("topics", "node", "hostname")})
+            nodes.append(doc)
+        listed = {p.http_address for p in producers}
+        for state in book.failing(present=listed):
+            host, _, port = state.address.rpartition(":")
+            doc = {"remote_addresses": [], "remote_address": "", "hostname": state.hostname,
+                   "broadcast_address": host.strip("[]"), "tcp_port": state.tcp_port,
+                   "http_port": int(port) if port.isdigit() else 0, "version": state.version,
+                   "topics": [{"topic": t, "tombstoned": False} for t in sorted(state.topics)],
+                   "out_of_date": False}
+            doc.update({k: v for k, v in state.to_json(now).items() if k not in ("topics", "node", "hostname")})
+            nodes.append(doc)
+        answered = sum(1 for n in nodes if n.get("status", "ok") == "ok")
+        out: dict[str, Any] = {"nodes": nodes, "message": warning_message(list(errors) + list(errs))}
+        missing = [n for n in nodes if n.get("status", "ok") != "ok"]
+        if missing:
+            out["partial"] = {"answered": answered, "total": len(nodes)}
+        return out
 
     async def _node_doc(self, node: str) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
         producer = next((p for p in producers if p.http_address == node), None)
-        if producer is None:
+        state = self._ci.book.get(node)
+        if producer is None and (state is None or state.status == "ok"):
             raise HTTPAPIError(404, "NODE_NOT_FOUND")
-        per_node, _, _ = await self._ci.nsqd_stats([producer], "", "", True)
+        per_node: list[Any] = []
+        errs: list[str] = []
+        if producer is not None:
+            try:
+                per_node, _, errs, _ = await self._ci.nsqd_stats_failed([producer], "", "", True)
+            except UpstreamError as e:
+                errs = [str(e)]
+        state = self._ci.book.get(node)
         total_clients = sum(len(c.clients or []) for t in per_node for c in (t.channels or []))
         total_messages = sum(t.message_count for t in per_node)
-        return {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
-                "total_clients": total_clients, "message": warning_message(errors)}
+        doc = {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
+               "total_clients": total_clients, "message": warning_message(list(errors) + list(errs)),
+               "status": state.to_json(self._now()) if state is not None else None}
+        return doc
 
     async def _counter_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
-        _, channels, errs = await self._ci.nsqd_stats(producers, "", "", False)
-        return {"stats": counter_stats(channels), "message": warning_message(list(errors) + list(errs))}
+        channels: dict[str, Any] = {}
+        errs: list[str] = []
+        answered = len(producers)
+        if producers:
+            try:
+                _, channels, errs, failed = await self._ci.nsqd_stats_failed(producers, "", "", False)
+                answered -= len(failed)
+            except UpstreamError as e:
+                errs = [str(e)]
+                answered = 0
+        stats = counter_stats(channels)
+        missing = self._ci.book.failing()
+        # a node that stopped answering keeps its last counts, marked stale: the sum says it is partial
+        for st in missing:
+            for key, count in st.counts.items():
+                topic, _, channel = key.partition(":")
+                stats[f"{key}:{st.address}"] = {"node": st.address, "topic_name": topic, "channel_name": channel,
+                                                "message_count": count, "stale": True, "last_seen": st.last_seen}
+        doc = {"stats": stats, "message": warning_message(list(errors) + list(errs))}
+        return self._partial(doc, answered, self._missing_json(missing))
 
     # --- pages ------------------------------------------------------------------------------
 
-    async def _render(self, request: IRequest, build: Any, title: str, nav: str, api: str) -> bytes:
+    async def _render(self, request: HTTPRequest, build: Any, title: str, nav: str, api: str) -> bytes:
         """A page, or an error page that keeps polling ``api`` and reloads once it answers again."""
         ctx = self._ctx(request)
         try:
@@ -236,47 +429,48 @@ class AdminHTTPAPI:
 
     @app.route("/", methods=["GET"])
     @app.route("/topics", methods=["GET"])
-    async def topics_page(self, request: IRequest) -> bytes:
+    async def topics_page(self, request: HTTPRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topics_doc(False)
-            return pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"])
+            return _flag(pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"],
+                                           doc.get("topics_missing_nodes")), doc)
         return await self._render(request, build, "Topics", "topics", "/api/topics")
 
     @app.route("/topics/<topic>", methods=["GET"])
-    async def topic_page(self, request: IRequest, topic: str) -> bytes:
+    async def topic_page(self, request: HTTPRequest, topic: str) -> bytes:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topic_doc(topic)
-            return pages.topic_page(ctx, topic, doc, self.node.history.topic(topic), doc["message"])
+            return _flag(pages.topic_page(ctx, topic, doc, self.node.history.topic(topic), doc["message"]), doc)
         return await self._render(request, build, f"Topic {topic}", "topics", f"/api/topics/{pages.q(topic)}")
 
     @app.route("/topics/<topic>/<channel>", methods=["GET"])
-    async def channel_page(self, request: IRequest, topic: str, channel: str) -> bytes:
+    async def channel_page(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
-            doc = await self._channel_doc(topic, channel)
-            return pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
-                                      doc["message"])
+            doc = await self._channel_doc(topic, channel, strict=True)
+            return _flag(pages.channel_page(ctx, topic, channel, doc, self.node.history.channel(topic, channel),
+                                            doc["message"]), doc)
         return await self._render(request, build, f"Channel {topic}/{channel}", "topics",
                                   f"/api/topics/{pages.q(topic)}/{pages.q(channel)}")
 
     @app.route("/nodes", methods=["GET"])
-    async def nodes_page(self, request: IRequest) -> bytes:
+    async def nodes_page(self, request: HTTPRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._nodes_doc()
-            return pages.nodes_page(ctx, doc["nodes"], doc["message"])
+            return _flag(pages.nodes_page(ctx, doc["nodes"], doc["message"], doc.get("partial")), doc)
         return await self._render(request, build, "Nodes", "nodes", "/api/nodes")
 
     @app.route("/nodes/<node>", methods=["GET"])
-    async def node_page(self, request: IRequest, node: str) -> bytes:
+    async def node_page(self, request: HTTPRequest, node: str) -> bytes:
 
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._node_doc(node)
-            return pages.node_page(ctx, node, doc, doc["message"])
+            return _flag(pages.node_page(ctx, node, doc, doc["message"]), doc)
         return await self._render(request, build, f"Node {node}", "nodes", f"/api/nodes/{pages.q(node)}")
 
     @app.route("/lookup", methods=["GET"])
-    async def lookup_page(self, request: IRequest) -> bytes:
+    async def lookup_page(self, request: HTTPRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             inactive: dict[str, list[str]] = {}
             message = ""
@@ -287,19 +481,20 @@ class AdminHTTPAPI:
         return await self._render(request, build, "Lookup", "lookup", "/api/topics?inactive=true")
 
     @app.route("/counter", methods=["GET"])
-    async def counter_page(self, request: IRequest) -> bytes:
+    async def counter_page(self, request: HTTPRequest) -> bytes:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._counter_doc()
             total = sum(s["message_count"] for s in doc["stats"].values())
-            return pages.counter_page(ctx, total, doc["message"])
+            return _flag(pages.counter_page(ctx, total, doc["message"], doc.get("partial"),
+                                            doc.get("nodes_missing") or []), doc)
         return await self._render(request, build, "Counter", "counter", "/api/counter")
 
     @app.route("/ping", methods=["GET"])
-    def ping(self, request: IRequest) -> bytes:
+    def ping(self, request: HTTPRequest) -> bytes:
         return plain(request, "OK")
 
     @app.route("/static/<asset>", methods=["GET"])
-    def static(self, request: IRequest, asset: str) -> bytes:
+    def static(self, request: HTTPRequest, asset: str) -> bytes:
         if not asset or asset.startswith(".") or "/" in asset or "\\" in asset:
             raise HTTPAPIError(404, "NOT_FOUND")
         data = self._asset(asset)
@@ -328,7 +523,7 @@ class AdminHTTPAPI:
     # --- JSON API: reads ------------------------------------------------------------------------
 
     @app.route("/api/topics", methods=["GET"])
-    async def api_topics(self, request: IRequest) -> bytes:
+    async def api_topics(self, request: HTTPRequest) -> bytes:
         inactive = first(query(request), "inactive") == "true"
         try:
             return v1(request, await self._topics_doc(inactive))
@@ -336,14 +531,14 @@ class AdminHTTPAPI:
             raise self._upstream(e) from None
 
     @app.route("/api/topics/<topic>", methods=["GET"])
-    async def api_topic(self, request: IRequest, topic: str) -> bytes:
+    async def api_topic(self, request: HTTPRequest, topic: str) -> bytes:
         try:
             return v1(request, await self._topic_doc(topic))
         except UpstreamError as e:
             raise self._upstream(e) from None
 
     @app.route("/api/topics/<topic>/<channel>", methods=["GET"])
-    async def api_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+    async def api_channel(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         try:
             return v1(request, await self._channel_doc(topic, channel))
         except UpstreamError as e:
@@ -351,7 +546,7 @@ class AdminHTTPAPI:
 
     # --- peek (nsqtw): every nsqd's queued, in-flight and deferred messages, merged ----------------
 
-    def _peek_params(self, request: IRequest) -> tuple[int, str]:
+    def _peek_params(self, request: HTTPRequest) -> tuple[int, str]:
         params = query(request)
         raw = first(params, "n") or "20"
         if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 1000:
@@ -362,7 +557,7 @@ class AdminHTTPAPI:
         return int(raw), state
 
     @app.route("/api/topics/<topic>/<channel>/peek", methods=["GET"])
-    async def api_channel_peek(self, request: IRequest, topic: str, channel: str) -> bytes:
+    async def api_channel_peek(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         if not (is_valid_name(topic) and is_valid_name(channel)):
             raise HTTPAPIError(400, "INVALID_TOPIC_OR_CHANNEL")
         n, state = self._peek_params(request)
@@ -372,7 +567,7 @@ class AdminHTTPAPI:
             raise self._upstream(e) from None
 
     @app.route("/api/topic-peek/<topic>", methods=["GET"])
-    async def api_topic_peek(self, request: IRequest, topic: str) -> bytes:
+    async def api_topic_peek(self, request: HTTPRequest, topic: str) -> bytes:
         """A topic's own queue (what waits before it has channels)."""
         if not is_valid_name(topic):
             raise HTTPAPIError(400, "INVALID_TOPIC")
@@ -383,49 +578,69 @@ class AdminHTTPAPI:
             raise self._upstream(e) from None
 
     @app.route("/api/nodes", methods=["GET"])
-    async def api_nodes(self, request: IRequest) -> bytes:
+    async def api_nodes(self, request: HTTPRequest) -> bytes:
         try:
             return v1(request, await self._nodes_doc())
         except UpstreamError as e:
             raise self._upstream(e) from None
 
     @app.route("/api/nodes/<node>", methods=["GET"])
-    async def api_node(self, request: IRequest, node: str) -> bytes:
+    async def api_node(self, request: HTTPRequest, node: str) -> bytes:
         try:
             return v1(request, await self._node_doc(node))
         except UpstreamError as e:
             raise self._upstream(e) from None
 
     @app.route("/api/counter", methods=["GET"])
-    async def api_counter(self, request: IRequest) -> bytes:
+    async def api_counter(self, request: HTTPRequest) -> bytes:
         try:
             return v1(request, await self._counter_doc())
         except UpstreamError as e:
             raise self._upstream(e) from None
 
     @app.route("/api/history", methods=["GET"])
-    def api_history(self, request: IRequest) -> bytes:
+    def api_history(self, request: HTTPRequest) -> bytes:
         return v1(request, self.node.history.overview())
 
     @app.route("/api/history/<topic>", methods=["GET"])
-    def api_history_topic(self, request: IRequest, topic: str) -> bytes:
+    def api_history_topic(self, request: HTTPRequest, topic: str) -> bytes:
         return v1(request, self.node.history.topic(topic))
 
     @app.route("/api/history/<topic>/<channel>", methods=["GET"])
-    def api_history_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+    def api_history_channel(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         return v1(request, self.node.history.channel(topic, channel))
 
+    # --- charts (nsqtw): the long series the topic, channel and node pages draw ------------------------
+
+    def _since(self, request: HTTPRequest) -> float:
+        raw = first(query(request), "range") or "300"
+        if not raw.isascii() or not raw.isdigit() or int(raw) <= 0:
+            raise HTTPAPIError(400, "INVALID_RANGE")
+        return self._now() - int(raw)
+
+    @app.route("/api/charts/topics/<topic>", methods=["GET"])
+    def api_charts_topic(self, request: HTTPRequest, topic: str) -> bytes:
+        return v1(request, self.node.history.charts(topic=topic, since=self._since(request)))
+
+    @app.route("/api/charts/topics/<topic>/<channel>", methods=["GET"])
+    def api_charts_channel(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
+        return v1(request, self.node.history.charts(topic=topic, channel=channel, since=self._since(request)))
+
+    @app.route("/api/charts/nodes/<node>", methods=["GET"])
+    def api_charts_node(self, request: HTTPRequest, node: str) -> bytes:
+        return v1(request, self.node.history.charts(node=node, since=self._since(request)))
+
     @app.route("/api/graphite", methods=["GET"])
-    def api_graphite(self, request: IRequest) -> bytes:
+    def api_graphite(self, request: HTTPRequest) -> bytes:
         raise HTTPAPIError(404, "NOT_FOUND: nsqtw does not use graphite; see /api/history")
 
     # --- JSON API: actions -------------------------------------------------------------------------
 
-    def _done(self, request: IRequest, errors: list[str]) -> bytes:
+    def _done(self, request: HTTPRequest, errors: list[str]) -> bytes:
         return v1(request, {"message": warning_message(errors)})
 
     @app.route("/api/topics", methods=["POST"])
-    async def api_create(self, request: IRequest) -> bytes:
+    async def api_create(self, request: HTTPRequest) -> bytes:
         self._require_admin(request)
         doc = _read_json(request)
         topic = _body_str(doc, "topic")
@@ -444,14 +659,14 @@ class AdminHTTPAPI:
         return self._done(request, errors)
 
     @app.route("/api/topics/<topic>", methods=["POST"])
-    async def api_topic_action(self, request: IRequest, topic: str) -> bytes:
+    async def api_topic_action(self, request: HTTPRequest, topic: str) -> bytes:
         return await self._action(request, topic, "")
 
     @app.route("/api/topics/<topic>/<channel>", methods=["POST"])
-    async def api_channel_action(self, request: IRequest, topic: str, channel: str) -> bytes:
+    async def api_channel_action(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         return await self._action(request, topic, channel)
 
-    async def _action(self, request: IRequest, topic: str, channel: str) -> bytes:
+    async def _action(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         self._require_admin(request)
         action = _body_str(_read_json(request), "action")
         if action not in _ACTIONS:
@@ -469,7 +684,7 @@ class AdminHTTPAPI:
         return self._done(request, errors)
 
     @app.route("/api/topics/<topic>", methods=["DELETE"])
-    async def api_delete_topic(self, request: IRequest, topic: str) -> bytes:
+    async def api_delete_topic(self, request: HTTPRequest, topic: str) -> bytes:
         self._require_admin(request)
         try:
             errors = await self._ci.delete_topic(topic)
@@ -479,7 +694,7 @@ class AdminHTTPAPI:
         return self._done(request, errors)
 
     @app.route("/api/topics/<topic>/<channel>", methods=["DELETE"])
-    async def api_delete_channel(self, request: IRequest, topic: str, channel: str) -> bytes:
+    async def api_delete_channel(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         self._require_admin(request)
         try:
             errors = await self._ci.delete_channel(topic, channel)
@@ -489,7 +704,7 @@ class AdminHTTPAPI:
         return self._done(request, errors)
 
     @app.route("/api/nodes/<node>", methods=["DELETE"])
-    async def api_tombstone(self, request: IRequest, node: str) -> bytes:
+    async def api_tombstone(self, request: HTTPRequest, node: str) -> bytes:
         self._require_admin(request)
         topic = _body_str(_read_json(request), "topic")
         if not is_valid_name(topic):
@@ -503,7 +718,7 @@ class AdminHTTPAPI:
 
     # --- /config -----------------------------------------------------------------------------------
 
-    def _check_cidr(self, request: IRequest) -> None:
+    def _check_cidr(self, request: HTTPRequest) -> None:
         cidr = self._opts.allow_config_from_cidr
         if not cidr:
             return
@@ -519,7 +734,7 @@ class AdminHTTPAPI:
             raise HTTPAPIError(403, "FORBIDDEN")
 
     @app.route("/config/<opt>", methods=["GET", "PUT"])
-    def config(self, request: IRequest, opt: str) -> bytes:
+    def config(self, request: HTTPRequest, opt: str) -> bytes:
         self._check_cidr(request)
         if request.method == b"PUT":
             data = request.content.read(_MAX_BODY + 1) if request.content is not None else b""

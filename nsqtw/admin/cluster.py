@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from urllib.parse import quote
 
 import attr
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from .nodes import NodeBook
 
 __all__ = [
     "UpstreamError",
@@ -668,12 +671,21 @@ class Upstream:
             content = await response.content()
             return response.code, (response.phrase or b"").decode("latin-1"), content
 
+        def timed_out(result: Any, timeout: float) -> Any:
+            # the timeout cancelled the request: treq then fails with ResponseNeverReceived, which
+            # would hide that the node simply did not answer in time
+            if isinstance(result, Failure):
+                raise defer.TimeoutError(timeout, "Deferred")
+            return result
+
         d = defer.ensureDeferred(go())
-        d.addTimeout(self.request_timeout, self.clock)
+        d.addTimeout(self.request_timeout, self.clock, onTimeoutCancel=timed_out)
         try:
             return await d
         except defer.TimeoutError:
             raise FetchError(f'{method} "{url}": no answer within {self.request_timeout:g}s') from None
+        except defer.CancelledError:
+            raise  # the browser that asked went away: nobody waits for this answer
         except Exception as e:  # connection refused, DNS, TLS, ...
             raise FetchError(f'{method} "{url}": {_describe(e)}') from None
 
@@ -726,17 +738,26 @@ def _describe(e: BaseException) -> str:
 
 async def _each(items: Sequence[T], call: Callable[[T], Awaitable[Any]]) -> tuple[list[tuple[T, Any]], list[str]]:
     """Run ``call`` for every item at once; (item, result) pairs in item order, and the error texts."""
-    ds = [defer.ensureDeferred(call(item)) for item in items]
+    results, failed = await _each_failed(items, call)
+    return results, [text for _, text in failed]
+
+
+async def _each_failed(items: Sequence[T], call: Callable[[T], Awaitable[Any]]
+                       ) -> tuple[list[tuple[T, Any]], list[tuple[T, str]]]:
+    """Like :func:`_each`, with each failed item beside its error text."""
+    ds: list[defer.Deferred[Any]] = [defer.ensureDeferred(cast(Any, call(item))) for item in items]
     outcomes = await defer.DeferredList(ds, consumeErrors=True)
     results: list[tuple[T, Any]] = []
-    errors: list[str] = []
-    for item, (ok, value) in zip(items, outcomes):
+    failed: list[tuple[T, str]] = []
+    for item, (ok, value) in zip(items, outcomes, strict=True):
         if ok:
             results.append((item, value))
         else:
             exc = value.value
-            errors.append(str(exc) if isinstance(exc, FetchError) else f"{item}: {_describe(exc)}")
-    return results, errors
+            if isinstance(exc, defer.CancelledError):
+                raise exc
+            failed.append((item, str(exc) if isinstance(exc, FetchError) else f"{item}: {_describe(exc)}"))
+    return results, failed
 
 
 def _total_failure(kind: str, count: int, errors: list[str]) -> None:
@@ -753,10 +774,16 @@ class ClusterInfo:
     """
 
     def __init__(self, upstream: Upstream, addresses: Callable[[], tuple[list[str], list[str]]],
-                 clock: Any) -> None:
+                 clock: Any, book: NodeBook | None = None) -> None:
         self.upstream = upstream
         self.addresses = addresses
         self.clock = clock
+        #: every nsqd seen, and whether it answers (updated by every fetch)
+        self.book = book if book is not None else NodeBook(clock)
+
+    def _describe_all(self, producers: Iterable[Producer]) -> None:
+        for p in producers:
+            self.book.describe(p.http_address, p.hostname, p.tcp_port, p.version)
 
     # --- nsqlookupd ------------------------------------------------------------
 
@@ -774,13 +801,35 @@ class ClusterInfo:
     async def lookupd_producers(self, lookupds: list[str]) -> tuple[list[Producer], list[str]]:
         results, errors = await _each(lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "nodes")))
         _total_failure("nsqlookupd", len(lookupds), errors)
-        return merge_lookupd_nodes([(a, doc) for a, doc in results]), errors
+        producers = merge_lookupd_nodes([(a, doc) for a, doc in results])
+        self._describe_all(producers)
+        if not errors:
+            self.book.listed(p.http_address for p in producers)
+        return producers, errors
 
     async def lookupd_topic_producers(self, topic: str, lookupds: list[str]) -> tuple[list[Producer], list[str]]:
-        results, errors = await _each(
-            lookupds, lambda a: self.upstream.get_json(_url(upstream_base(a), "lookup", topic=topic)))
+        async def one(a: str) -> Any:
+            try:
+                return await self.upstream.get_json(_url(upstream_base(a), "lookup", topic=topic))
+            except FetchError as e:
+                # nsqlookupd answers 404 TOPIC_NOT_FOUND for a topic it does not know: no producers
+                if " got response 404 " in str(e):
+                    return {"producers": [], "not_found": True}
+                raise
+
+        results, errors = await _each(lookupds, one)
         _total_failure("nsqlookupd", len(lookupds), errors)
-        return merge_topic_producers([doc for _, doc in results]), errors
+        producers = merge_topic_producers([doc for _, doc in results])
+        self._describe_all(producers)
+        return producers, errors
+
+    async def topic_known(self, topic: str) -> bool:
+        """Whether any nsqlookupd (or, without one, any nsqd nsqadmin knows) has ``topic``."""
+        lookupds, _ = self.addresses()
+        if lookupds:
+            topics, _ = await self.lookupd_topics(lookupds)
+            return topic in topics
+        return any(topic in s.topics for s in self.book.nodes.values())
 
     # --- nsqd ----------------------------------------------------------------------
 
@@ -797,10 +846,17 @@ class ClusterInfo:
         info = await self.upstream.get_json(_url(base, "info"))
         stats = await self.upstream.get_json(_url(base, "stats", format="json", include_clients="false"))
         scheme, _, hostport = base.partition("://")
-        return producer_from_nsqd(hostport, info, stats, scheme)
+        producer = producer_from_nsqd(hostport, info, stats, scheme)
+        self.book.alias(address, producer.http_address)
+        self._describe_all([producer])
+        self.book.answered(producer.http_address, stats, full=True)
+        return producer
 
     async def nsqd_producers(self, nsqds: list[str]) -> tuple[list[Producer], list[str]]:
-        results, errors = await _each(nsqds, self._nsqd_producer)
+        results, failed = await _each_failed(nsqds, self._nsqd_producer)
+        errors = [text for _, text in failed]
+        for address, text in failed:
+            self.book.failed(address, text)
         _total_failure("nsqd", len(nsqds), errors)
         producers = [p for _, p in results]
         mark_out_of_date(producers)
@@ -815,9 +871,18 @@ class ClusterInfo:
                 return None
             info = await self.upstream.get_json(_url(base, "info"))
             scheme, _, hostport = base.partition("://")
-            return producer_from_nsqd(hostport, info, stats, scheme)
+            producer = producer_from_nsqd(hostport, info, stats, scheme)
+            self.book.alias(address, producer.http_address)
+            self._describe_all([producer])
+            self.book.answered(producer.http_address, stats)
+            return producer
 
-        results, errors = await _each(nsqds, one)
+        results, failed = await _each_failed(nsqds, one)
+        errors = [text for _, text in failed]
+        for address, text in failed:
+            known = self.book.get(address)
+            # only a node that last reported this topic is a missing producer of it
+            self.book.failed(address, text, topic if known is not None and topic in known.topics else "")
         _total_failure("nsqd", len(nsqds), errors)
         return [p for _, p in results if p is not None], errors
 
@@ -825,6 +890,13 @@ class ClusterInfo:
                          include_clients: bool = False
                          ) -> tuple[list[TopicStats], dict[str, ChannelStats], list[str]]:
         """Every producer's ``/stats`` merged (``GetNSQDStats``)."""
+        topics, channels, errors, _ = await self.nsqd_stats_failed(producers, topic, channel, include_clients)
+        return topics, channels, errors
+
+    async def nsqd_stats_failed(self, producers: Sequence[Producer], topic: str = "", channel: str = "",
+                                include_clients: bool = False
+                                ) -> tuple[list[TopicStats], dict[str, ChannelStats], list[str], list[str]]:
+        """:meth:`nsqd_stats`, plus the HTTP addresses of the producers that did not answer."""
         params: dict[str, str] = {"format": "json"}
         if topic:
             params["topic"] = topic
@@ -833,11 +905,16 @@ class ClusterInfo:
         if not include_clients:
             params["include_clients"] = "false"
 
-        results, errors = await _each(
+        results, failed = await _each_failed(
             list(producers), lambda p: self.upstream.get_json(_url(p.base_url, "stats", **params)))
+        errors = [text for _, text in failed]
+        for p, doc in results:
+            self.book.answered(p.http_address, doc, full=not topic)
+        for p, text in failed:
+            self.book.failed(p.http_address, text, topic)
         _total_failure("nsqd", len(producers), errors)
         topics, channels = aggregate_stats(results, topic, channel, self.clock.seconds())
-        return topics, channels, errors
+        return topics, channels, errors, [p.http_address for p, _ in failed]
 
     # --- either mode ----------------------------------------------------------------
 

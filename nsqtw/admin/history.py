@@ -19,7 +19,7 @@ import attr
 
 from .cluster import TopicStats
 
-__all__ = ["History", "Sample", "last_value"]
+__all__ = ["History", "Sample", "last_value", "current_value", "rising"]
 
 # per node: (depth, in_flight_count, message_count)
 _Counts = tuple[int, int, int]
@@ -31,6 +31,7 @@ class ChannelSample:
     in_flight_count: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
     client_count: int = attr.ib(default=0)
+    timeout_count: int = attr.ib(default=0)
     paused: bool = attr.ib(default=False)
     nodes: dict[str, _Counts] = attr.ib(factory=dict)
 
@@ -38,24 +39,56 @@ class ChannelSample:
 @attr.s(slots=True)
 class TopicSample:
     depth: int = attr.ib(default=0)
+    #: what its channels hold (the backlog consumers have not taken yet)
+    backlog: int = attr.ib(default=0)
     message_count: int = attr.ib(default=0)
     paused: bool = attr.ib(default=False)
     nodes: dict[str, _Counts] = attr.ib(factory=dict)
     channels: dict[str, ChannelSample] = attr.ib(factory=dict)
 
 
+# per (topic, channel or "", node): memory depth, backend depth, message count, in flight, deferred,
+# requeued, timed out, clients (counters as nsqd reports them; rates are computed from them)
+_Row = tuple[int, int, int, int, int, int, int, int]
+_MEM, _DISK, _MSG, _INFLIGHT, _DEFERRED, _REQUEUE, _TIMEOUT, _CLIENTS = range(8)
+
+
 @attr.s(slots=True)
 class Sample:
     t: float = attr.ib()
     topics: dict[str, TopicSample] = attr.ib(factory=dict)
+    #: the nodes that did not answer this poll
+    failed: frozenset[str] = attr.ib(default=frozenset())
+    rows: dict[tuple[str, str, str], _Row] = attr.ib(factory=dict)
+    #: per (topic, channel, node): quantile -> end-to-end latency (ns), when nsqd reports percentiles
+    e2e: dict[tuple[str, str, str], dict[float, float]] = attr.ib(factory=dict)
 
 
 def last_value(series: Sequence[Any] | None) -> Any:
-    """The newest non-null point of a series (what a table cell shows)."""
+    """The newest non-null point of a series."""
     for v in reversed(series or ()):
         if v is not None:
             return v
     return None
+
+
+def current_value(series: Sequence[Any] | None) -> tuple[Any, Any]:
+    """(the newest point, or None when the newest poll had none; the last non-null point before it).
+
+    A table cell shows the first; when it is None and the second is not, the
+    second is shown greyed and labelled as the last value seen, never as current."""
+    if not series:
+        return None, None
+    if series[-1] is not None:
+        return series[-1], None
+    return None, last_value(series)
+
+
+def rising(series: Sequence[Any] | None) -> bool:
+    """Whether the last two points exist and the newer is higher (e.g. timeouts still happening)."""
+    if not series or len(series) < 2 or series[-1] is None or series[-2] is None:
+        return False
+    return bool(series[-1] > series[-2])
 
 
 def _rate(prev: dict[str, _Counts] | None, cur: dict[str, _Counts] | None, dt: float) -> float | None:
@@ -75,19 +108,55 @@ def _rate(prev: dict[str, _Counts] | None, cur: dict[str, _Counts] | None, dt: f
     return round(total, 3) if seen else None
 
 
-class History:
-    """A ring of cluster samples; series come out aligned with ``timestamps``."""
+#: how many thinned samples cover ``retention`` (the charts' longest range)
+COARSE_POINTS = 720
 
-    def __init__(self, size: int, interval: float) -> None:
+
+class History:
+    """A ring of cluster samples; series come out aligned with ``timestamps``.
+
+    The newest ``size`` samples are kept as taken (tables and sparklines use
+    those); older ones are thinned to at most one per ``retention /
+    COARSE_POINTS`` seconds and dropped after ``retention`` (the charts use
+    both), so memory stays bounded whatever the retention."""
+
+    def __init__(self, size: int, interval: float, retention: float = 0.0) -> None:
         self.size = size
         self.interval = interval
+        self.retention = max(retention, size * interval)
+        self.coarse_step = max(interval, self.retention / COARSE_POINTS)
         self.samples: deque[Sample] = deque(maxlen=size)
+        self.coarse: deque[Sample] = deque()
         self.message = ""
 
-    def record(self, t: float, topics: Iterable[TopicStats], message: str = "") -> Sample:
-        """Add one poll's per-node topic rows (as :func:`~nsqtw.admin.cluster.aggregate_stats` gives)."""
-        sample = Sample(t)
+    def _keep(self, sample: Sample) -> None:
+        """Add ``sample``; the one that falls off the full-resolution ring is thinned into ``coarse``."""
+        if len(self.samples) == self.samples.maxlen:
+            old = self.samples[0]
+            if not self.coarse or old.t - self.coarse[-1].t >= self.coarse_step:
+                self.coarse.append(old)
+        self.samples.append(sample)
+        horizon = sample.t - self.retention
+        while self.coarse and self.coarse[0].t < horizon:
+            self.coarse.popleft()
+
+    def record(self, t: float, topics: Iterable[TopicStats], message: str = "",
+               failed: Iterable[str] = ()) -> Sample:
+        """Add one poll's per-node topic rows (as :func:`~nsqtw.admin.cluster.aggregate_stats` gives);
+        ``failed``: the nodes that did not answer (their topics get gaps, not their last values)."""
+        sample = Sample(t, failed=frozenset(failed))
         for ts in topics:
+            sample.rows[(ts.topic_name, "", ts.node)] = (ts.memory_depth, ts.backend_depth, ts.message_count,
+                                                         0, 0, 0, 0, 0)
+            for cs in ts.channels or []:
+                sample.rows[(ts.topic_name, cs.channel_name, ts.node)] = (
+                    cs.memory_depth, cs.backend_depth, cs.message_count, cs.in_flight_count, cs.deferred_count,
+                    cs.requeue_count, cs.timeout_count, cs.client_count)
+                e2e = cs.e2e_processing_latency
+                if e2e is not None and e2e.percentiles:
+                    sample.e2e[(ts.topic_name, cs.channel_name, ts.node)] = {
+                        float(p.get("quantile", 0.0)): float(p.get("value", p.get("average", 0.0)))
+                        for p in e2e.percentiles}
             topic = sample.topics.get(ts.topic_name)
             if topic is None:
                 topic = sample.topics[ts.topic_name] = TopicSample()
@@ -103,9 +172,11 @@ class History:
                 ch.in_flight_count += cs.in_flight_count
                 ch.message_count += cs.message_count
                 ch.client_count += cs.client_count
+                ch.timeout_count += cs.timeout_count
+                topic.backlog += cs.depth
                 ch.paused = ch.paused or cs.paused
                 ch.nodes[ts.node] = (cs.depth, cs.in_flight_count, cs.message_count)
-        self.samples.append(sample)
+        self._keep(sample)
         self.message = message
         return sample
 
@@ -164,8 +235,10 @@ class History:
                 if t is None:
                     return None
                 return t.depth, t.message_count, 0, t.nodes
-            series = self._series(pick)
+            series: dict[str, Any] = self._series(pick)
             del series["in_flight_count"]
+            series["backlog"] = [None if s.topics.get(name) is None else s.topics[name].backlog
+                                 for s in self.samples]
             current = newest.topics.get(name) if newest else None
             series["channel_count"] = len(current.channels) if current else None
             series["paused"] = bool(current.paused) if current else False
@@ -208,6 +281,9 @@ class History:
                 c = t.channels.get(cname) if t else None
                 return None if c is None else (c.depth, c.message_count, c.in_flight_count, c.nodes)
             channels[cname] = self._series(ch_pick)
+            channels[cname]["timeout_count"] = [
+                None if s.topics.get(name) is None or s.topics[name].channels.get(cname) is None
+                else s.topics[name].channels[cname].timeout_count for s in self.samples]
         out["channels"] = channels
         out["message"] = self.message
         return out
@@ -226,8 +302,102 @@ class History:
         out["channel"] = self._series(pick)
         node_names = sorted({n for s in self.samples for n in ((find(s) or ChannelSample()).nodes)})
         out["nodes"] = {
-            node: self._series(self._node_pick(lambda s: (find(s).nodes if find(s) else None), node))
+            node: self._series(self._node_pick(lambda s: (getattr(find(s), "nodes", None)), node))
             for node in node_names
         }
         out["message"] = self.message
         return out
+
+    # --- charts -------------------------------------------------------------------------
+
+    def window(self, since: float | None = None) -> list[Sample]:
+        """Thinned older samples then the full-resolution ones, from ``since`` on."""
+        out = list(self.coarse) + list(self.samples)
+        if since is not None:
+            out = [s for s in out if s.t >= since]
+        return out
+
+    def charts(self, topic: str | None = None, channel: str | None = None, node: str | None = None,
+               since: float | None = None) -> dict[str, Any]:
+        """The chart series of a topic, a channel (``topic`` and ``channel``) or a node (``node``).
+
+        ``memory_depth``/``backend_depth``, ``in_flight_count``, ``deferred_count`` and ``clients`` are
+        sums; ``publish_rate``, ``finish_rate`` (as the Spark job computes it: messages put to the channel
+        minus the growth of what it holds), ``requeue_rate`` and ``timeout_rate`` are per second between
+        consecutive samples; ``e2e:<quantile>`` (channels) the nodes' average.  A sample in which a node of
+        the scope did not answer is a gap (None), never a zero or a partial sum."""
+        samples = self.window(since)
+
+        def depth_key(k: tuple[str, str, str]) -> bool:
+            if node is not None:
+                return k[2] == node
+            return k[0] == topic and k[1] == (channel or "")
+
+        def pub_key(k: tuple[str, str, str]) -> bool:
+            if node is not None:
+                return k[2] == node and k[1] == ""
+            return k[0] == topic and k[1] == (channel or "")
+
+        def chan_key(k: tuple[str, str, str]) -> bool:
+            if node is not None:
+                return k[2] == node and k[1] != ""
+            if channel is not None:
+                return k[0] == topic and k[1] == channel
+            return k[0] == topic and k[1] != ""
+
+        nodes = {k[2] for s in samples for k in s.rows if depth_key(k) or chan_key(k)}
+        names = ("memory_depth", "backend_depth", "publish_rate", "finish_rate", "in_flight_count",
+                 "deferred_count", "requeue_rate", "timeout_rate", "clients")
+        series: dict[str, list[Any]] = {n: [] for n in names}
+        quantiles = sorted({q for s in samples for k, v in s.e2e.items() if chan_key(k) for q in v})
+        for q in quantiles:
+            series[f"e2e:{q:g}"] = []
+        gaps: list[bool] = []
+        prev: Sample | None = None
+        for s in samples:
+            gap = bool(nodes & s.failed) or not any(depth_key(k) or chan_key(k) for k in s.rows)
+            gaps.append(gap)
+            if gap:
+                for values in series.values():
+                    values.append(None)
+                prev = None
+                continue
+            drows = [r for k, r in s.rows.items() if depth_key(k)]
+            crows = [r for k, r in s.rows.items() if chan_key(k)]
+            series["memory_depth"].append(sum(r[_MEM] for r in drows))
+            series["backend_depth"].append(sum(r[_DISK] for r in drows))
+            series["in_flight_count"].append(sum(r[_INFLIGHT] for r in crows))
+            series["deferred_count"].append(sum(r[_DEFERRED] for r in crows))
+            series["clients"].append(sum(r[_CLIENTS] for r in crows))
+            dt = s.t - prev.t if prev is not None else 0.0
+            for name, keyf, delta in (
+                    ("publish_rate", pub_key, lambda a, b: b[_MSG] - a[_MSG]),
+                    ("finish_rate", chan_key, lambda a, b: (b[_MSG] - a[_MSG]) - (
+                        (b[_MEM] + b[_DISK] + b[_INFLIGHT] + b[_DEFERRED])
+                        - (a[_MEM] + a[_DISK] + a[_INFLIGHT] + a[_DEFERRED]))),
+                    ("requeue_rate", chan_key, lambda a, b: b[_REQUEUE] - a[_REQUEUE]),
+                    ("timeout_rate", chan_key, lambda a, b: b[_TIMEOUT] - a[_TIMEOUT])):
+                series[name].append(_chart_rate(prev, s, keyf, delta, dt))
+            for q in quantiles:
+                vals = [v[q] for k, v in s.e2e.items() if chan_key(k) and q in v]
+                series[f"e2e:{q:g}"].append(round(sum(vals) / len(vals), 1) if vals else None)
+            prev = s
+        return {"interval": self.interval, "retention": self.retention, "timestamps": [int(s.t) for s in samples],
+                "series": series, "gaps": gaps, "message": self.message}
+
+
+def _chart_rate(prev: Sample | None, cur: Sample, keyf: Any, delta: Any, dt: float) -> float | None:
+    """Per-second sum over the rows in both samples; a counter that fell (a restart) counts as nothing."""
+    if prev is None or dt <= 0:
+        return None
+    total = 0.0
+    seen = False
+    for k, row in cur.rows.items():
+        if not keyf(k):
+            continue
+        before = prev.rows.get(k)
+        if before is None or row[_MSG] < before[_MSG]:
+            continue
+        seen = True
+        total += max(0, delta(before, row)) / dt
+    return round(total, 3) if seen else None

@@ -11,10 +11,10 @@ server-rendered cell and a refreshed one read the same.
 from __future__ import annotations
 
 import html
-from typing import Any, Union
+from typing import Any
 from collections.abc import Iterable
 
-__all__ = ["Markup", "escape", "el", "join", "commafy", "nanotohuman", "fmt_rate", "percentile_label"]
+__all__ = ["Markup", "escape", "el", "join", "commafy", "nanotohuman", "fmt_rate", "fmt_seconds", "percentile_label"]
 
 _VOID = {"br", "hr", "img", "input", "link", "meta", "col", "wbr"}
 
@@ -25,7 +25,7 @@ class Markup(str):
     __slots__ = ()
 
 
-Child = Union[None, str, int, float, Markup, Iterable[Any]]
+Child = None | str | int | float | Markup | Iterable[Any]
 
 
 def escape(value: Any) -> Markup:
@@ -96,13 +96,31 @@ def nanotohuman(n: float | None) -> str:
     if n >= 60_000_000_000:
         s += f"{int(n // 60_000_000_000)}m"
         n %= 60_000_000_000
-    if n >= 1_000_000_000:
+    if n >= 1_000_000_000 or s:
+        # below a minute after hours or minutes, always seconds: 1h39m0.28s, never 1h39m277.81ms
         return s + _trim(n / 1e9) + "s"
     if n >= 1_000_000:
         return s + _trim(n / 1e6) + "ms"
     if n >= 1_000:
         return s + _trim(n / 1e3) + "us"
-    return (s + _trim(n) + "ns") if not s else s
+    return _trim(n) + "ns"
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A duration in whole seconds as ``3d4h``, ``2h5m``, ``4m10s`` or ``12s`` (uptimes, ages)."""
+    if seconds is None:
+        return ""
+    n = max(0, int(seconds))
+    days, rest = divmod(n, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
 
 
 def fmt_rate(rate: float | None) -> str:

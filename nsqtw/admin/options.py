@@ -113,7 +113,11 @@ class AdminOptions:
     history_interval: float = opt(5.0, flag="history-interval", kind=DURATION,
                                   help="[nsqtw] how often nsqadmin polls every nsqd's /stats for its graphs")
     history_size: int = opt(120, flag="history-size", kind=INT,
-                            help="[nsqtw] how many /stats samples nsqadmin keeps for its graphs")
+                            help="[nsqtw] how many recent /stats samples nsqadmin keeps at full resolution")
+    history_retention: float = opt(21600.0, flag="history-retention", kind=DURATION,
+                                   help="[nsqtw] how far back the charts go (e.g. 6h); samples older than the "
+                                        "--history-size newest are thinned to at most 720 over this span, so "
+                                        "memory stays bounded")
     refresh_interval: float = opt(5.0, flag="refresh-interval", kind=DURATION,
                                   help="[nsqtw] how often the pages poll the JSON API for fresh numbers")
 
@@ -161,6 +165,7 @@ class AdminOptions:
             ("http-client-connect-timeout", self.http_client_connect_timeout),
             ("http-client-request-timeout", self.http_client_request_timeout),
             ("history-interval", self.history_interval),
+            ("history-retention", self.history_retention),
             ("refresh-interval", self.refresh_interval),
         )
         if self.history_size < 2:

@@ -15,6 +15,7 @@ admins.
 from __future__ import annotations
 
 import string
+import time
 from importlib import resources
 from typing import Any
 from collections.abc import Sequence
@@ -23,8 +24,8 @@ from urllib.parse import quote
 import attr
 
 from .. import NSQ_VERSION, __version__
-from .history import last_value
-from .html import Markup, commafy, el, escape, fmt_rate, join, nanotohuman, percentile_label
+from .history import current_value, last_value, rising
+from .html import Markup, commafy, el, escape, fmt_rate, fmt_seconds, join, nanotohuman, percentile_label
 
 __all__ = ["PageContext", "Page", "render", "topics_page", "topic_page", "channel_page", "nodes_page",
            "node_page", "lookup_page", "counter_page", "error_page"]
@@ -55,6 +56,8 @@ class Page:
     history: str = attr.ib(default="")
     status: int = attr.ib(default=200)
     nav: str = attr.ib(default="")
+    #: why the picture is partial (some upstream failed); the footer's live dot starts as a warning
+    trouble: str = attr.ib(default="")
 
 
 def q(name: str) -> str:
@@ -102,6 +105,9 @@ def render(ctx: PageContext, page: Page) -> str:
         who=who,
         cluster=cluster,
         version=escape(f"nsqtw {__version__} \u00b7 NSQ {NSQ_VERSION}"),
+        live_class="live warn" if page.trouble else "live",
+        live_text="partial" if page.trouble else "live",
+        live_title=escape(page.trouble or "live refresh"),
         content=page.content,
     )
 
@@ -136,14 +142,64 @@ def _num(value: Any, field: str) -> Markup:
     return el("td", commafy(value), class_="num", data_v=field)
 
 
+def _ts(t: float | None) -> Markup:
+    """A point in time (UTC on the server; the page script shows it in local time with its age)."""
+    if t is None:
+        return el("span", "never", class_="muted")
+    stamp = time.strftime("%H:%M:%S", time.gmtime(t))
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    return el("time", f"{stamp} UTC", datetime=iso, data_ts=str(int(t)))
+
+
+def _status_badge(state: dict[str, Any]) -> Markup:
+    """``unreachable since ...`` / ``gone since ...`` with the last-seen time, or ``reachable``."""
+    status = state.get("status", "ok")
+    if status == "ok":
+        return el("span", "reachable", class_="badge ok", data_status="ok")
+    word = "unreachable" if status == "unreachable" else "gone from nsqlookupd"
+    title = (state.get("error") or "") if status == "unreachable" else \
+        "nsqlookupd no longer lists this node (it stopped, or lost its connection)"
+    return join([
+        el("span", word, " since ", _ts(state.get("since")), class_="badge danger", data_status=status,
+           title=title or None),
+        " ", el("small", "last seen ", _ts(state.get("last_seen")), class_="muted last-seen"),
+    ])
+
+
+def _partial_badge(partial: dict[str, Any] | None, block: bool = False) -> Markup:
+    if not partial:
+        return Markup("")
+    return el("span", f"partial: {partial['answered']} of {partial['total']} nodes",
+              class_="badge warn partial" + (" block-badge" if block else ""),
+              title="the total covers only the nodes that answered; the others are listed above with when "
+                    "they were last seen")
+
+
+def _missing_rows(ctx: PageContext, missing: list[dict[str, Any]], width: int) -> list[Markup]:
+    """A row per node that should be here but did not answer: no numbers, only when it was last seen."""
+    rows = []
+    for m in missing:
+        node = m.get("node", "")
+        rows.append(el(
+            "tr",
+            el("td", el("a", _host_port(m), href=ctx.url(f"/nodes/{q(node)}")), class_="name"),
+            el("td", _status_badge(m), " ",
+               el("span", "no current numbers from this node; totals below leave it out", class_="muted"),
+               colspan=str(width - 1), class_="failed-cell"),
+            class_="failed", data_row=f"missing:{node}", data_status=m.get("status"),
+        ))
+    return rows
+
+
 def _mem_disk(doc: dict[str, Any]) -> Markup:
     return el("td", f"{commafy(doc.get('memory_depth'))} + {commafy(doc.get('backend_depth'))}",
               class_="num muted", data_v="mem_disk")
 
 
-def _spark(path: str, wide: bool = False) -> Markup:
-    return el("svg", class_="spark wide" if wide else "spark", data_spark=path, role="img",
-              aria_label="graph", viewBox="0 0 120 24" if not wide else "0 0 600 120",
+def _spark(path: str, label: str = "", wide: bool = False) -> Markup:
+    label = label or path.replace("/", " ")
+    return el("svg", el("title", label), class_="spark wide" if wide else "spark", data_spark=path, role="img",
+              aria_label=label, viewBox="0 0 120 24" if not wide else "0 0 600 120",
               preserveAspectRatio="none")
 
 
@@ -188,47 +244,119 @@ def _node_link(ctx: PageContext, doc: dict[str, Any]) -> Markup:
     node = doc.get("node", "")
     label = _host_port(doc)
     if label != node and doc.get("hostname") and not node.startswith(doc.get("hostname", "") + ":"):
-        return join([el("a", label, href=ctx.url(f"/nodes/{q(node)}")), " ", el("small", f"({node})", class_="muted")])
+        return join([el("a", label, href=ctx.url(f"/nodes/{q(node)}")), " ",
+                     el("small", f"({node})", class_="muted block")])
     return el("a", label, href=ctx.url(f"/nodes/{q(node)}"))
 
 
-def _button(label: str, action: str, kind: str, confirm: str, **data: Any) -> Markup:
-    return el("button", label, type="button", class_=f"btn {kind}", data_action=action, data_confirm=confirm,
-              **{f"data_{k}": v for k, v in data.items()})
+def _button(text: str, action: str, kind: str, confirm: str, label: str | None = None, **data: Any) -> Markup:
+    return el("button", text, type="button", class_=f"btn {kind}", data_action=action, data_confirm=confirm,
+              title=label, aria_label=label, **{f"data_{k}": v for k, v in data.items()})
 
 
 def _rate_cell(hist: dict[str, Any] | None) -> Markup:
     return el("td", fmt_rate(last_value((hist or {}).get("rate"))), class_="num rate", data_v="rate")
 
 
+# --- charts (the long series of /api/charts/...; drawn by the page script) -------------------
+
+#: (chart key, title, series, legend labels, unit)
+CHARTS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("depth", "Depth", "memory_depth,backend_depth", "memory,disk", "count"),
+    ("rates", "Publish and finish rate", "publish_rate,finish_rate", "publish,finish", "rate"),
+    ("inflight", "In flight and deferred", "in_flight_count,deferred_count", "in flight,deferred", "count"),
+    ("trouble", "Requeue and timeout rate", "requeue_rate,timeout_rate", "requeued,timed out", "rate"),
+    ("clients", "Connected clients", "clients", "clients", "count"),
+)
+RANGES = ((300, "5 min"), (3600, "1 h"), (21600, "6 h"))
+
+
+def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False) -> Markup:
+    """Time-series charts of ``what`` (a topic, channel or node) with a range picker and hover read-out."""
+    charts = list(CHARTS)
+    if e2e:
+        charts.append(("e2e", "End-to-end latency", "e2e:*", "", "ns"))
+    figures = []
+    for key, title, series, labels, unit in charts:
+        label = f"{title} of {what}, over time"
+        figures.append(el(
+            "figure",
+            el("figcaption", title, el("span", "", class_="readout", aria_live="off")),
+            el("svg", el("title", label), class_="chart", role="img", aria_label=label, viewBox="0 0 480 170"),
+            el("div", class_="legend"),
+            class_="chart-box", data_chart=key, data_series=series, data_labels=labels, data_unit=unit))
+    picker = el("div", *(el("button", label, type="button", class_="btn range" + (" active" if i == 0 else ""),
+                            data_range=str(seconds), aria_pressed="true" if i == 0 else "false")
+                         for i, (seconds, label) in enumerate(RANGES)),
+                class_="ranges", role="group", aria_label="time range")
+    return el("section", el("h2", "History ", el("small", "(gaps: a node did not answer)", class_="muted")),
+              picker, el("div", *figures, class_="charts"), class_="charts-panel", data_charts=api)
+
+
 # --- topics --------------------------------------------------------------------------
 
 
-def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], message: str) -> Page:
-    """Every topic, with depth, messages, rate and sparklines from the admin's history."""
+def _current_cell(series: Any, field: str, fmt: Any = commafy) -> Markup:
+    """A number from the newest poll; when that poll had none, the last one seen, greyed and labelled."""
+    value, stale = current_value(series)
+    if value is not None:
+        return el("td", fmt(value), class_="num", data_v=field, data_sort=str(value))
+    if stale is not None:
+        return el("td", el("span", "last ", fmt(stale), class_="stale",
+                           title="no node holding this topic answered the newest poll; this is the last value seen"),
+                  class_="num", data_v=field, data_sort="-1")
+    return el("td", "\u2013", class_="num", data_v=field, data_sort="-1")
+
+
+def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], message: str,
+                missing_by_topic: dict[str, list[str]] | None = None) -> Page:
+    """Every topic, with its channel backlog, messages, rate and sparklines from the admin's history."""
     hist_topics = history.get("topics") or {}
+    missing_by_topic = missing_by_topic or {}
     rows = []
     for name in topics:
         h = hist_topics.get(name) or {}
+        badges: list[Any] = [_paused_badge(bool(h.get("paused")))]
+        if name.endswith("#ephemeral"):
+            badges.append(el("span", "ephemeral", class_="badge info",
+                             title="nsqd deletes it when its last channel's last consumer leaves"))
+        depth_now, _ = current_value(h.get("depth"))
+        missing = missing_by_topic.get(name) or []
+        if missing:
+            badges.append(el("span", f"{len(missing)} node{'s' if len(missing) != 1 else ''} not answering",
+                             class_="badge danger", title=", ".join(missing), data_row=f"missing-topic:{name}"))
+        elif depth_now is None:
+            badges.append(el("span", "inactive", class_="badge",
+                             title="no nsqd produces this topic now (see the Lookup page)"))
+        backlog, _ = current_value(h.get("backlog"))
         rows.append(el(
             "tr",
-            el("td", el("a", name, href=ctx.url(f"/topics/{q(name)}")), " ", _paused_badge(bool(h.get("paused"))),
-               class_="name"),
+            el("td", el("a", name, href=ctx.url(f"/topics/{q(name)}")), " ", *badges, class_="name",
+               data_sort=name),
             el("td", "" if h.get("channel_count") is None else commafy(h.get("channel_count")),
-               class_="num", data_v="channel_count"),
-            el("td", _fmt_opt(last_value(h.get("depth"))), class_="num", data_v="depth"),
-            el("td", _fmt_opt(last_value(h.get("message_count"))), class_="num", data_v="message_count"),
-            _rate_cell(h),
-            el("td", _spark(f"topics/{name}/depth"), class_="graph"),
-            el("td", _spark(f"topics/{name}/rate"), class_="graph"),
+               class_="num", data_v="channel_count", data_sort=str(h.get("channel_count") or 0)),
+            _current_cell(h.get("backlog"), "backlog"),
+            _current_cell(h.get("depth"), "depth"),
+            _current_cell(h.get("message_count"), "message_count"),
+            _current_cell(h.get("rate"), "rate", fmt_rate),
+            el("td", _spark(f"topics/{name}/backlog", f"channel backlog of {name}"), class_="graph"),
+            el("td", _spark(f"topics/{name}/rate", f"publish rate of {name}"), class_="graph"),
             data_row=f"topic:{name}", data_hist=f"topics/{name}", data_paused="1" if h.get("paused") else None,
+            class_=("trouble" if backlog else None),
         ))
     if rows:
-        table = _grid(el("thead", el("tr", el("th", "Topic"), el("th", "Channels", class_="num"),
-                                                el("th", "Depth", class_="num"), el("th", "Messages", class_="num"),
-                                                el("th", "Rate", class_="num"), el("th", "Depth", class_="graph"),
-                                                el("th", "Rate", class_="graph"))),
-                   el("tbody", *rows))
+        def head(label: str, title: str, cls: str = "num") -> Markup:
+            return el("th", label, class_=f"{cls} sortable", title=title, tabindex="0", aria_sort="none")
+        table = _grid(el("thead", el("tr", head("Topic", "sort by name", "text"),
+                                     head("Channels", "how many channels"),
+                                     head("Channel backlog", "messages waiting in the topic's channels"),
+                                     head("Topic depth", "messages waiting in the topic's own queue "
+                                                         "(before channels copy them)"),
+                                     head("Messages", "messages published since the nsqd started"),
+                                     head("Rate", "publish rate over the last poll interval"),
+                                     el("th", "Backlog graph", class_="graph"),
+                                     el("th", "Rate graph", class_="graph"))),
+                      el("tbody", *rows), cls="grid sortable-table")
     else:
         table = _notice("No topics found.", "Publish to any nsqd, or create one on the ",
                         el("a", "Lookup", href=ctx.url("/lookup")), " page.")
@@ -236,7 +364,7 @@ def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], me
         el("header", el("h1", "Topics", " ", el("span", str(len(topics)), class_="count")), class_="page-head"),
         _warning(message),
         el("p", f"Numbers and graphs come from nsqadmin's own /stats history (one sample every "
-                f"{history.get('interval', 0):g}s).", class_="hint"),
+                f"{history.get('interval', 0):g}s). Click a column heading to sort.", class_="hint"),
         table,
     ])
     return Page("Topics", "topics", content, api=ctx.url("/api/topics"), history=ctx.url("/api/history"), nav="topics")
@@ -249,39 +377,60 @@ def _fmt_opt(value: Any) -> str:
 # --- topic ---------------------------------------------------------------------------
 
 
+def _on_nodes(n: int) -> str:
+    return f"on {n} node" + ("" if n == 1 else "s")
+
+
+def _tombstone(topic: str, node: str) -> Markup:
+    text = (f"Tombstone topic {topic} on {node}: nsqlookupd stops handing this node out for the topic and the "
+            "topic (with every message it holds there) is deleted from that node.")
+    return el("button", "\u2718", type="button", class_="btn link red", data_action="tombstone",
+              data_confirm=text, data_topic=topic, data_node=node,
+              title=f"tombstone topic {topic} on {node}", aria_label=f"tombstone topic {topic} on {node}")
+
+
 def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dict[str, Any], message: str) -> Page:
     nodes = stats.get("nodes") or []
     channels = stats.get("channels") or []
+    missing = stats.get("nodes_missing") or []
+    partial = stats.get("partial")
     paused = bool(stats.get("paused"))
     parts: list[Any] = [
         _crumbs(ctx, ("Topics", ctx.url("/topics")), (topic, None)),
-        el("header", el("h1", el("span", "Topic", class_="kind"), " ", topic, " ", _paused_badge(paused)),
+        el("header", el("h1", el("span", "Topic", class_="kind"), " ", topic, " ", _paused_badge(paused), " ",
+                        _partial_badge(partial)),
            class_="page-head", data_row="total", data_paused="1" if paused else None),
         _warning(message),
     ]
-    if not nodes:
-        parts.append(_notice("No producers exist for this topic.", "See ",
+    if not nodes and not missing:
+        parts.append(_notice("No nsqd produces this topic now.", "nsqlookupd knows it, but no node holds it. See ",
                              el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
     else:
-        if ctx.is_admin:
+        n_nodes = len(nodes)
+        if ctx.is_admin and nodes:
+            backlog = sum(int(c.get("depth") or 0) for c in channels)
+            everything = int(stats.get("depth") or 0) + backlog
             parts.append(el(
                 "div",
-                _button("Empty Queue", "empty", "warn", f"Empty every message queued at topic {topic}?",
-                        topic=topic),
+                _button("Empty Queue", "empty", "warn",
+                        f"Empty topic {topic}: discard the {commafy(stats.get('depth'))} messages queued at the topic "
+                        f"{_on_nodes(n_nodes)}? Its channels keep theirs.", topic=topic),
                 _button("Delete Topic", "delete", "danger",
-                        f"Delete topic {topic} and all its channels everywhere?", topic=topic),
-                (_button("Unpause Topic", "unpause", "ok", f"Unpause topic {topic}?", topic=topic) if paused else
-                 _button("Pause Topic", "pause", "primary", f"Pause topic {topic}? Messages will queue at the topic.",
-                         topic=topic)),
+                        f"Delete topic {topic} everywhere: its {len(channels)} channel"
+                        f"{'' if len(channels) == 1 else 's'} and the {commafy(everything)} messages they hold "
+                        f"{_on_nodes(n_nodes)} are discarded, and nsqlookupd forgets it.", topic=topic),
+                (_button("Unpause Topic", "unpause", "ok", f"Unpause topic {topic} {_on_nodes(n_nodes)}? Messages "
+                         "flow to its channels again.", topic=topic) if paused else
+                 _button("Pause Topic", "pause", "primary", f"Pause topic {topic} {_on_nodes(n_nodes)}? New messages "
+                         "queue at the topic and its channels get nothing until it is unpaused.", topic=topic)),
                 class_="actions"))
         quantiles = _percentiles(stats)
         hist_nodes = history.get("nodes") or {}
+        width = 8 + len(quantiles)
         rows = []
         for n in nodes:
             node = n.get("node", "")
-            tomb = (_button("\u2718", "tombstone", "link red", f"Tombstone {node} for topic {topic}? It will be "
-                            "deleted from that node and lookupd will stop handing it out.",
-                            topic=topic, node=node) if ctx.is_admin else "")
+            tomb = _tombstone(topic, node) if ctx.is_admin else ""
             rows.append(el(
                 "tr",
                 el("td", tomb, _node_link(ctx, n), " ", _paused_badge(bool(n.get("paused"))), class_="name"),
@@ -289,19 +438,20 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
                 _rate_cell(hist_nodes.get(node)),
                 el("td", commafy(len(n.get("channels") or [])), class_="num", data_v="channel_count"),
                 *_e2e_cells(n, quantiles),
-                el("td", _spark(f"nodes/{node}/depth"), class_="graph"),
-                el("td", _spark(f"nodes/{node}/rate"), class_="graph"),
+                el("td", _spark(f"nodes/{node}/depth", f"topic depth on {node}"), class_="graph"),
+                el("td", _spark(f"nodes/{node}/rate", f"publish rate on {node}"), class_="graph"),
                 data_row=f"node:{node}", data_hist=f"nodes/{node}", data_paused="1" if n.get("paused") else None,
             ))
+        rows += _missing_rows(ctx, missing, width)
         rows.append(el(
             "tr",
-            el("td", "Total", class_="name"),
+            el("td", "Total", " ", _partial_badge(partial, block=True), class_="name"),
             _num(stats.get("depth"), "depth"), _mem_disk(stats), _num(stats.get("message_count"), "message_count"),
             _rate_cell(history.get("topic")),
             el("td", commafy(len(channels)), class_="num", data_v="channel_count"),
             *_e2e_cells(stats, quantiles),
-            el("td", _spark("topic/depth"), class_="graph"),
-            el("td", _spark("topic/rate"), class_="graph"),
+            el("td", _spark("topic/depth", f"topic depth of {topic}"), class_="graph"),
+            el("td", _spark("topic/rate", f"publish rate of {topic}"), class_="graph"),
             class_="total", data_row="total", data_hist="topic", data_paused="1" if paused else None,
         ))
         e2e_head = (el("tr", el("th", colspan=6), el("th", "E2E processing latency", colspan=len(quantiles),
@@ -310,10 +460,13 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
         parts.append(el("section", el("h2", "Topic message queue"), _grid(el("thead", e2e_head, el(
             "tr", el("th", "nsqd host"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
             el("th", "Messages", class_="num"), el("th", "Rate", class_="num"), el("th", "Channels", class_="num"),
-            *_e2e_heads(quantiles), el("th", "Depth", class_="graph"), el("th", "Rate", class_="graph"))),
+            *_e2e_heads(quantiles), el("th", "Depth graph", class_="graph"), el("th", "Rate graph", class_="graph"))),
             el("tbody", *rows))))
 
-    parts.append(_channels_table(ctx, topic, channels, history.get("channels") or {}))
+    parts.append(_channels_table(ctx, topic, channels, history.get("channels") or {},
+                                 stats.get("channels_elsewhere") or [], bool(missing)))
+    if nodes or missing:
+        parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}"), f"topic {topic}"))
     if nodes and not channels:
         # before it has channels, a topic keeps its messages in its own queue: show those
         parts.append(peek_panel(ctx, ctx.url(f"/api/topic-peek/{q(topic)}"), states=False))
@@ -322,9 +475,24 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
                 history=ctx.url(f"/api/history/{q(topic)}"), nav="topics")
 
 
+def channel_trouble(c: dict[str, Any], hist: dict[str, Any] | None, key: str) -> list[Markup]:
+    """Badges for a channel that needs an operator: a backlog nobody consumes, timeouts still rising.
+
+    Each carries ``data-row="<key>:backlog|timeouts"`` so the page script re-renders when one
+    appears or goes (it computes the same rules from the API answer)."""
+    out = []
+    if int(c.get("depth") or 0) > 0 and int(c.get("client_count") or 0) == 0 and not c.get("paused"):
+        out.append(el("span", "backlog, no consumer", class_="badge danger trouble-badge", data_row=f"{key}:backlog",
+                      title=f"{commafy(c.get('depth'))} messages wait and no client is subscribed"))
+    if rising((hist or {}).get("timeout_count")):
+        out.append(el("span", "timeouts rising", class_="badge warn trouble-badge", data_row=f"{key}:timeouts",
+                      title="messages timed out (not finished in time) since the previous poll"))
+    return out
+
+
 def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]],
-                    hist_channels: dict[str, Any]) -> Markup:
-    if not channels:
+                    hist_channels: dict[str, Any], elsewhere: Sequence[str] = (), partial: bool = False) -> Markup:
+    if not channels and not elsewhere:
         return el("section", el("h2", "Channel message queues"),
                   _notice("No channels exist for this topic.", "Messages will queue at the topic until a channel "
                           "is created."))
@@ -336,30 +504,40 @@ def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]]
     rows = []
     for c in channels:
         name = c.get("channel_name", "")
+        trouble = channel_trouble(c, hist_channels.get(name), f"trouble:{name}")
         rows.append(el(
             "tr",
             el("td", el("a", name, href=ctx.url(f"/topics/{q(topic)}/{q(name)}")), " ",
-               _paused_badge(bool(c.get("paused"))), class_="name"),
+               _paused_badge(bool(c.get("paused"))), " ", *trouble, class_="name"),
             _num(c.get("depth"), "depth"), _mem_disk(c),
             _num(c.get("in_flight_count"), "in_flight_count"), _num(c.get("deferred_count"), "deferred_count"),
             _num(c.get("requeue_count"), "requeue_count"), _num(c.get("timeout_count"), "timeout_count"),
             _num(c.get("message_count"), "message_count"), _rate_cell(hist_channels.get(name)),
             _num(c.get("client_count"), "client_count"),
             *_e2e_cells(c, quantiles),
-            el("td", _spark(f"channels/{name}/depth"), class_="graph"),
-            el("td", _spark(f"channels/{name}/rate"), class_="graph"),
+            el("td", _spark(f"channels/{name}/depth", f"depth of channel {name}"), class_="graph"),
+            el("td", _spark(f"channels/{name}/rate", f"finish rate of channel {name}"), class_="graph"),
             data_row=f"channel:{name}", data_hist=f"channels/{name}", data_paused="1" if c.get("paused") else None,
+            class_="trouble" if trouble else None,
         ))
+    for name in elsewhere:
+        where = ("last reported by a node that does not answer now" if partial
+                 else "registered with nsqlookupd; no answering nsqd has it")
+        rows.append(el("tr", el("td", el("a", name, href=ctx.url(f"/topics/{q(topic)}/{q(name)}")), class_="name"),
+                       el("td", where, colspan=str(11 + len(quantiles)), class_="muted"),
+                       class_="elsewhere", data_row=f"elsewhere:{name}"))
     e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
                                                      class_="group"), el("th", colspan=2)) if quantiles else "")
-    head = el("tr", el("th", "Channel"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
-              el("th", "In-Flight", class_="num"), el("th", "Deferred", class_="num"),
-              el("th", "Requeued", class_="num"), el("th", "Timed Out", class_="num"),
-              el("th", "Messages", class_="num"), el("th", "Rate", class_="num"),
-              el("th", "Connections", class_="num"), *_e2e_heads(quantiles),
-              el("th", "Depth", class_="graph"), el("th", "Rate", class_="graph"))
+    def sortable(label: str, cls: str = "num", title: str | None = None) -> Markup:
+        return el("th", label, class_=f"{cls} sortable", tabindex="0", aria_sort="none", title=title)
+    head = el("tr", sortable("Channel", "text"), sortable("Depth"), sortable("Memory + Disk"),
+              sortable("In-Flight"), sortable("Deferred"), sortable("Requeued"), sortable("Timed Out"),
+              sortable("Messages"), sortable("Rate"), sortable("Clients", title="connections"),
+              *[el("th", percentile_label(quant), class_="num e2e sortable", tabindex="0", aria_sort="none")
+                for quant in quantiles],
+              el("th", "Depth graph", class_="graph"), el("th", "Rate graph", class_="graph"))
     return el("section", el("h2", "Channel message queues"),
-              _grid(el("thead", e2e_head, head), el("tbody", *rows)))
+              _grid(el("thead", e2e_head, head), el("tbody", *rows), cls="grid sortable-table"))
 
 
 # --- channel ---------------------------------------------------------------------------
@@ -368,31 +546,37 @@ def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]]
 def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, Any], history: dict[str, Any],
                  message: str) -> Page:
     nodes = stats.get("nodes") or []
+    missing = stats.get("nodes_missing") or []
+    partial = stats.get("partial")
     paused = bool(stats.get("paused"))
     parts: list[Any] = [
         _crumbs(ctx, ("Topics", ctx.url("/topics")), (topic, ctx.url(f"/topics/{q(topic)}")), (channel, None)),
         el("header", el("h1", el("span", "Channel", class_="kind"), " ", topic, el("span", " / ", class_="sep"),
-                        channel, " ", _paused_badge(paused)),
+                        channel, " ", _paused_badge(paused), " ", _partial_badge(partial)),
            class_="page-head", data_row="total", data_paused="1" if paused else None),
         _warning(message),
     ]
-    if not nodes:
-        parts.append(_notice("No producers exist for this topic/channel.", "See ",
-                             el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
+    if not nodes and not missing:
+        parts.append(_notice("No nsqd has this channel now.", "nsqlookupd has it registered, but no node holds it. "
+                             "See ", el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
     else:
-        if ctx.is_admin:
+        n_nodes = len(nodes)
+        if ctx.is_admin and nodes:
             label = f"{topic}/{channel}"
             parts.append(el(
                 "div",
-                _button("Empty Queue", "empty", "warn", f"Empty every message queued at channel {label}?",
-                        topic=topic, channel=channel),
-                _button("Delete Channel", "delete", "danger", f"Delete channel {label} everywhere?",
-                        topic=topic, channel=channel),
-                (_button("Unpause Channel", "unpause", "ok", f"Unpause channel {label}?", topic=topic,
-                         channel=channel) if paused else
+                _button("Empty Queue", "empty", "warn",
+                        f"Empty channel {label}: discard {commafy(stats.get('depth'))} messages "
+                        f"{_on_nodes(n_nodes)}? (In-flight and deferred ones stay.)", topic=topic, channel=channel),
+                _button("Delete Channel", "delete", "danger",
+                        f"Delete channel {label} everywhere: its {commafy(stats.get('depth'))} queued messages "
+                        f"{_on_nodes(n_nodes)} are discarded and its {commafy(stats.get('client_count'))} "
+                        "consumers disconnected.", topic=topic, channel=channel),
+                (_button("Unpause Channel", "unpause", "ok", f"Unpause channel {label} {_on_nodes(n_nodes)}? "
+                         "Consumers get messages again.", topic=topic, channel=channel) if paused else
                  _button("Pause Channel", "pause", "primary",
-                         f"Pause channel {label}? Consumers get no messages until it is unpaused.",
-                         topic=topic, channel=channel)),
+                         f"Pause channel {label} {_on_nodes(n_nodes)}? Consumers get no messages until it is "
+                         "unpaused; messages keep queueing.", topic=topic, channel=channel)),
                 class_="actions"))
         quantiles = _percentiles(stats)
         hist_nodes = history.get("nodes") or {}
@@ -408,24 +592,31 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
                 _num(doc.get("message_count"), "message_count"), _rate_cell(hist),
                 _num(doc.get("client_count"), "client_count"),
                 *_e2e_cells(doc, quantiles),
-                el("td", _spark(f"{spark}/depth"), class_="graph"),
-                el("td", _spark(f"{spark}/rate"), class_="graph"),
+                el("td", _spark(f"{spark}/depth", f"depth ({'all nodes' if key == 'total' else key})"),
+                   class_="graph"),
+                el("td", _spark(f"{spark}/rate", f"finish rate ({'all nodes' if key == 'total' else key})"),
+                   class_="graph"),
                 class_=cls, data_row=key, data_hist=spark, data_paused="1" if doc.get("paused") else None)
 
         rows = [row(n, _node_link(ctx, n), f"node:{n.get('node', '')}", hist_nodes.get(n.get("node", "")),
                     f"nodes/{n.get('node', '')}") for n in nodes]
-        rows.append(row(stats, Markup("Total"), "total", history.get("channel"), "channel", cls="total"))
+        rows += _missing_rows(ctx, missing, 12 + len(quantiles))
+        rows.append(row(stats, join(["Total ", _partial_badge(partial, block=True)]), "total", history.get("channel"), "channel",
+                        cls="total"))
         e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
                                                          class_="group"), el("th", colspan=2)) if quantiles else "")
         head = el("tr", el("th", "nsqd host"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
                   el("th", "In-Flight", class_="num"), el("th", "Deferred", class_="num"),
                   el("th", "Requeued", class_="num"), el("th", "Timed Out", class_="num"),
                   el("th", "Messages", class_="num"), el("th", "Rate", class_="num"),
-                  el("th", "Connections", class_="num"), *_e2e_heads(quantiles),
-                  el("th", "Depth", class_="graph"), el("th", "Rate", class_="graph"))
+                  el("th", "Clients", class_="num", title="connections"), *_e2e_heads(quantiles),
+                  el("th", "Depth graph", class_="graph"), el("th", "Rate graph", class_="graph"))
         parts.append(el("section", el("h2", "Channel"),
                         _grid(el("thead", e2e_head, head), el("tbody", *rows))))
     parts.append(_clients_table(ctx, stats.get("clients") or []))
+    if nodes or missing:
+        parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}/{q(channel)}"),
+                                  f"channel {topic}/{channel}", e2e=True))
     if nodes:
         parts.append(peek_panel(ctx, ctx.url(f"/api/topics/{q(topic)}/{q(channel)}/peek"), states=True))
     return Page(f"Channel {topic}/{channel}", "channel", join(parts),
@@ -523,41 +714,72 @@ def node_key(p: dict[str, Any]) -> str:
     return f"{host}:{p.get('http_port', 0)}"
 
 
-def nodes_page(ctx: PageContext, nodes: list[dict[str, Any]], message: str) -> Page:
+def _uptime(p: dict[str, Any]) -> Markup:
+    up = p.get("uptime_seconds")
+    if up is None:
+        return el("td", "\u2013", class_="num muted", data_sort="-1")
+    return el("td", fmt_seconds(up), class_="num", data_sort=str(up),
+              title=f"started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(p.get('start_time') or 0))}")
+
+
+def _opt_num(value: Any, field: str, stale: bool) -> Markup:
+    if value is None:
+        return el("td", "\u2013", class_="num muted", data_v=field, data_sort="-1")
+    if stale:
+        return el("td", el("span", "last ", commafy(value), class_="stale", title="the last value this node reported"),
+                  class_="num", data_sort=str(value))
+    return el("td", commafy(value), class_="num", data_v=field, data_sort=str(value))
+
+
+def nodes_page(ctx: PageContext, nodes: list[dict[str, Any]], message: str,
+               partial: dict[str, Any] | None = None) -> Page:
     lookupd_mode = bool(ctx.lookupds)
     rows = []
     for p in nodes:
         addr = node_key(p)
         topics = p.get("topics") or []
         conns = p.get("remote_addresses") or []
+        status = p.get("status", "ok")
+        ok = status == "ok"
         conn_cell = ""
         if lookupd_mode:
             conn_cell = el("td", el("span", str(len(conns)),
                                     class_="badge" + (" warn" if len(conns) != len(ctx.lookupds) else ""),
-                                    title="\n".join(conns)), class_="num")
+                                    title="\n".join(conns) or "not registered with any nsqlookupd"), class_="num")
         badges = [el("a", t.get("topic", ""), href=ctx.url(f"/topics/{q(t.get('topic', ''))}"),
                      class_="badge " + ("warn" if t.get("tombstoned") else "primary"),
                      title="this topic is currently tombstoned on this node" if t.get("tombstoned") else None)
                   for t in topics]
         rows.append(el(
             "tr",
-            el("td", p.get("hostname", ""), class_="name"),
-            el("td", el("a", addr, href=ctx.url(f"/nodes/{q(addr)}"))),
-            el("td", p.get("tcp_port", ""), class_="num"),
-            el("td", p.get("http_port", ""), class_="num"),
+            el("td", p.get("hostname", ""), class_="name", data_sort=p.get("hostname", "")),
+            el("td", el("a", addr, href=ctx.url(f"/nodes/{q(addr)}")),
+               el("small", f"TCP {p.get('tcp_port', '')}", class_="muted block"), data_sort=addr),
+            el("td", _status_badge(p), data_v="status", data_sort=status),
             el("td", p.get("version", ""), " ",
-               el("span", "out of date", class_="badge warn") if p.get("out_of_date") else ""),
+               el("span", "out of date", class_="badge warn") if p.get("out_of_date") else "",
+               data_sort=p.get("version", "")),
+            _uptime(p),
+            _opt_num(p.get("depth"), "depth", not ok),
+            _opt_num(p.get("clients"), "clients", not ok),
             conn_cell,
             el("td", el("span", str(len(topics)), class_="count"), " ", *badges, class_="topics"),
-            data_row=f"node:{addr}", class_="warning" if p.get("out_of_date") else None,
+            data_row=f"node:{addr}" if ok else f"missing:{addr}", data_status=status,
+            class_=("failed" if not ok else "warning" if p.get("out_of_date") else None),
         ))
-    head = el("tr", el("th", "Hostname"), el("th", "Broadcast address"), el("th", "TCP port", class_="num"),
-              el("th", "HTTP port", class_="num"), el("th", "Version"),
-              el("th", "Lookupd conns.", class_="num") if lookupd_mode else "", el("th", "Topics"))
-    body = (_grid(el("thead", head), el("tbody", *rows)) if rows
+
+    def head(label: str, cls: str = "", title: str | None = None) -> Markup:
+        return el("th", label, class_=(cls + " sortable").strip(), tabindex="0", aria_sort="none", title=title)
+    head_row = el("tr", head("Hostname"), head("HTTP address"), head("Reachability"), head("Version"),
+                  head("Uptime", "num", "since the nsqd started (its /stats start_time)"),
+                  head("Depth", "num", "messages waiting on the node (topics and channels)"),
+                  head("Clients", "num", "channel subscriptions"),
+                  el("th", "Lookupd conns.", class_="num") if lookupd_mode else "", el("th", "Topics"))
+    body = (_grid(el("thead", head_row), el("tbody", *rows), cls="grid sortable-table") if rows
             else _notice("No nsqd nodes found."))
-    content = join([el("header", el("h1", "nsqd nodes ", el("span", str(len(nodes)), class_="count")),
-                       class_="page-head"), _warning(message), body])
+    content = join([el("header", el("h1", "nsqd nodes ", el("span", str(len(nodes)), class_="count"), " ",
+                                    _partial_badge(partial)), class_="page-head"),
+                    _warning(message), body])
     return Page("Nodes", "nodes", content, api=ctx.url("/api/nodes"), nav="nodes")
 
 
@@ -565,8 +787,32 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def _node_clients(ctx: PageContext, clients: list[dict[str, Any]], width: int) -> list[Markup]:
+    """One row per consumer of a channel on the node page (as Go's nsqadmin shows them)."""
+    rows = []
+    for c in clients:
+        state = c.get("state")
+        rows.append(el(
+            "tr",
+            el("td", el("span", c.get("remote_address", ""), class_="mono"), " ",
+               el("small", c.get("client_id", "") or c.get("hostname", ""), class_="muted"), class_="client indent2"),
+            el("td", join([el("small", c.get("user_agent", "")) if c.get("user_agent") else "", " ",
+                           _client_attrs(c), " ",
+                           el("span", CLIENT_STATES.get(state, "") if state is not None else "", class_="muted"),
+                           el("span", f" connected {nanotohuman(c.get('connected'))}", class_="muted")]),
+               colspan=str(width - 5)),
+            _num(c.get("in_flight_count"), "in_flight_count"),
+            _num(c.get("ready_count"), "ready_count"),
+            _num(c.get("finish_count"), "finish_count"),
+            _num(c.get("requeue_count"), "requeue_count"),
+            data_row=client_key(c), class_="client-row",
+        ))
+    return rows
+
+
 def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) -> Page:
     topics = doc.get("topics") or []
+    status = doc.get("status") or {}
     n_channels = sum(len(t.get("channels") or []) for t in topics)
     cards = el("div",
                el("div", el("span", commafy(len(topics)), class_="big", data_v="topic_count"),
@@ -577,13 +823,14 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
                   el("span", "clients"), class_="card"),
                el("div", el("span", commafy(doc.get("total_messages")), class_="big", data_v="total_messages"),
                   el("span", "messages"), class_="card"),
+               el("div", el("span", fmt_seconds(status.get("uptime_seconds")) or "\u2013", class_="big"),
+                  el("span", "uptime"), class_="card"),
                class_="cards", data_row="total")
+    width = 9
     rows = []
     for t in topics:
         name = t.get("topic_name", "")
-        tomb = (_button("\u2718", "tombstone", "link red",
-                        f"Tombstone topic {name} on {node}? It will be deleted from this node and lookupd will "
-                        "stop handing this node out for it.", topic=name, node=node) if ctx.is_admin else "")
+        tomb = _tombstone(name, node) if ctx.is_admin else ""
         rows.append(el(
             "tr",
             el("td", tomb, el("a", name, href=ctx.url(f"/topics/{q(name)}")), " ",
@@ -595,27 +842,41 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
         ))
         for c in t.get("channels") or []:
             cname = c.get("channel_name", "")
+            trouble = channel_trouble(c, None, f"trouble:{name}/{cname}")
             rows.append(el(
                 "tr",
                 el("td", el("a", cname, href=ctx.url(f"/topics/{q(name)}/{q(cname)}")), " ",
-                   _paused_badge(bool(c.get("paused"))), class_="name indent"),
+                   _paused_badge(bool(c.get("paused"))), " ", *trouble, class_="name indent"),
                 _num(c.get("depth"), "depth"), _mem_disk(c),
                 _num(c.get("in_flight_count"), "in_flight_count"), _num(c.get("deferred_count"), "deferred_count"),
                 _num(c.get("requeue_count"), "requeue_count"), _num(c.get("timeout_count"), "timeout_count"),
                 _num(c.get("message_count"), "message_count"), _num(c.get("client_count"), "client_count"),
                 data_row=f"channel:{name}/{cname}", data_paused="1" if c.get("paused") else None,
+                class_="trouble" if trouble else None,
             ))
-    head = el("tr", el("th", "Topic / channel"), el("th", "Depth", class_="num"),
+            rows += _node_clients(ctx, c.get("clients") or [], width)
+    head = el("tr", el("th", "Topic / channel / client"), el("th", "Depth", class_="num"),
               el("th", "Memory + Disk", class_="num"), el("th", "In-Flight", class_="num"),
-              el("th", "Deferred", class_="num"), el("th", "Requeued", class_="num"),
-              el("th", "Timed Out", class_="num"), el("th", "Messages", class_="num"),
-              el("th", "Connections", class_="num"))
-    table = (_grid(el("thead", head), el("tbody", *rows)) if rows
-             else _notice("This node has no topics."))
+              el("th", "Deferred / RDY", class_="num", title="channel: deferred; client: ready count"),
+              el("th", "Requeued / Finished", class_="num", title="channel: requeued; client: finished"),
+              el("th", "Timed Out / Requeued", class_="num", title="channel: timed out; client: requeued"),
+              el("th", "Messages", class_="num"), el("th", "Clients", class_="num"))
+    if rows:
+        table = _grid(el("thead", head), el("tbody", *rows))
+    elif status.get("status", "ok") != "ok":
+        table = _notice("No current numbers.", "This node does not answer; it last reported the topics ",
+                        ", ".join(status.get("topics") or []) or "(none)", ".")
+    else:
+        table = _notice("This node has no topics.")
+    state_line = (el("p", _status_badge(status), class_="node-status", data_row="status",
+                     data_paused="1" if status.get("status", "ok") != "ok" else None)
+                  if status else Markup(""))
     content = join([
         _crumbs(ctx, ("Nodes", ctx.url("/nodes")), (node, None)),
         el("header", el("h1", el("span", "nsqd", class_="kind"), " ", node), class_="page-head"),
+        state_line,
         _warning(message), cards, table,
+        charts_panel(ctx, ctx.url(f"/api/charts/nodes/{q(node)}"), f"node {node}"),
     ])
     return Page(f"Node {node}", "node", content, api=ctx.url(f"/api/nodes/{q(node)}"), nav="nodes")
 
@@ -633,12 +894,14 @@ def lookup_page(ctx: PageContext, inactive: dict[str, list[str]], message: str) 
             for topic in sorted(inactive):
                 chans = [el("li",
                             _button("\u2718", "delete", "link red", f"Delete channel {topic}/{c}?",
-                                    topic=topic, channel=c) if ctx.is_admin else "",
+                                    topic=topic, channel=c, label=f"delete channel {topic}/{c}")
+                            if ctx.is_admin else "",
                             el("a", c, href=ctx.url(f"/topics/{q(topic)}/{q(c)}")),
                             data_row=f"channel:{topic}/{c}")
                          for c in inactive[topic]]
                 items.append(el("li",
-                                _button("\u2718", "delete", "link red", f"Delete topic {topic}?", topic=topic)
+                                _button("\u2718", "delete", "link red", f"Delete topic {topic}?", topic=topic,
+                                        label=f"delete topic {topic}")
                                 if ctx.is_admin else "",
                                 el("a", topic, href=ctx.url(f"/topics/{q(topic)}")),
                                 el("ul", *chans) if chans else "",
@@ -674,15 +937,25 @@ def lookup_page(ctx: PageContext, inactive: dict[str, list[str]], message: str) 
 # --- counter --------------------------------------------------------------------------------
 
 
-def counter_page(ctx: PageContext, total: int, message: str) -> Page:
+def counter_page(ctx: PageContext, total: int, message: str, partial: dict[str, Any] | None = None,
+                 missing: Sequence[dict[str, Any]] = ()) -> Page:
+    note = Markup("")
+    if partial:
+        note = el("div", _partial_badge(partial), " the sum includes the last counts seen from ",
+                  join([join(["; " if i else "",
+                              el("a", m.get("node", ""), href=ctx.url(f"/nodes/{q(m.get('node', ''))}")),
+                              " (", m.get("status", ""), ", last seen ", _ts(m.get("last_seen")), ")"])
+                        for i, m in enumerate(missing)]), class_="hint partial-note", id="counter-partial")
     content = join([
         el("header", el("h1", "Messages processed"), class_="page-head"),
         _warning(message),
         el("div", el("div", commafy(total), id="counter", class_="counter", data_total=str(total)),
            el("div", "messages delivered across every topic and channel of the cluster ",
               el("span", "\u2013", id="counter-rate", class_="rate"), class_="hint"),
+           note,
            class_="counter-box"),
-        el("section", el("h2", "Cluster message rate"), _spark("total/rate", wide=True),
+        el("section", el("h2", "Cluster message rate"), _spark("total/rate", "message rate of the whole cluster",
+                                                               wide=True),
            el("p", "", class_="spark-caption hint")),
     ])
     return Page("Counter", "counter", content, api=ctx.url("/api/counter"), history=ctx.url("/api/history"),

@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
+from typing import Any, cast
 
 import attr
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.iweb import IRequest
+from typing import Any as HTTPRequest  # an IRequest (zope interfaces do not type-check without a mypy plugin)
 
 from .. import NSQ_VERSION, __version__
 from ..admin.app import AdminHTTPAPI
 from ..admin.cluster import ClusterInfo, UpstreamError, Upstream, join_host_port, warning_message
 from ..admin.history import History
+from ..admin.nodes import NodeBook
 from ..admin.options import AdminOptions, split_upstream
 from ..options import OptionError
 from .listen import ListeningService
@@ -120,7 +121,7 @@ def make_http_client(reactor: Any, options: AdminOptions) -> Any:
     pool._factory = _QuietFactory
     agent = Agent(reactor, contextFactory=tls_policy(options), connectTimeout=options.http_client_connect_timeout,
                   pool=pool)
-    return HTTPClient(agent)
+    return HTTPClient(cast(Any, agent))  # an Agent is an IAgent
 
 
 def check_resolvable(options: AdminOptions) -> None:
@@ -175,15 +176,28 @@ class HistoryPoller(Service):
 
     async def _poll(self) -> None:
         ci = self.node.cluster
+        now = self.node.clock.seconds()
         try:
             producers, errors = await ci.producers()
-            topics, _, errs = await ci.nsqd_stats(producers, "", "", False)
+        except UpstreamError as e:
+            # nothing answered: a gap in every series, never the last values frozen as current
+            self._report(f"UPSTREAM_ERROR: {e}")
+            self.node.history.record(now, [], self.node.history.message,
+                                     failed=[s.address for s in ci.book.nodes.values()])
+            return
+        try:
+            topics, _, errs, failed = await ci.nsqd_stats_failed(producers, "", "", False)
         except UpstreamError as e:
             self._report(f"UPSTREAM_ERROR: {e}")
+            self.node.history.record(now, [], self.node.history.message,
+                                     failed=[p.http_address for p in producers])
             return
         message = warning_message(list(errors) + list(errs))
         self._report(message)
-        self.node.history.record(self.node.clock.seconds(), topics, message)
+        ci.book.forget()
+        # only nodes asked and silent make gaps: one that left nsqlookupd (gone) is not asked any more,
+        # and its topics' totals go on over the nodes that remain (the pages say the total is partial)
+        self.node.history.record(now, topics, message, failed=failed)
 
     def _report(self, message: str) -> None:
         """Log a poll problem when it starts or changes, not every interval."""
@@ -218,8 +232,10 @@ class AdminService(MultiService):
         self.http_client = http_client if http_client is not None else make_http_client(reactor, options)
         self.upstream = Upstream(self.http_client, reactor, options.http_client_request_timeout,
                                  f"nsqadmin/{NSQ_VERSION} (nsqtw {__version__})")
-        self.cluster = ClusterInfo(self.upstream, self._addresses, reactor)
-        self.history = History(options.history_size, options.history_interval)
+        self.history = History(options.history_size, options.history_interval, options.history_retention)
+        # a node that went away is still shown for as long as the charts reach back
+        self.cluster = ClusterInfo(self.upstream, self._addresses, reactor,
+                                   NodeBook(reactor, retention=self.history.retention))
         self._notifications: set[defer.Deferred] = set()
         for name in ("statsd_prefix", "statsd_counter_format", "statsd_gauge_format", "statsd_interval"):
             field = attr.fields_dict(AdminOptions)[name]
@@ -246,7 +262,7 @@ class AdminService(MultiService):
 
     # --- notifications ------------------------------------------------------------------
 
-    def notification(self, action: str, topic: str, channel: str, node: str, request: IRequest) -> dict[str, Any]:
+    def notification(self, action: str, topic: str, channel: str, node: str, request: HTTPRequest) -> dict[str, Any]:
         """nsqadmin's ``AdminAction`` for one request (``channel``, ``node`` and ``user`` omitted when empty)."""
         secure = request.isSecure() or (request.getHeader(b"X-Scheme") or b"").lower() == b"https"
         host = (request.getHeader(b"Host") or b"").decode("latin-1")
@@ -268,7 +284,7 @@ class AdminService(MultiService):
         doc["via"] = self.hostname
         return doc
 
-    def notify(self, action: str, topic: str, channel: str, node: str, request: IRequest) -> None:
+    def notify(self, action: str, topic: str, channel: str, node: str, request: HTTPRequest) -> None:
         """POST the action to ``--notification-http-endpoint`` in the background."""
         endpoint = self.options.notification_http_endpoint
         if not endpoint:

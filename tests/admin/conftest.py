@@ -64,5 +64,18 @@ async def cluster(start_admin, request):
     await lookupd.stop()
 
 
+@pytest_twisted.async_yield_fixture
+async def browser():
+    """Headless Chromium (``test_browser.Browser``); the browser test modules skip without it."""
+    from twisted.internet import threads
+
+    from admin_helpers import within
+    from test_browser import Browser
+
+    b = await within(threads.deferToThread(Browser.start), 60)
+    yield b
+    await within(threads.deferToThread(b.quit), 30)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "admin_options(**kwargs): options for the admin / cluster fixtures")

@@ -31,6 +31,22 @@ def test_go_style_command_line() -> None:
     assert o.base == "/admin" and o.acl_http_header == "X-User" and o.lookupd_mode
 
 
+def test_history_retention_flag_reaches_the_history() -> None:
+    """--history-retention 24h (default 6h) is how far back the charts go; the service's history and
+    its book of failed nodes use it."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    from nsqtw.service.admin import AdminService
+
+    assert AdminOptions(nsqd_http_addresses=["a:1"]).history_retention == 21600.0
+    o = options_from_argv(AdminOptions, ["--nsqd-http-address=127.0.0.1:4151", "--history-retention=24h",
+                                         "--http-address=127.0.0.1:0"])
+    assert o.history_retention == 86400.0
+    service = AdminService(o, MemoryReactorClock(), http_client=object())
+    assert service.history.retention == 86400.0 and service.cluster.book.retention == 86400.0
+    assert service.history.coarse_step == 120.0
+
+
 def test_config_file_uses_nsqadmin_cfg_names(tmp_path) -> None:
     """A TOML config with nsqadmin's keys is read; flags on the command line win."""
     cfg = tmp_path / "nsqadmin.cfg"
@@ -57,6 +73,7 @@ def test_config_file_uses_nsqadmin_cfg_names(tmp_path) -> None:
      "--notification-http-endpoint"),
     ({"nsqd_http_addresses": ["a:1"], "http_client_request_timeout": 0.0}, "--http-client-request-timeout"),
     ({"nsqd_http_addresses": ["a:1"], "history_size": 1}, "--history-size"),
+    ({"nsqd_http_addresses": ["a:1"], "history_retention": 0.0}, "--history-retention"),
     ({"nsqd_http_addresses": ["a:1"], "http_address": "nowhere"}, "--http-address"),
 ])
 def test_bad_options_are_refused_naming_the_flag(kwargs, text) -> None:

@@ -59,12 +59,14 @@ async def test_topic_stats_use_lookupd_producers(cluster) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_unknown_topic_is_an_upstream_error_as_in_nsqadmin(cluster) -> None:
-    """lookupd answers 404 TOPIC_NOT_FOUND for a topic it never saw, and nsqadmin reports 502 for it."""
+async def test_unknown_topic_is_a_404(cluster) -> None:
+    """lookupd answers 404 TOPIC_NOT_FOUND for a topic it never saw; nsqadmin says 404 TOPIC_NOT_FOUND
+    (Go's nsqadmin says 502 with lookupd's raw answer inside, issue 17 item 6), and the page is an HTML 404."""
     admin, _, _, _ = cluster
     code, doc, _ = await call("GET", admin.url + "api/topics/never")
-    assert code == 502 and "TOPIC_NOT_FOUND" in doc["message"]
-    assert doc["message"].startswith("UPSTREAM_ERROR: failed to query any nsqlookupd: ")
+    assert (code, doc) == (404, {"message": "TOPIC_NOT_FOUND"})
+    code, html, _ = await call("GET", admin.url + "topics/never")
+    assert code == 404 and "<html" in html and "TOPIC_NOT_FOUND" in html and "UPSTREAM" not in html
 
 
 @pytest_twisted.ensureDeferred
@@ -189,3 +191,22 @@ async def test_lookupd_list_can_be_changed_at_runtime(start_admin, cluster) -> N
     assert (code, doc["topics"]) == (200, ["t"])
     code, doc, _ = await call("PUT", admin.url + "config/nsqlookupd_http_addresses", raw=b"[]")
     assert (code, doc) == (400, {"message": "INVALID_VALUE"})
+
+
+@pytest_twisted.ensureDeferred
+async def test_channels_lookupd_knows_are_listed_not_no_channels(cluster) -> None:
+    """/topics/refunds said "No channels exist" while nsqlookupd listed two (issue 17 item 6): channels
+    registered with nsqlookupd that no answering nsqd has are listed as such."""
+    admin, lookupd, nodes, peers = cluster
+    await publish(nodes[0], "refunds", [b"r"])
+    await registered(peers[0])
+    for c in ("audit", "ledger"):
+        code, _, _ = await call("POST", f"http://{lookupd.http_address}/channel/create?topic=refunds&channel={c}")
+        assert code == 200
+    code, doc, _ = await call("GET", admin.url + "api/topics/refunds")
+    assert code == 200 and doc["channels_elsewhere"] == ["audit", "ledger"] and doc["channels"] is None
+    code, html, _ = await call("GET", admin.url + "topics/refunds")
+    assert code == 200 and "No channels exist" not in html
+    assert 'data-row="elsewhere:audit"' in html and "registered with nsqlookupd; no answering nsqd has it" in html
+    code, html, _ = await call("GET", admin.url + "topics/refunds/audit")
+    assert code == 200 and "No nsqd has this channel now." in html

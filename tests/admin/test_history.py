@@ -135,7 +135,8 @@ def test_poller_samples_every_interval_on_the_injected_clock() -> None:
 
 
 def test_poller_records_upstream_errors_as_message() -> None:
-    """When no nsqd answers, no sample is added and the history's message says why."""
+    """When no nsqd answers, the sample added is a gap (no topics: nothing frozen as current) and the
+    history's message says why."""
     reactor = MemoryReactorClock()
     opts = AdminOptions(nsqd_http_addresses=["fake:4151"], http_address="127.0.0.1:0")
     broken = Klein()
@@ -148,7 +149,7 @@ def test_poller_records_upstream_errors_as_message() -> None:
     service = AdminService(opts, reactor, http_client=StubTreq(broken.resource()))
     service.startService()
     try:
-        assert service.history.timestamps() == []
+        assert service.history.timestamps() == [0] and service.history.samples[-1].topics == {}
         assert service.history.overview()["message"].startswith("UPSTREAM_ERROR: failed to query any nsqd: ")
     finally:
         service.stopService()

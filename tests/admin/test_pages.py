@@ -93,11 +93,11 @@ async def test_every_page_renders(admin, nsqds) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_pages_without_data(admin) -> None:
-    """Unknown topic, channel and node show notices (404 for a node), not tracebacks."""
+    """Unknown topic, channel and node are HTML 404 pages that say what is missing, not tracebacks."""
     code, html, _ = await call("GET", admin.url + "topics/none")
-    assert code == 200 and "No producers exist for this topic." in html and "data-action" not in html
+    assert code == 404 and "TOPIC_NOT_FOUND" in html and "data-action" not in html and "<html" in html
     code, html, _ = await call("GET", admin.url + "topics/none/c")
-    assert code == 200 and "No producers exist for this topic/channel." in html
+    assert code == 404 and "TOPIC_NOT_FOUND" in html
     code, html, _ = await call("GET", admin.url + "nodes/1.2.3.4:5")
     assert code == 404 and "NODE_NOT_FOUND" in html
     code, html, _ = await call("GET", admin.url + "")

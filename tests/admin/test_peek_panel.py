@@ -81,7 +81,7 @@ async def test_admin_topic_peek_for_a_topic_without_channels(peek_nodes, start_a
 # --- in a browser ------------------------------------------------------------------------------
 
 try:
-    from test_browser import Browser, browser, within  # noqa: F401  (the fixture and its skips)
+    from test_browser import Browser, within  # noqa: F401  (the browser fixture is in conftest)
     from test_browser import pytestmark as _browser_marks
 except Exception:  # pragma: no cover
     _browser_marks = [pytest.mark.skip(reason="the browser test support did not import")]

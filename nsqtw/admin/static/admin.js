@@ -43,11 +43,14 @@
     var s = '';
     if (n >= 3600e9) { s = Math.floor(n / 3600e9) + 'h'; n = n % 3600e9; }
     if (n >= 60e9) { s += Math.floor(n / 60e9) + 'm'; n = n % 60e9; }
-    if (n >= 1e9) { return s + trim2(n / 1e9) + 's'; }
-    if (n >= 1e6) { return s + trim2(n / 1e6) + 'ms'; }
-    if (n >= 1e3) { return s + trim2(n / 1e3) + 'us'; }
-    return s ? s : trim2(n) + 'ns';
+    // below a minute after hours or minutes, always seconds: 1h39m0.28s, never 1h39m277.81ms
+    if (n >= 1e9 || s) { return s + trim2(n / 1e9) + 's'; }
+    if (n >= 1e6) { return trim2(n / 1e6) + 'ms'; }
+    if (n >= 1e3) { return trim2(n / 1e3) + 'us'; }
+    return trim2(n) + 'ns';
   }
+
+  stats.fmt = {nanotohuman: function (n) { return nanotohuman(n); }};
 
   function fmtRate(r) {
     return (r === null || r === undefined) ? '\u2013' : Number(r).toFixed(1) + '/s';
@@ -114,18 +117,52 @@
     }
   }
 
+  // ok: every upstream answered; 'warn': the page shows a partial picture (why says which); false: refresh failed
   function setLive(ok, why) {
     var el = document.getElementById('live');
     if (!el) { return; }
-    if (ok) {
+    if (ok === true) {
       el.className = 'live';
       el.textContent = 'live \u00b7 ' + new Date().toLocaleTimeString();
-      el.title = 'refreshes every ' + (refreshMs / 1000) + 's';
+      el.title = 'refreshes every ' + (refreshMs / 1000) + 's; every node answered';
+    } else if (ok === 'warn') {
+      el.className = 'live warn';
+      el.textContent = 'partial \u00b7 ' + new Date().toLocaleTimeString();
+      el.title = why || 'some nodes did not answer';
     } else {
       el.className = 'live down';
       el.textContent = 'stale';
       el.title = why || 'refresh failed';
     }
+  }
+
+  function upstreamTrouble(data, hist) {
+    var why = [];
+    if (data && data.partial) {
+      why.push('partial: ' + data.partial.answered + ' of ' + data.partial.total + ' nodes answered');
+    } else if (data && data.nodes_missing && data.nodes_missing.length) {
+      why.push(data.nodes_missing.length + ' node(s) not answering');
+    }
+    if (data && data.message) { why.push(data.message); }
+    if (hist && hist.message && (!data || hist.message !== data.message)) { why.push('history: ' + hist.message); }
+    return why.join('\n');
+  }
+
+  // ---- times: "10:21:03 (2m ago)" in the browser's time zone ---------------------------
+
+  function age(seconds) {
+    seconds = Math.max(0, Math.round(seconds));
+    if (seconds < 60) { return seconds + 's'; }
+    if (seconds < 3600) { return Math.floor(seconds / 60) + 'm' + (seconds % 60) + 's'; }
+    return Math.floor(seconds / 3600) + 'h' + Math.floor((seconds % 3600) / 60) + 'm';
+  }
+
+  function localTimes() {
+    document.querySelectorAll('time[data-ts]').forEach(function (t) {
+      var ts = parseInt(t.dataset.ts, 10);
+      if (!ts) { return; }
+      t.textContent = new Date(ts * 1000).toLocaleTimeString() + ' (' + age(Date.now() / 1000 - ts) + ' ago)';
+    });
   }
 
   // ---- which rows the API answer has ---------------------------------------------------
@@ -134,27 +171,38 @@
     var rows = {};
     var i, j;
     if (!data) { return null; }
+    var missing = function () {
+      (data.nodes_missing || []).forEach(function (n) { rows['missing:' + n.node] = {obj: n, paused: false}; });
+    };
     if (page === 'topics') {
       var ht = (hist && hist.topics) || {};
+      var mt = data.topics_missing_nodes || {};
       (data.topics || []).forEach(function (name) {
         var h = ht[name] || {};
         rows['topic:' + name] = {obj: {}, paused: !!h.paused};
+        if (mt[name] && mt[name].length) { rows['missing-topic:' + name] = {obj: {}, paused: false}; }
       });
     } else if (page === 'topic') {
       rows.total = {obj: data, paused: !!data.paused};
       (data.nodes || []).forEach(function (n) { rows['node:' + n.node] = {obj: n, paused: !!n.paused}; });
+      missing();
+      var hc = (hist && hist.channels) || {};
       (data.channels || []).forEach(function (c) {
         rows['channel:' + c.channel_name] = {obj: c, paused: !!c.paused};
+        troubles(c, hc[c.channel_name], 'trouble:' + c.channel_name, rows);
       });
+      (data.channels_elsewhere || []).forEach(function (c) { rows['elsewhere:' + c] = {obj: {}, paused: false}; });
     } else if (page === 'channel') {
       rows.total = {obj: data, paused: !!data.paused};
       (data.nodes || []).forEach(function (n) { rows['node:' + n.node] = {obj: n, paused: !!n.paused}; });
+      missing();
       (data.clients || []).forEach(function (c) {
         rows['client:' + c.node + '/' + c.remote_address] = {obj: c, paused: false};
       });
     } else if (page === 'nodes') {
       (data.nodes || []).forEach(function (p) {
-        rows['node:' + joinHostPort(p.broadcast_address, p.http_port)] = {obj: p, paused: false};
+        var ok = !p.status || p.status === 'ok';
+        rows[(ok ? 'node:' : 'missing:') + joinHostPort(p.broadcast_address, p.http_port)] = {obj: p, paused: false};
       });
     } else if (page === 'node') {
       var topics = data.topics || [];
@@ -166,10 +214,15 @@
         nch += chans.length;
         for (j = 0; j < chans.length; j++) {
           rows['channel:' + t.topic_name + '/' + chans[j].channel_name] = {obj: chans[j], paused: !!chans[j].paused};
+          troubles(chans[j], null, 'trouble:' + t.topic_name + '/' + chans[j].channel_name, rows);
+          (chans[j].clients || []).forEach(function (c) {
+            rows['client:' + c.node + '/' + c.remote_address] = {obj: c, paused: false};
+          });
         }
       }
       rows.total = {obj: {topic_count: topics.length, channel_count: nch, total_clients: data.total_clients,
                           total_messages: data.total_messages}, paused: false};
+      if (data.status) { rows.status = {obj: data.status, paused: data.status.status !== 'ok'}; }
     } else if (page === 'lookup') {
       var map = data.topics || {};
       Object.keys(map).forEach(function (name) {
@@ -180,6 +233,16 @@
       return null;
     }
     return rows;
+  }
+
+  // the marks a channel gets (the same rules as pages.channel_trouble)
+  function troubles(c, h, prefix, rows) {
+    if ((c.depth || 0) > 0 && !(c.client_count) && !c.paused) { rows[prefix + ':backlog'] = {obj: {}, paused: false}; }
+    var tc = h && h.timeout_count;
+    if (tc && tc.length > 1 && tc[tc.length - 1] !== null && tc[tc.length - 2] !== null &&
+        tc[tc.length - 1] > tc[tc.length - 2]) {
+      rows[prefix + ':timeouts'] = {obj: {}, paused: false};
+    }
   }
 
   function signature(keys) {
@@ -214,8 +277,20 @@
     return cur === undefined ? null : cur;
   }
 
+  // the newest point of a series, or (when the newest poll had none) {stale: the last one seen}
+  function current(series) {
+    if (!series || !series.length) { return {value: null, stale: null}; }
+    var v = series[series.length - 1];
+    if (v !== null && v !== undefined) { return {value: v, stale: null}; }
+    return {value: null, stale: last(series)};
+  }
+
   function cellText(field, obj, h) {
-    if (field === 'rate') { return fmtRate(last(h && h.rate)); }
+    if (field === 'rate') {
+      var r = current(h && h.rate);
+      if (r.value === null && r.stale !== null && page === 'topics') { return {stale: fmtRate(r.stale)}; }
+      return fmtRate(r.value);
+    }
     if (field === 'mem_disk') {
       return commafy(obj.memory_depth) + ' + ' + commafy(obj.backend_depth);
     }
@@ -239,12 +314,34 @@
     }
     var v = obj[field];
     if (v === undefined && h) {
-      var lv = last(h[field]);
-      return lv === null ? '\u2013' : commafy(lv);
+      var cv = current(h[field]);
+      if (cv.value !== null) { return commafy(cv.value); }
+      return cv.stale === null ? '\u2013' : {stale: commafy(cv.stale)};
     }
     if (typeof v === 'number') { return commafy(v); }
     if (v === undefined || v === null) { return undefined; }
     return String(v);
+  }
+
+  function setCell(cell, text) {
+    if (text === undefined) { return; }
+    if (typeof text === 'object') {
+      // a value no node vouches for now: greyed and labelled, never shown as current
+      if (cell.textContent === 'last ' + text.stale) { return; }
+      cell.textContent = '';
+      var span = document.createElement('span');
+      span.className = 'stale';
+      span.title = 'no node holding this answered the newest poll; this is the last value seen';
+      span.textContent = 'last ' + text.stale;
+      cell.appendChild(span);
+      return;
+    }
+    if (cell.textContent !== text) {
+      cell.textContent = text;
+      cell.classList.remove('changed');
+      void cell.offsetWidth;
+      cell.classList.add('changed');
+    }
   }
 
   function fillCells(rows, hist) {
@@ -254,13 +351,7 @@
       var h = resolve(hist, rowEl.dataset.hist);
       rowEl.querySelectorAll('[data-v]').forEach(function (cell) {
         if (cell.closest('[data-row]') !== rowEl) { return; }
-        var text = cellText(cell.dataset.v, row.obj, h);
-        if (text !== undefined && cell.textContent !== text) {
-          cell.textContent = text;
-          cell.classList.remove('changed');
-          void cell.offsetWidth;
-          cell.classList.add('changed');
-        }
+        setCell(cell, cellText(cell.dataset.v, row.obj, h));
       });
     });
   }
@@ -340,6 +431,177 @@
     });
   }
 
+  // ---- charts: time and value axes, gaps where a node did not answer, hover read-out ---------------
+
+  var chartRange = 300;
+  var lastCharts = null;
+
+  function niceMax(v) {
+    if (!(v > 0)) { return 1; }
+    var p = Math.pow(10, Math.floor(Math.log10(v)));
+    var steps = [1, 2, 2.5, 5, 10];
+    for (var i = 0; i < steps.length; i++) { if (v <= steps[i] * p) { return steps[i] * p; } }
+    return 10 * p;
+  }
+
+  function fmtValue(v, unit) {
+    if (v === null || v === undefined) { return 'no answer'; }
+    if (unit === 'rate') { return (Math.round(v * 10) / 10) + '/s'; }
+    if (unit === 'ns') { return nanotohuman(v); }
+    return commafy(Math.round(v));
+  }
+
+  function fmtAxis(v, unit) {
+    if (unit === 'ns') { return nanotohuman(v); }
+    var a = Math.abs(v);
+    var t = a >= 1e6 ? (Math.round(v / 1e5) / 10) + 'M' : a >= 1e4 ? (Math.round(v / 100) / 10) + 'k'
+      : String(Math.round(v * 100) / 100);
+    return unit === 'rate' ? t + '/s' : t;
+  }
+
+  function hhmm(ts, span) {
+    var d = new Date(ts * 1000);
+    var two = function (n) { return (n < 10 ? '0' : '') + n; };
+    return two(d.getHours()) + ':' + two(d.getMinutes()) + (span <= 900 ? ':' + two(d.getSeconds()) : '');
+  }
+
+  function svgEl(name, attrs, text) {
+    var e = document.createElementNS(SVGNS, name);
+    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    if (text !== undefined) { e.textContent = text; }
+    return e;
+  }
+
+  // the path of one series: x from time, y from value, a new "M" after every gap
+  function chartPath(ts, values, x, y) {
+    var d = '';
+    var pen = false;
+    for (var i = 0; i < values.length; i++) {
+      var v = values[i];
+      if (v === null || v === undefined) { pen = false; continue; }
+      var px = x(ts[i]).toFixed(1);
+      var py = y(v).toFixed(1);
+      var next = values[i + 1];
+      if (!pen) {
+        d += 'M' + px + ',' + py;
+        // a lone point between gaps still shows, as a short dash
+        if (next === null || next === undefined) { d += 'h2'; }
+        pen = true;
+      } else {
+        d += 'L' + px + ',' + py;
+      }
+    }
+    return d;
+  }
+
+  function drawChart(fig, doc) {
+    var svg = fig.querySelector('svg.chart');
+    var unit = fig.dataset.unit;
+    var names = fig.dataset.series.split(',');
+    var labels = (fig.dataset.labels || '').split(',');
+    var series = doc.series || {};
+    if (names[0] === 'e2e:*') {
+      names = Object.keys(series).filter(function (k) { return k.indexOf('e2e:') === 0; });
+      labels = names.map(function (k) { return 'p' + Math.round(parseFloat(k.slice(4)) * 1000) / 10; });
+      fig.hidden = names.length === 0;
+      if (!names.length) { return; }
+    }
+    var ts = doc.timestamps || [];
+    // draw in the svg's own pixels, so text is never stretched
+    var W = Math.max(200, Math.round(svg.getBoundingClientRect().width) || 480), H = 170, L = 56, R = 8, T = 8, B = 22;
+    svg.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
+    var title = svg.querySelector('title');
+    while (svg.lastChild) { svg.removeChild(svg.lastChild); }
+    if (title) { svg.appendChild(title); }
+    var max = 0;
+    names.forEach(function (n) { (series[n] || []).forEach(function (v) { if (v !== null && v > max) { max = v; } }); });
+    var top = niceMax(max);
+    var t0 = ts.length ? Math.min(ts[0], Math.floor(Date.now() / 1000) - chartRange) : 0;
+    var t1 = ts.length ? ts[ts.length - 1] : 1;
+    if (ts.length) { t0 = Math.max(t0, t1 - chartRange); }
+    var span = Math.max(1, t1 - t0);
+    var x = function (t) { return L + (t - t0) / span * (W - L - R); };
+    var y = function (v) { return T + (1 - v / top) * (H - T - B); };
+    // value axis: 0, half, top; time axis: start, middle, end
+    [0, top / 2, top].forEach(function (v) {
+      svg.appendChild(svgEl('line', {x1: L, x2: W - R, y1: y(v), y2: y(v), 'class': 'grid-line'}));
+      svg.appendChild(svgEl('text', {x: L - 5, y: y(v) + 4, 'class': 'axis y'}, fmtAxis(v, unit)));
+    });
+    [t0, t0 + span / 2, t1].forEach(function (t, i) {
+      svg.appendChild(svgEl('text', {x: x(t), y: H - 5, 'class': 'axis x' + (i === 0 ? ' first' : i === 2 ? ' last' : '')},
+                            hhmm(t, span)));
+    });
+    // gaps: shade every sample in which a node of this chart did not answer (a rate that merely has no
+    // previous sample yet is left blank, not shaded)
+    var gaps = doc.gaps || [];
+    for (var g = 0; g < ts.length; g++) {
+      if (gaps[g]) {
+        var gx0 = x(g > 0 ? (ts[g - 1] + ts[g]) / 2 : ts[g]);
+        var gx1 = x(g < ts.length - 1 ? (ts[g] + ts[g + 1]) / 2 : ts[g]);
+        svg.appendChild(svgEl('rect', {x: gx0, y: T, width: Math.max(1, gx1 - gx0), height: H - T - B, 'class': 'gap'}));
+      }
+    }
+    names.forEach(function (n, i) {
+      svg.appendChild(svgEl('path', {d: chartPath(ts, series[n] || [], x, y), 'class': 'series s' + i,
+                                     'data-series': n, 'vector-effect': 'non-scaling-stroke'}));
+    });
+    var legend = fig.querySelector('.legend');
+    if (legend) {
+      legend.textContent = '';
+      names.forEach(function (n, i) {
+        var item = document.createElement('span');
+        item.className = 'key s' + i;
+        item.textContent = labels[i] || n;
+        legend.appendChild(item);
+      });
+    }
+    var cursor = svgEl('line', {x1: 0, x2: 0, y1: T, y2: H - B, 'class': 'cursor', visibility: 'hidden'});
+    svg.appendChild(cursor);
+    var readout = fig.querySelector('.readout');
+    svg.onmousemove = function (ev) {
+      if (!ts.length) { return; }
+      var box = svg.getBoundingClientRect();
+      var px = (ev.clientX - box.left) / box.width * W;
+      var best = 0;
+      for (var k = 1; k < ts.length; k++) { if (Math.abs(x(ts[k]) - px) < Math.abs(x(ts[best]) - px)) { best = k; } }
+      cursor.setAttribute('x1', x(ts[best]));
+      cursor.setAttribute('x2', x(ts[best]));
+      cursor.setAttribute('visibility', 'visible');
+      readout.textContent = hhmm(ts[best], 0) + ' \u00b7 ' + names.map(function (n, i) {
+        return (labels[i] || n) + ' ' + fmtValue((series[n] || [])[best], unit);
+      }).join(' \u00b7 ');
+    };
+    svg.onmouseleave = function () { cursor.setAttribute('visibility', 'hidden'); readout.textContent = ''; };
+  }
+
+  function drawCharts(doc) {
+    if (!doc) { return; }
+    lastCharts = doc;
+    main.querySelectorAll('figure[data-chart]').forEach(function (fig) { drawChart(fig, doc); });
+  }
+
+  function chartsUrl() {
+    var panel = main.querySelector('[data-charts]');
+    return panel ? panel.dataset.charts + '?range=' + chartRange : null;
+  }
+
+  function pollCharts() {
+    var url = chartsUrl();
+    if (!url) { return Promise.resolve(null); }
+    return getJSON(url).then(function (doc) { stats.charts = (stats.charts || 0) + 1; drawCharts(doc); });
+  }
+
+  document.addEventListener('click', function (ev) {
+    var btn = ev.target.closest('button[data-range]');
+    if (!btn || !main.contains(btn)) { return; }
+    chartRange = parseInt(btn.dataset.range, 10) || 300;
+    main.querySelectorAll('button[data-range]').forEach(function (b) {
+      b.classList.toggle('active', b === btn);
+      b.setAttribute('aria-pressed', b === btn ? 'true' : 'false');
+    });
+    pollCharts();
+  });
+
   // ---- refresh ------------------------------------------------------------------------
 
   function refreshFragment() {
@@ -348,11 +610,23 @@
     var url = new URL(window.location.href);
     url.searchParams.set('fragment', '1');
     return fetch(url.toString(), {credentials: 'same-origin', cache: 'no-store'})
-      .then(function (r) { return r.text(); })
+      .then(function (r) {
+        // what this page shows is gone (deleted elsewhere): show the server's own page for it
+        if (!r.ok) { window.location.reload(); return new Promise(function () {}); }
+        return r.text();
+      })
       .then(function (html) {
         stats.fragments++;
         main.innerHTML = html;
         drawSparks(lastHist);
+        localTimes();
+        applySort();
+        main.querySelectorAll('button[data-range]').forEach(function (b) {
+          var on = parseInt(b.dataset.range, 10) === chartRange;
+          b.classList.toggle('active', on);
+          b.setAttribute('aria-pressed', on ? 'true' : 'false');
+        });
+        drawCharts(lastCharts);
       })
       .finally(function () { refreshing = false; });
   }
@@ -360,6 +634,9 @@
   function update(data, hist) {
     if (page === 'error') { window.location.reload(); return null; }
     if (hist) { lastHist = hist; }
+    var trouble = upstreamTrouble(data, hist);
+    setLive(trouble ? 'warn' : true, trouble);
+    localTimes();
     if (page === 'counter') { return updateCounter(data, hist); }
     var rows = rowsFor(data, hist);
     if (rows && dataSignature(rows) !== domSignature()) {
@@ -367,15 +644,20 @@
     }
     if (rows) { fillCells(rows, hist); }
     drawSparks(hist);
+    applySort();
     return null;
   }
 
+  var acting = false;  // an action is under way: no refresh races it (a delete would 404 the page)
+
   function poll() {
     clearTimeout(timer);
+    if (acting) { timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
     var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
-                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null)];
+                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null),
+                 pollCharts().catch(function () { return null; })];
     return Promise.all(wants)
-      .then(function (res) { stats.polls++; setLive(true); return update(res[0], res[1]); })
+      .then(function (res) { stats.polls++; return update(res[0], res[1]); })
       .catch(function (err) { stats.errors++; setLive(false, err.message); })
       .finally(function () { timer = setTimeout(poll, refreshMs); });
   }
@@ -388,6 +670,10 @@
   function updateCounter(data, hist) {
     var el = document.getElementById('counter');
     if (!el || !data) { return; }
+    if (!!data.partial !== !!document.getElementById('counter-partial')) {
+      // a node stopped (or started again) answering: the page says which counts are the last seen
+      return refreshFragment();
+    }
     var total = 0;
     var stats = data.stats || {};
     Object.keys(stats).forEach(function (k) { total += stats[k].message_count || 0; });
@@ -409,6 +695,87 @@
     if (rateEl && hist && hist.total) { rateEl.textContent = fmtRate(last(hist.total.rate)); }
     drawSparks(hist);
   }
+
+  // ---- sortable tables: click (or Enter on) a heading; the order survives live refreshes ------------
+
+  var sortState = null;  // {table: index of the table on the page, col: column, dir: 1 or -1}
+
+  function sortKey(cell) {
+    if (!cell) { return ''; }
+    if (cell.dataset.sort !== undefined) {
+      var f = parseFloat(cell.dataset.sort);
+      return isNaN(f) ? cell.dataset.sort.toLowerCase() : f;
+    }
+    var text = cell.textContent.trim();
+    var num = text.replace(/^last /, '').replace(/,/g, '').replace(/\/s$/, '').replace(/ \+ .*$/, '');
+    if (num !== '' && !isNaN(Number(num))) { return Number(num); }
+    var dur = /^(?:(\d+)h)?(?:(\d+)m(?!s))?(?:([\d.]+)(s|ms|us|ns))?$/.exec(text);
+    if (dur && text) {
+      var mult = {s: 1e9, ms: 1e6, us: 1e3, ns: 1}[dur[4] || 's'];
+      return (Number(dur[1] || 0) * 3600e9) + (Number(dur[2] || 0) * 60e9) + Number(dur[3] || 0) * mult;
+    }
+    if (text === '\u2013' || text === '') { return -1; }
+    return text.toLowerCase();
+  }
+
+  function applySort() {
+    if (!sortState) { return; }
+    var tables = main.querySelectorAll('table.sortable-table');
+    var table = tables[sortState.table];
+    if (!table) { return; }
+    var tbody = table.tBodies[0];
+    var rows = Array.prototype.slice.call(tbody.rows);
+    var col = sortState.col;
+    var dir = sortState.dir;
+    var sorted = rows.slice().sort(function (a, b) {
+      if (a.classList.contains('total')) { return 1; }
+      if (b.classList.contains('total')) { return -1; }
+      var ka = sortKey(a.cells[col]);
+      var kb = sortKey(b.cells[col]);
+      if (typeof ka !== typeof kb) { ka = String(ka); kb = String(kb); }
+      return (ka < kb ? -1 : ka > kb ? 1 : 0) * dir;
+    });
+    var same = sorted.every(function (r, i) { return r === rows[i]; });
+    if (!same) { sorted.forEach(function (r) { tbody.appendChild(r); }); }
+    table.querySelectorAll('th.sortable').forEach(function (th, i) {
+      th.setAttribute('aria-sort', i === col ? (dir > 0 ? 'ascending' : 'descending') : 'none');
+    });
+  }
+
+  function sortBy(th) {
+    var table = th.closest('table');
+    var tables = Array.prototype.slice.call(main.querySelectorAll('table.sortable-table'));
+    var t = tables.indexOf(table);
+    var col = Array.prototype.indexOf.call(th.parentNode.children, th);
+    var dir = th.classList.contains('num') ? -1 : 1;  // numbers: biggest first
+    if (sortState && sortState.table === t && sortState.col === col) { dir = -sortState.dir; }
+    sortState = {table: t, col: col, dir: dir};
+    applySort();
+  }
+
+  document.addEventListener('click', function (ev) {
+    var th = ev.target.closest('th.sortable');
+    if (th && main.contains(th)) { sortBy(th); }
+  });
+  document.addEventListener('keydown', function (ev) {
+    var th = ev.target.closest && ev.target.closest('th.sortable');
+    if (th && (ev.key === 'Enter' || ev.key === ' ')) { ev.preventDefault(); sortBy(th); }
+  });
+
+  // ---- an outcome message that must survive a navigation (after a delete) ---------------------
+
+  function flashAfterNavigation(kind, text, url) {
+    acting = true;  // leaving: no more refreshes of a page that is gone
+    try { sessionStorage.setItem('nsqadmin.flash', JSON.stringify({kind: kind, text: text})); } catch (e) { /* private mode */ }
+    window.location.href = url;
+  }
+
+  (function pendingFlash() {
+    var raw = null;
+    try { raw = sessionStorage.getItem('nsqadmin.flash'); sessionStorage.removeItem('nsqadmin.flash'); } catch (e) { raw = null; }
+    if (!raw) { return; }
+    try { var f = JSON.parse(raw); flash(f.kind, f.text); } catch (e) { /* ignore */ }
+  }());
 
   // ---- actions ------------------------------------------------------------------------------
 
@@ -442,28 +809,30 @@
       req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});
     }
     btn.disabled = true;
+    acting = true;
     return req.then(function (res) {
       btn.disabled = false;
+      acting = false;
       if (!res.ok) {
         flash('error', 'Could not ' + action + ' ' + what + ': ' + (res.message || res.status));
         return null;
       }
-      if (res.message) {
-        flash('warning', what + ' ' + DONE[action] + ' \u2013 ' + res.message);
-      } else {
-        flash('ok', what.charAt(0).toUpperCase() + what.slice(1) + ' ' + DONE[action] + '.');
-      }
+      var kind = res.message ? 'warning' : 'ok';
+      var text = res.message ? (what + ' ' + DONE[action] + ' \u2013 ' + res.message)
+        : (what.charAt(0).toUpperCase() + what.slice(1) + ' ' + DONE[action] + '.');
       if (action === 'delete' && page === 'topic' && !channel) {
-        window.location.href = base + '/topics';
+        flashAfterNavigation(kind, text, base + '/topics');
         return null;
       }
       if (action === 'delete' && page === 'channel' && channel) {
-        window.location.href = base + '/topics/' + enc(topic);
+        flashAfterNavigation(kind, text, base + '/topics/' + enc(topic));
         return null;
       }
+      flash(kind, text);
       return refreshFragment();
     }, function (err) {
       btn.disabled = false;
+      acting = false;
       flash('error', 'Could not ' + action + ' ' + what + ': ' + err.message);
     });
   }
@@ -497,6 +866,7 @@
 
   // ---- start ----------------------------------------------------------------------------
 
+  localTimes();
   if (cfg.api || cfg.history) {
     poll();
   }

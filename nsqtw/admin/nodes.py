@@ -1,0 +1,213 @@
+"""
+Every nsqd nsqadmin knows of, and whether it answers (issue 17: failures shown, never hidden).
+
+A node enters the :class:`NodeBook` when nsqlookupd lists it, when it is
+configured with ``--nsqd-http-address`` or when it answers; it stays there after
+it stops answering ("unreachable since ...") or leaves nsqlookupd ("gone since
+..."), with its last-seen time and what it last reported (topics, channels,
+message counts), until ``retention`` seconds after it went away.  Pages use it
+to keep a failed node's row, to say which totals are partial and to label the
+last value they know as such.  Nothing here does I/O; the clock is injected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Iterable
+
+import attr
+
+__all__ = ["NodeState", "NodeBook", "OK", "UNREACHABLE", "GONE"]
+
+OK = "ok"
+UNREACHABLE = "unreachable"
+GONE = "gone"
+
+
+@attr.s(slots=True, eq=False)
+class NodeState:
+    """What nsqadmin last knew of one nsqd (keyed by its HTTP address, as pages name nodes)."""
+
+    address: str = attr.ib()
+    hostname: str = attr.ib(default="")
+    tcp_port: int = attr.ib(default=0)
+    version: str = attr.ib(default="")
+    #: when it last answered (None: never)
+    last_seen: float | None = attr.ib(default=None)
+    #: first failed answer since it last answered
+    unreachable_since: float | None = attr.ib(default=None)
+    #: when nsqlookupd stopped listing it
+    gone_since: float | None = attr.ib(default=None)
+    error: str = attr.ib(default="")
+    start_time: int | None = attr.ib(default=None)
+    #: topic -> its channels, from the last full /stats answer
+    topics: dict[str, list[str]] = attr.ib(factory=dict)
+    #: ``topic:channel`` -> message_count from the last full answer
+    counts: dict[str, int] = attr.ib(factory=dict)
+    depth: int | None = attr.ib(default=None)
+    clients: int | None = attr.ib(default=None)
+
+    @property
+    def status(self) -> str:
+        if self.gone_since is not None:
+            return GONE
+        if self.unreachable_since is not None:
+            return UNREACHABLE
+        return OK
+
+    @property
+    def since(self) -> float | None:
+        """When it stopped answering or left nsqlookupd (None while it answers)."""
+        if self.gone_since is not None:
+            return self.gone_since
+        return self.unreachable_since
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "node": self.address,
+            "hostname": self.hostname,
+            "status": self.status,
+            "since": self.since,
+            "last_seen": self.last_seen,
+            "error": self.error,
+            "version": self.version,
+            "start_time": self.start_time,
+            "depth": self.depth,
+            "clients": self.clients,
+            "topics": sorted(self.topics),
+        }
+        if now is not None and self.start_time and self.status == OK:
+            doc["uptime_seconds"] = max(0, int(now) - int(self.start_time))
+        return doc
+
+
+def stats_summary(doc: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int], int, int]:
+    """(topic -> channels, ``topic:channel`` -> message count, total depth, clients) of one /stats answer.
+
+    Depth counts every message waiting on the node (topic queues and channel
+    queues); clients counts channel subscriptions."""
+    topics: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    depth = 0
+    clients = 0
+    for t in doc.get("topics") or []:
+        name = str(t.get("topic_name") or "")
+        depth += int(t.get("depth") or 0)
+        chans = []
+        for c in t.get("channels") or []:
+            cname = str(c.get("channel_name") or "")
+            chans.append(cname)
+            counts[f"{name}:{cname}"] = int(c.get("message_count") or 0)
+            depth += int(c.get("depth") or 0)
+            clients += int(c.get("client_count") or 0)
+        topics[name] = sorted(chans)
+    return topics, counts, depth, clients
+
+
+class NodeBook:
+    """The nodes nsqadmin knows of, updated by every fetch (``clock`` gives ``seconds()``)."""
+
+    def __init__(self, clock: Any, retention: float = 3600.0) -> None:
+        self.clock = clock
+        self.retention = retention
+        self.nodes: dict[str, NodeState] = {}
+        #: a configured ``--nsqd-http-address`` -> the HTTP address the node calls itself
+        self.aliases: dict[str, str] = {}
+
+    def _now(self) -> float:
+        return float(self.clock.seconds())
+
+    def get(self, address: str) -> NodeState | None:
+        return self.nodes.get(self.aliases.get(address, address))
+
+    def _state(self, address: str) -> NodeState:
+        key = self.aliases.get(address, address)
+        state = self.nodes.get(key)
+        if state is None:
+            state = self.nodes[key] = NodeState(key)
+        return state
+
+    def alias(self, configured: str, address: str) -> None:
+        """Remember that ``configured`` (an ``--nsqd-http-address``) is the node ``address``."""
+        if configured == address:
+            return
+        self.aliases[configured] = address
+        old = self.nodes.pop(configured, None)
+        if old is not None and address not in self.nodes:
+            old.address = address
+            self.nodes[address] = old
+
+    def describe(self, address: str, hostname: str = "", tcp_port: int = 0, version: str = "") -> NodeState:
+        state = self._state(address)
+        if hostname:
+            state.hostname = hostname
+        if tcp_port:
+            state.tcp_port = tcp_port
+        if version:
+            state.version = version
+        return state
+
+    def answered(self, address: str, doc: dict[str, Any] | None = None, full: bool = False) -> None:
+        """The node answered (``doc``: its /stats; ``full``: unfiltered, so its topic list is complete)."""
+        state = self._state(address)
+        state.last_seen = self._now()
+        state.unreachable_since = None
+        state.gone_since = None
+        state.error = ""
+        if doc is None:
+            return
+        if isinstance(doc.get("start_time"), int):
+            state.start_time = doc["start_time"]
+        if doc.get("version"):
+            state.version = str(doc["version"])
+        if full:
+            state.topics, state.counts, state.depth, state.clients = stats_summary(doc)
+            return
+        topics, counts, _, _ = stats_summary(doc)
+        for name, chans in topics.items():
+            known = state.topics.setdefault(name, [])
+            known.extend(c for c in chans if c not in known)
+        state.counts.update(counts)
+
+    def failed(self, address: str, error: str, topic: str = "") -> None:
+        """The node did not answer; ``topic``: it was asked as a producer of that topic."""
+        state = self._state(address)
+        if state.unreachable_since is None:
+            state.unreachable_since = self._now()
+        state.error = error
+        if topic and topic not in state.topics:
+            state.topics[topic] = []
+
+    def listed(self, addresses: Iterable[str]) -> None:
+        """Every nsqlookupd answered /nodes with these: the others have left (gone since now)."""
+        present = set(addresses)
+        now = self._now()
+        for address in present:
+            state = self._state(address)
+            state.gone_since = None
+        for state in self.nodes.values():
+            if state.address not in present and state.gone_since is None:
+                state.gone_since = now
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop nodes gone (or unreachable and unlisted) longer than ``retention`` ago."""
+        horizon = self._now() - self.retention
+        for key in [k for k, s in self.nodes.items() if s.gone_since is not None and s.gone_since < horizon]:
+            del self.nodes[key]
+
+    def failing(self, topic: str | None = None, present: Iterable[str] = ()) -> list[NodeState]:
+        """Nodes not answering (of ``topic`` when given: they last reported it), minus ``present``."""
+        skip = set(present)
+        out = [s for s in self.nodes.values()
+               if s.status != OK and s.address not in skip and (topic is None or topic in s.topics)]
+        out.sort(key=lambda s: (s.hostname, s.address))
+        return out
+
+    def failing_channel(self, topic: str, channel: str, present: Iterable[str] = ()) -> list[NodeState]:
+        skip = set(present)
+        out = [s for s in self.nodes.values()
+               if s.status != OK and s.address not in skip and topic in s.topics
+               and (channel in s.topics[topic] or not s.topics[topic])]
+        out.sort(key=lambda s: (s.hostname, s.address))
+        return out
