@@ -90,7 +90,7 @@ def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
         kwargs.setdefault("http_address", "127.0.0.1:0")
         options = AdminOptions(**kwargs)
     elif kwargs:
-        options = attr.evolve(options, **kwargs)
+        options = options.replace(**kwargs)
     try:
         service = build_admin(options, reactor, http_client=http_client)
         service.startService()  # type: ignore[no-untyped-call]  # Twisted's MultiService is unannotated

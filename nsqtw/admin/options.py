@@ -15,11 +15,11 @@ import ipaddress
 import posixpath
 from typing import Any
 
-import attr
 
 from ..options import (
-    BOOL, DURATION, INT, LOG_LEVEL, LOG_LEVELS, STR, STRLIST, OptionError, option_fields,
-    opt, require_positive_durations, split_host_port,
+    BOOL, DURATION, INT, STR, STRLIST, OptionError, http_client_connect_timeout_opt,
+    evolve, http_client_request_timeout_opt, log_level_opt, log_prefix_opt, option_fields, opt, options_class,
+    require_positive_durations, split_host_port, verbose_opt,
 )
 
 __all__ = ["AdminOptions", "normalize_base_path", "split_upstream"]
@@ -58,48 +58,45 @@ def split_upstream(address: str, flag: str) -> tuple[str, str]:
     return scheme, rest
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=False)
+@options_class
 class AdminOptions:
     """nsqadmin's options with NSQ's flag names and defaults; refused at start if invalid."""
 
-    log_level: int = opt(LOG_LEVELS["info"], flag="log-level", kind=LOG_LEVEL,
-                         help="set log verbosity: debug, info, warn, error, or fatal")
-    log_prefix: str = opt("[nsqadmin] ", flag="log-prefix", kind=STR, help="log message prefix")
-    verbose: bool = opt(False, flag="verbose", kind=BOOL, help="[deprecated] has no effect, use --log-level")
-    http_address: str = opt("0.0.0.0:4171", flag="http-address", kind=STR,
+    log_level: int = log_level_opt()
+    log_prefix: str = log_prefix_opt("nsqadmin")
+    verbose: bool = verbose_opt()
+    http_address: str = opt(default="0.0.0.0:4171", flag="http-address", kind=STR,
                             help="<addr>:<port> to listen on for HTTP clients")
-    base_path: str = opt("/", flag="base-path", kind=STR, help="URL base path")
-    dev_static_dir: str = opt("", flag="dev-static-dir", kind=STR,
+    base_path: str = opt(default="/", flag="base-path", kind=STR, help="URL base path")
+    dev_static_dir: str = opt(default="", flag="dev-static-dir", kind=STR,
                               help="(development use only) serve /static/ from this directory")
-    graphite_url: str = opt("", flag="graphite-url", kind=STR, unsupported=_NO_GRAPHITE,
+    graphite_url: str = opt(default="", flag="graphite-url", kind=STR, unsupported=_NO_GRAPHITE,
                             help="[not supported by nsqtw: graphs come from nsqadmin's own history] graphite HTTP address")
-    proxy_graphite: bool = opt(False, flag="proxy-graphite", kind=BOOL, unsupported=_NO_GRAPHITE,
+    proxy_graphite: bool = opt(default=False, flag="proxy-graphite", kind=BOOL, unsupported=_NO_GRAPHITE,
                                help="[not supported by nsqtw: graphs come from nsqadmin's own history] proxy HTTP requests to graphite")
-    statsd_counter_format: str = opt("stats.counters.%s.count", flag="statsd-counter-format", kind=STR,
+    statsd_counter_format: str = opt(default="stats.counters.%s.count", flag="statsd-counter-format", kind=STR,
                                      help="[accepted; only used with graphite] the counter stats key formatting applied by the implementation of statsd")
-    statsd_gauge_format: str = opt("stats.gauges.%s", flag="statsd-gauge-format", kind=STR,
+    statsd_gauge_format: str = opt(default="stats.gauges.%s", flag="statsd-gauge-format", kind=STR,
                                    help="[accepted; only used with graphite] the gauge stats key formatting applied by the implementation of statsd")
-    statsd_prefix: str = opt("nsq.%s", flag="statsd-prefix", kind=STR,
+    statsd_prefix: str = opt(default="nsq.%s", flag="statsd-prefix", kind=STR,
                              help="[accepted; only used with graphite] prefix used for keys sent to statsd (%s for host replacement, must match nsqd)")
-    statsd_interval: float = opt(60.0, flag="statsd-interval", kind=DURATION,
+    statsd_interval: float = opt(default=60.0, flag="statsd-interval", kind=DURATION,
                                  help="[accepted; only used with graphite] time interval nsqd is configured to push to statsd (must match nsqd)")
-    notification_http_endpoint: str = opt("", flag="notification-http-endpoint", kind=STR,
+    notification_http_endpoint: str = opt(default="", flag="notification-http-endpoint", kind=STR,
                                           help="HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent")
-    http_client_connect_timeout: float = opt(2.0, flag="http-client-connect-timeout", kind=DURATION,
-                                             help="timeout for HTTP connect")
-    http_client_request_timeout: float = opt(5.0, flag="http-client-request-timeout", kind=DURATION,
-                                             help="timeout for HTTP request")
-    http_client_tls_insecure_skip_verify: bool = opt(False, flag="http-client-tls-insecure-skip-verify", kind=BOOL,
+    http_client_connect_timeout: float = http_client_connect_timeout_opt()
+    http_client_request_timeout: float = http_client_request_timeout_opt()
+    http_client_tls_insecure_skip_verify: bool = opt(default=False, flag="http-client-tls-insecure-skip-verify", kind=BOOL,
                                                      help="configure the HTTP client to skip verification of TLS certificates")
-    http_client_tls_root_ca_file: str = opt("", flag="http-client-tls-root-ca-file", kind=STR,
+    http_client_tls_root_ca_file: str = opt(default="", flag="http-client-tls-root-ca-file", kind=STR,
                                             help="path to CA file for the HTTP client")
-    http_client_tls_cert: str = opt("", flag="http-client-tls-cert", kind=STR,
+    http_client_tls_cert: str = opt(default="", flag="http-client-tls-cert", kind=STR,
                                     help="path to certificate file for the HTTP client")
-    http_client_tls_key: str = opt("", flag="http-client-tls-key", kind=STR,
+    http_client_tls_key: str = opt(default="", flag="http-client-tls-key", kind=STR,
                                    help="path to key file for the HTTP client")
-    allow_config_from_cidr: str = opt("127.0.0.1/8", flag="allow-config-from-cidr", kind=STR,
+    allow_config_from_cidr: str = opt(default="127.0.0.1/8", flag="allow-config-from-cidr", kind=STR,
                                       help="A CIDR from which to allow HTTP requests to the /config endpoint")
-    acl_http_header: str = opt("X-Forwarded-User", flag="acl-http-header", kind=STR,
+    acl_http_header: str = opt(default="X-Forwarded-User", flag="acl-http-header", kind=STR,
                                help="HTTP header to check for authenticated admin users")
     lookupd_http_addresses: list[str] = opt(flag="lookupd-http-address", cfg="nsqlookupd_http_addresses",
                                             kind=STRLIST, factory=list,
@@ -110,15 +107,15 @@ class AdminOptions:
     admin_users: list[str] = opt(flag="admin-user", cfg="admin_users", kind=STRLIST, factory=list,
                                  help="admin user (may be given multiple times; if specified, only these users will be able to perform privileged actions; acl-http-header is used to determine the authenticated user)")
     # nsqtw additions (not in NSQ) -------------------------------------------------
-    history_interval: float = opt(5.0, flag="history-interval", kind=DURATION,
+    history_interval: float = opt(default=5.0, flag="history-interval", kind=DURATION,
                                   help="[nsqtw] how often nsqadmin polls every nsqd's /stats for its graphs")
-    history_size: int = opt(120, flag="history-size", kind=INT,
+    history_size: int = opt(default=120, flag="history-size", kind=INT,
                             help="[nsqtw] how many recent /stats samples nsqadmin keeps at full resolution")
-    history_retention: float = opt(21600.0, flag="history-retention", kind=DURATION,
+    history_retention: float = opt(default=21600.0, flag="history-retention", kind=DURATION,
                                    help="[nsqtw] how far back the charts go (e.g. 6h); samples older than the "
                                         "--history-size newest are thinned to at most 720 over this span, so "
                                         "memory stays bounded")
-    refresh_interval: float = opt(5.0, flag="refresh-interval", kind=DURATION,
+    refresh_interval: float = opt(default=5.0, flag="refresh-interval", kind=DURATION,
                                   help="[nsqtw] how often the pages poll the JSON API for fresh numbers")
 
     def __attrs_post_init__(self) -> None:
@@ -183,4 +180,4 @@ class AdminOptions:
         return bool(self.lookupd_http_addresses)
 
     def replace(self, **changes: Any) -> AdminOptions:
-        return attr.evolve(self, **changes)
+        return evolve(self, **changes)

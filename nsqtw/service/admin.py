@@ -15,7 +15,6 @@ import json
 import socket
 from typing import Any, cast
 
-import attr
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
@@ -28,7 +27,7 @@ from ..admin.cluster import ClusterInfo, UpstreamError, Upstream, join_host_port
 from ..admin.history import History
 from ..admin.nodes import NodeBook
 from ..admin.options import AdminOptions, split_upstream
-from ..options import OptionError
+from ..options import OptionError, option_fields
 from .listen import ListeningService
 
 __all__ = ["AdminService", "build_admin", "make_http_client", "HistoryPoller"]
@@ -238,7 +237,7 @@ class AdminService(MultiService):
                                    NodeBook(reactor, retention=self.history.retention))
         self._notifications: set[defer.Deferred] = set()
         for name in ("statsd_prefix", "statsd_counter_format", "statsd_gauge_format", "statsd_interval"):
-            field = attr.fields_dict(AdminOptions)[name]
+            field = {f.name: f for f in option_fields(AdminOptions)}[name]
             if getattr(options, name) != field.default:
                 log.info("--{flag} is accepted but only matters for graphite; nsqtw's graphs come from its own "
                          "/stats history", flag=field.metadata["flag"])
@@ -258,7 +257,7 @@ class AdminService(MultiService):
 
     def set_options(self, **changes: Any) -> None:
         """Swap in changed options (``PUT /config/:opt``); invalid combinations raise OptionError."""
-        self.options = attr.evolve(self.options, **changes)
+        self.options = self.options.replace(**changes)
 
     # --- notifications ------------------------------------------------------------------
 
