@@ -78,6 +78,16 @@ def https_retry_url(url: str, body: bytes) -> str | None:
     return f"https://{host}:{port}{slash}{tail}"
 
 
+def _timed_out(result: Any, timeout: float) -> Any:
+    # the deadline cancelled the call: treq then fails with ResponseNeverReceived (or whatever the
+    # connection was doing), which would hide that the server simply did not answer in time
+    from twisted.python.failure import Failure
+
+    if isinstance(result, Failure):
+        raise defer.TimeoutError(timeout, "Deferred")
+    return result
+
+
 class Upstream:
     """Calls to NSQ's HTTP APIs through ``http_client`` (treq when None), each within
     ``request_timeout`` seconds on ``clock`` (no deadline when it is 0 or there is no clock)."""
@@ -132,7 +142,7 @@ class Upstream:
 
         result: defer.Deferred[UpstreamResponse] = d.addCallback(got)
         if self.request_timeout and self.request_timeout > 0 and self.clock is not None:
-            result.addTimeout(self.request_timeout, self.clock)
+            result.addTimeout(self.request_timeout, self.clock, onTimeoutCancel=_timed_out)
         return result
 
     def fetch(self, method: str, url: str, *, body: bytes | None = None,

@@ -28,7 +28,9 @@ from urllib.parse import quote
 import attr
 from twisted.internet import defer
 from twisted.logger import Logger
-from twisted.python.failure import Failure
+
+from ..upstream import Upstream as SharedUpstream
+from ..upstream import https_retry_url
 
 from .nodes import NodeBook
 
@@ -58,7 +60,6 @@ log = Logger(namespace="nsqtw.admin")
 
 T = TypeVar("T")
 
-NSQ_ACCEPT = b"application/vnd.nsq; version=1.0"
 
 
 class UpstreamError(Exception):
@@ -644,12 +645,12 @@ def upstream_base(address: str) -> str:
 
 
 class Upstream:
-    """One HTTP call to nsqd or nsqlookupd the way nsqadmin's ``http_api.Client`` makes it.
+    """One HTTP call to nsqd or nsqlookupd the way nsqadmin's ``http_api.Client`` makes it: the
+    shared :class:`nsqtw.upstream.Upstream` (NSQ's Accept header, the whole call within
+    ``request_timeout`` seconds on ``clock``) with nsqadmin's error texts.
 
-    ``client`` is a treq ``HTTPClient`` (its agent carries the connect timeout
-    and TLS policy); the whole call, body included, must finish within
-    ``request_timeout`` seconds on ``clock``.  A 403 from a plain-HTTP nsqd
-    that requires TLS is retried on the ``https_port`` it names.
+    ``client`` is a treq ``HTTPClient`` (its agent carries the connect timeout and TLS policy).
+    A 403 from a plain-HTTP nsqd that requires TLS is retried on the ``https_port`` it names.
     """
 
     def __init__(self, client: Any, clock: Any, request_timeout: float, user_agent: str) -> None:
@@ -657,44 +658,26 @@ class Upstream:
         self.clock = clock
         self.request_timeout = request_timeout
         self.user_agent = user_agent
-
-    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
-        headers = {b"Accept": [NSQ_ACCEPT], b"User-Agent": [self.user_agent.encode()]}
-        for k, v in (extra or {}).items():
-            headers[k] = [v]
-        return headers
+        self._shared = SharedUpstream(clock, request_timeout, http_client=client, user_agent=user_agent)
 
     async def _call(self, method: str, url: str, body: bytes | None,
                     headers: dict[bytes, bytes] | None) -> tuple[int, str, bytes]:
-        async def go() -> tuple[int, str, bytes]:
-            response = await self.client.request(method, url, headers=self._headers(headers), data=body)
-            content = await response.content()
-            return response.code, (response.phrase or b"").decode("latin-1"), content
-
-        def timed_out(result: Any, timeout: float) -> Any:
-            # the timeout cancelled the request: treq then fails with ResponseNeverReceived, which
-            # would hide that the node simply did not answer in time
-            if isinstance(result, Failure):
-                raise defer.TimeoutError(timeout, "Deferred")
-            return result
-
-        d = defer.ensureDeferred(go())
-        d.addTimeout(self.request_timeout, self.clock, onTimeoutCancel=timed_out)
         try:
-            return await d
+            response = await self._shared.request(method, url, body=body, headers=headers)
         except defer.TimeoutError:
             raise FetchError(f'{method} "{url}": no answer within {self.request_timeout:g}s') from None
         except defer.CancelledError:
             raise  # the browser that asked went away: nobody waits for this answer
         except Exception as e:  # connection refused, DNS, TLS, ...
             raise FetchError(f'{method} "{url}": {_describe(e)}') from None
+        return response.code, response.phrase.decode("latin-1"), response.body
 
     async def request(self, method: str, url: str, body: bytes | None = None,
                       headers: dict[bytes, bytes] | None = None) -> bytes:
         """The body of a 200 answer; anything else raises :class:`FetchError`."""
         code, phrase, content = await self._call(method, url, body, headers)
-        if code == 403 and url.startswith("http://"):
-            https = _https_retry_url(url, content)
+        if code == 403:
+            https = https_retry_url(url, content)
             if https is not None:
                 code, phrase, content = await self._call(method, https, body, headers)
                 url = https
@@ -712,19 +695,6 @@ class Upstream:
 
     async def post(self, url: str) -> None:
         await self.request("POST", url)
-
-
-def _https_retry_url(url: str, body: bytes) -> str | None:
-    try:
-        port = json.loads(body).get("https_port")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(port, int) or port <= 0:
-        return None
-    rest = url[len("http://"):]
-    hostport, slash, tail = rest.partition("/")
-    host = hostport.rsplit(":", 1)[0] if not hostport.endswith("]") else hostport
-    return f"https://{host}:{port}{slash}{tail}"
 
 
 def _describe(e: BaseException) -> str:

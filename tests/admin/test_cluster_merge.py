@@ -199,6 +199,12 @@ class HangingClient:
             self.cancelled += 1
         return defer.Deferred(cancel)
 
+    def get(self, url, **kwargs):
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url, **kwargs):
+        return self.request("POST", url, **kwargs)
+
 
 def test_upstream_get_and_error_text() -> None:
     """A 200 is decoded JSON; a non-200 is a FetchError quoting status and body."""
