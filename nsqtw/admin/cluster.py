@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from ..upstream import Upstream as SharedUpstream
 from ..upstream import https_retry_url
 
+from ..stats.channels import ChannelCounts
 from .nodes import NodeBook
 
 __all__ = [
@@ -400,62 +401,43 @@ def _int(doc: dict[str, Any], key: str) -> int:
 
 
 @attr.s(slots=True, eq=False)
-class ChannelStats:
-    """One channel on one node, or (``node == "*"``) summed over nodes with ``nodes`` set."""
+class ChannelStats(ChannelCounts):
+    """One channel on one node, or (``node == "*"``) summed over nodes with ``nodes`` set; its
+    counters (``depth`` ... ``client_count``) and their sum are :class:`ChannelCounts`', the
+    same as ``nsq_stat``'s."""
 
-    node: str = attr.ib(default="")
-    hostname: str = attr.ib(default="")
-    topic_name: str = attr.ib(default="")
-    channel_name: str = attr.ib(default="")
-    depth: int = attr.ib(default=0)
-    memory_depth: int = attr.ib(default=0)
-    backend_depth: int = attr.ib(default=0)
-    in_flight_count: int = attr.ib(default=0)
-    deferred_count: int = attr.ib(default=0)
-    requeue_count: int = attr.ib(default=0)
-    timeout_count: int = attr.ib(default=0)
-    message_count: int = attr.ib(default=0)
-    client_count: int = attr.ib(default=0)
-    nodes: list[ChannelStats] | None = attr.ib(default=None)
-    clients: list[ClientStats] | None = attr.ib(default=None)
-    paused: bool = attr.ib(default=False)
-    e2e_processing_latency: E2eAggregate | None = attr.ib(default=None)
+    node: str = attr.ib(default="", kw_only=True)
+    hostname: str = attr.ib(default="", kw_only=True)
+    topic_name: str = attr.ib(default="", kw_only=True)
+    channel_name: str = attr.ib(default="", kw_only=True)
+    nodes: list[ChannelStats] | None = attr.ib(default=None, kw_only=True)
+    clients: list[ClientStats] | None = attr.ib(default=None, kw_only=True)
+    paused: bool = attr.ib(default=False, kw_only=True)
+    e2e_processing_latency: E2eAggregate | None = attr.ib(default=None, kw_only=True)
 
     @classmethod
-    def from_nsqd(cls, doc: dict[str, Any], topic: str, node: str, hostname: str, now: float) -> ChannelStats:
-        depth = _int(doc, "depth")
-        backend = _int(doc, "backend_depth")
+    def from_nsqd_channel(cls, doc: dict[str, Any], topic: str, node: str, hostname: str,
+                          now: float) -> ChannelStats:
         clients_raw = doc.get("clients")
         clients = None
         if clients_raw is not None:
             clients = [ClientStats.from_nsqd(c, node, now) for c in clients_raw]
+        counts = ChannelCounts.from_nsqd(doc)
         return cls(
+            **attr.asdict(counts),
             node=node, hostname=hostname, topic_name=topic,
             channel_name=str(doc.get("channel_name") or ""),
-            depth=depth, memory_depth=depth - backend, backend_depth=backend,
-            in_flight_count=_int(doc, "in_flight_count"),
-            deferred_count=_int(doc, "deferred_count"),
-            requeue_count=_int(doc, "requeue_count"),
-            timeout_count=_int(doc, "timeout_count"),
-            message_count=_int(doc, "message_count"),
-            client_count=_int(doc, "client_count"),
             clients=clients,
             paused=bool(doc.get("paused")),
             e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
         )
 
-    def add(self, a: ChannelStats) -> None:
+    def add(self, a: ChannelCounts) -> None:
         """``ChannelStats.Add``: sum a node's channel in; keep it under ``nodes``."""
+        ChannelCounts.add(self, a)
+        if not isinstance(a, ChannelStats):
+            return
         self.node = "*"
-        self.depth += a.depth
-        self.memory_depth += a.memory_depth
-        self.backend_depth += a.backend_depth
-        self.in_flight_count += a.in_flight_count
-        self.deferred_count += a.deferred_count
-        self.requeue_count += a.requeue_count
-        self.timeout_count += a.timeout_count
-        self.message_count += a.message_count
-        self.client_count += a.client_count
         if a.paused:
             self.paused = True
         if self.nodes is None:
@@ -519,7 +501,7 @@ class TopicStats:
         channels_raw = doc.get("channels")
         channels = None
         if channels_raw is not None:
-            channels = [ChannelStats.from_nsqd(c, name, node, hostname, now) for c in channels_raw]
+            channels = [ChannelStats.from_nsqd_channel(c, name, node, hostname, now) for c in channels_raw]
         return cls(
             node=node, hostname=hostname, topic_name=name,
             depth=depth, memory_depth=depth - backend, backend_depth=backend,

@@ -10,6 +10,11 @@ import attr
 __all__ = ["ChannelCounts"]
 
 
+def _int(doc: dict[str, Any], key: str) -> int:
+    value = doc.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
 @attr.s(slots=True)
 class ChannelCounts:
     """The summable numbers of one channel: on one nsqd (:meth:`from_nsqd`) or, after
@@ -28,18 +33,21 @@ class ChannelCounts:
     @classmethod
     def from_nsqd(cls, ch: dict[str, Any]) -> ChannelCounts:
         """One channel of an nsqd ``/stats`` document (memory depth is depth minus backend depth;
-        without ``client_count``, the clients listed are counted)."""
-        depth = int(ch.get("depth", 0))
-        backend = int(ch.get("backend_depth", 0))
+        without ``client_count``, the clients listed are counted; a missing or non-numeric
+        counter is 0, so one odd node does not break a whole page)."""
+        depth = _int(ch, "depth")
+        backend = _int(ch, "backend_depth")
         clients = ch.get("clients")
+        count = _int(ch, "client_count") if "client_count" in ch else (
+            len(clients) if isinstance(clients, list) else 0)
         return cls(
             depth=depth, memory_depth=depth - backend, backend_depth=backend,
-            in_flight_count=int(ch.get("in_flight_count", 0)),
-            deferred_count=int(ch.get("deferred_count", 0)),
-            requeue_count=int(ch.get("requeue_count", 0)),
-            timeout_count=int(ch.get("timeout_count", 0)),
-            message_count=int(ch.get("message_count", 0)),
-            client_count=int(ch.get("client_count", len(clients) if isinstance(clients, list) else 0)),
+            in_flight_count=_int(ch, "in_flight_count"),
+            deferred_count=_int(ch, "deferred_count"),
+            requeue_count=_int(ch, "requeue_count"),
+            timeout_count=_int(ch, "timeout_count"),
+            message_count=_int(ch, "message_count"),
+            client_count=count,
         )
 
     def add(self, other: ChannelCounts) -> None:
