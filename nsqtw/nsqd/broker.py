@@ -42,6 +42,7 @@ __all__ = ["Broker", "Event"]
 
 _SIZE = struct.Struct(">i").pack
 _MID = struct.Struct(">iqH").pack  # frame type, timestamp, attempts
+_HEAD = struct.Struct(">iiqH").pack  # size, then _MID's fields
 _add = operator.add
 _ONE = range(0, 1)
 
@@ -294,7 +295,7 @@ class Broker:
             topic = self.get_topic(topic_name, now)
         topic.check_room(1)
         ts = int(now * 1e9)
-        frame = b"".join((_SIZE(len(body) + 30), _MID(2, ts, 1), self.guid.new_id(ts), body))
+        frame = b"".join((_HEAD(len(body) + 30, 2, ts, 1), self.guid.new_id(ts), body))
         self._put(topic, (frame, _ONE, len(frame)), len(body))
         return topic
 

@@ -205,6 +205,23 @@ def test_new_id_follows_new_ids_sequence() -> None:
     assert len(set(singles)) == 5000
 
 
+def test_new_id_interleaved_with_new_ids_matches_new_ids_alone() -> None:
+    """new_id's cached head follows batches minted in between, clock steps and rollovers."""
+    a, b = GUIDFactory(5), GUIDFactory(5)
+    ns = int(NOW * 1e9)
+    got: list[bytes] = []
+    want: list[bytes] = []
+    for step, count in enumerate((1, 3, 4090, 1, 7, 1, 5000, 1)):
+        t = ns + (step // 3) * (1 << 20)  # the pseudo-millisecond moves on now and then
+        if step % 2 == 0:
+            got.extend(a.new_id(t) for _ in range(count))
+        else:
+            got.extend(a.new_ids(count, t))
+        want.extend(b.new_ids(count, t))
+    assert got == want
+    assert len(set(got)) == len(got)
+
+
 def test_new_ids_with_prefix_puts_the_prefix_before_each_id() -> None:
     a, b = GUIDFactory(3), GUIDFactory(3)
     ns = int(NOW * 1e9)
