@@ -372,9 +372,10 @@ class V2Session:
             self.client.send(encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {e}").wire()))
             return self._fail()
         self.commands += 1
-        counts = self.client.pub_counts
+        client = self.client
+        counts = client.pub_counts
         counts[name] = counts.get(name, 0) + 1
-        self.client.send(OK_FRAME)
+        client.send_now(OK_FRAME)  # a deliverable message it made goes after the OK, as in feed
         return True
 
     def eof(self) -> None:
