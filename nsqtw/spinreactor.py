@@ -27,8 +27,9 @@ lets it run at once, while a spinning one holds the CPU the peer needs (the
 same machine under other work: 40,700 PUB/s without, 35,700 with).  So
 while request/answer traffic lasts (over 2,000 events/s), :class:`SpinPolicy`
 measures events per second in windows of 0.2 s, now and then tries the other
-way for one window, and keeps whichever handled more events; probes that
-lose come less and less often (at most every 3.2 s).  Quiet or idle, the
+way for one window, and keeps it if it handled 5 % more events than the
+recent windows; probes that lose come less and less often (at most every
+3.2 s).  Quiet or idle, the
 reactor keeps its last choice (an idle broker never spins anyway).
 
 ``nsqd``, ``nsqlookupd`` and ``nsqadmin`` (the drop-in commands) install it;
@@ -76,17 +77,22 @@ class SpinPolicy:
     MIN_RATE = 2000.0
     #: most windows between two probes of the way not taken
     MAX_GAP = 16
-    #: a probe must beat the window before it by this factor to be kept (noise is not a win)
-    MARGIN = 1.03
+    #: a probe must beat the current way's rate by this factor to be kept (noise is not a win)
+    MARGIN = 1.05
 
-    __slots__ = ("spin", "start", "_rate", "_probing", "_gap", "_countdown")
+    __slots__ = ("spin", "start", "_rate", "_warm", "_probing", "_gap", "_countdown")
 
     def __init__(self, start: float = 0.0) -> None:
         self.spin = True
         self.start = start
+        #: events per second of the current way: the mean of its recent windows
         self._rate = 0.0
+        #: the last window had traffic (the first one with traffic may have begun idle, so
+        #: it is no baseline)
+        self._warm = False
         self._probing = False
         self._gap = 1
+        #: windows with traffic before the next probe
         self._countdown = 1
 
     def window(self, now: float, events: int) -> bool:
@@ -99,12 +105,14 @@ class SpinPolicy:
                 self._rate = rate
             else:
                 self.spin = not self.spin
-                self._gap = min(self._gap * 2, self.MAX_GAP)
+                self._gap = min(self._gap * 4, self.MAX_GAP)
             self._countdown = self._gap
             return self.spin
-        self._rate = rate
-        if rate < self.MIN_RATE:
+        if rate < self.MIN_RATE or not self._warm:
+            self._warm = rate >= self.MIN_RATE
+            self._rate = 0.0
             return self.spin
+        self._rate = (self._rate + rate) / 2 if self._rate else rate
         self._countdown -= 1
         if self._countdown <= 0:
             self._probing = True
