@@ -410,7 +410,7 @@ class DiskQueue(RecordWriter, RecordReader):
             self._need_sync = True
         if self._need_sync:
             self.worker.wake(self)
-        elif self._count > 0:
+        elif self._count > 0 and self._timer is None:
             self._arm_timer()
 
     def _arm_timer(self) -> None:

@@ -147,13 +147,6 @@ class RecordWriter(QueueFiles):
         if self._closed:
             raise Exiting()
         blob, offs, end = run
-        if len(offs) > 1 and (self.write_pos == 0 or self.write_pos + (end - offs[0]) <= self.max_bytes_per_file):
-            data = self._encode_uniform(run)
-            if data is not None and self.write_pos + len(data) <= self.max_bytes_per_file:
-                # no record of the run would roll: one write, as the general path would do
-                self._write(data, len(offs))
-                self._after_ops()
-                return None
         if len(offs) == 1:  # a PUB: no private copy needed
             o = offs[0]
             size = _unpack_i32(blob, o)[0]
@@ -162,12 +155,19 @@ class RecordWriter(QueueFiles):
                 raise BackendError(f"invalid message write size ({n}) "
                                    f"minMsgSize={self.min_record} maxMsgSize={self.max_record}")
             att = (_unpack_u16(blob, o + 16)[0] - 1) & 0xFFFF
-            data = _I32.pack(n) + blob[o + 8:o + 16] + _U16.pack(att) + blob[o + 18:o + 4 + size]
+            record = b"".join((_I32.pack(n), blob[o + 8:o + 16], _U16.pack(att), blob[o + 18:o + 4 + size]))
             if self.write_pos > 0 and self.write_pos + size > self.max_bytes_per_file:
                 self._roll()
-            self._write(data, 1)
+            self._write(record, 1)
             self._after_ops()
             return None
+        if len(offs) > 1 and (self.write_pos == 0 or self.write_pos + (end - offs[0]) <= self.max_bytes_per_file):
+            data = self._encode_uniform(run)
+            if data is not None and self.write_pos + len(data) <= self.max_bytes_per_file:
+                # no record of the run would roll: one write, as the general path would do
+                self._write(data, len(offs))
+                self._after_ops()
+                return None
         mv, spans = self._encode(run)
         maxb = self.max_bytes_per_file
         wp = self.write_pos

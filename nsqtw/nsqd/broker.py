@@ -43,6 +43,7 @@ __all__ = ["Broker", "Event"]
 
 _SIZE = struct.Struct(">i").pack
 _MID = struct.Struct(">iqH").pack  # frame type, timestamp, attempts
+_HEAD = struct.Struct(">iiqH").pack  # size, then _MID's fields
 _add = operator.add
 _ONE = range(0, 1)
 
@@ -343,10 +344,15 @@ class Broker:
         topic = self.topics.get(topic_name)
         if topic is None:
             topic = self.get_topic(topic_name, now)
-        topic.check_room(1)
         ts = int(now * 1e9)
-        frame = b"".join((_SIZE(len(body) + 30), _MID(2, ts, 1), self.guid.new_id(ts), body))
-        self._put(topic, (frame, _ONE, len(frame)), len(body))
+        frame = b"".join((_HEAD(len(body) + 30, 2, ts, 1), self.guid.new_id(ts), body))
+        try:
+            topic.put_new((frame, _ONE, len(frame)), len(body))  # check_room(1), then put
+        except BackendError as e:
+            self.health = f"NOK - {e}"
+            raise
+        if self.health != "OK":
+            self.health = "OK"
         return topic
 
     def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:

@@ -89,7 +89,13 @@ class Channel:
 
     def put(self, run: Run) -> None:
         """A run from the topic (counted in ``message_count`` once stored)."""
-        self._store(run)
+        rest = self.mem.put(run)
+        if rest is not None:
+            rest = self.backend.put(rest)
+            if rest is not None:
+                raise QueueFull(f"channel {self.topic.name}:{self.name} is full")
+        if self.clients:
+            self.broker.dirty.add(self)
         self.message_count += len(run[1])
 
     def put_deferred(self, frame: bytes, deliver_at: float) -> None:
@@ -99,15 +105,6 @@ class Channel:
     def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
         """A deferred message read back from disk, still due later (already counted once)."""
         heapq.heappush(self.deferred, (deliver_at, next(_seq), frame))
-
-    def _store(self, run: Run) -> None:
-        rest = self.mem.put(run)
-        if rest is not None:
-            rest = self.backend.put(rest)
-            if rest is not None:
-                raise QueueFull(f"channel {self.topic.name}:{self.name} is full")
-        if self.clients:
-            self.broker.dirty.add(self)
 
     def _put_back(self, frames: list[bytes]) -> None:
         """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are

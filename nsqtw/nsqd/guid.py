@@ -28,7 +28,7 @@ _SEQ_HEX = [b"%03x" % i for i in range(_SEQ_LIMIT)]
 class GUIDFactory:
     """Mints increasing IDs for one node; time is passed in, never read."""
 
-    __slots__ = ("node_part", "last_ts", "seq")
+    __slots__ = ("node_part", "last_ts", "seq", "_head_ts", "_head")
 
     def __init__(self, node_id: int) -> None:
         if not 0 <= node_id < 1024:
@@ -36,23 +36,32 @@ class GUIDFactory:
         self.node_part = node_id << 12
         self.last_ts = -1
         self.seq = 0
+        #: the pseudo-millisecond ``_head`` was formatted for, and the first 13 hex digits of
+        #: every ID minted in it (timestamp and node; the last three are the sequence)
+        self._head_ts = -1
+        self._head = b""
 
     def new_id(self, now_ns: int) -> bytes:
-        """One fresh ID (``new_ids(1, now_ns)[0]``)."""
+        """One fresh ID (``new_ids(1, now_ns)[0]``): one concatenation while the
+        pseudo-millisecond stays the same (a PUB's path)."""
         ts = now_ns >> 20
-        if ts <= self.last_ts:
-            ts = self.last_ts
-            seq = self.seq
-        else:
+        last = self.last_ts
+        if ts > last:
             if ts < TWEPOCH:
                 return self.new_ids(1, now_ns)[0]
+            last = ts
             seq = 0
-        out = _HEX(((ts - TWEPOCH) << 22) | self.node_part | seq)
+        else:
+            seq = self.seq
+        if last != self._head_ts:
+            self._head = _HEX(((last - TWEPOCH) << 22) | self.node_part)[:13]
+            self._head_ts = last
+        out = self._head + _SEQ_HEX[seq]
         seq += 1
         if seq == _SEQ_LIMIT:
-            ts += 1
+            last += 1
             seq = 0
-        self.last_ts = ts
+        self.last_ts = last
         self.seq = seq
         return out
 

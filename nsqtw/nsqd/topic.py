@@ -85,18 +85,40 @@ class Topic:
         """Store a run (to every channel while flowing, else in the topic's own queue); counted
         in ``message_count`` only for what was stored, as nsqd counts (a refused write, say a
         full disk, is not a message of the topic)."""
-        n = len(run[1])
         if self.flowing() and not self.mem.depth() and not self.backend.depth():
-            stored = False
-            try:
-                for ch in self.channels.values():
-                    ch.put(run)
-                    stored = True
-            finally:
-                if stored:
-                    self.message_count += n
-                    self.message_bytes += nbytes
+            self._put_channels(run, nbytes)
+        else:
+            self._put_queued(run, nbytes)
+
+    def put_new(self, run: Run, nbytes: int) -> None:
+        """:meth:`check_room` then :meth:`put`, deciding the route once (a PUB's path)."""
+        if self.exiting:
+            raise Exiting()
+        if self.channels and not self.paused and not self.holds and not self.mem.depth() \
+                and not self.backend.depth():
+            n = len(run[1])
+            for ch in self.channels.values():
+                if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
+                    raise QueueFull(f"channel {self.name}:{ch.name} is full")
+            self._put_channels(run, nbytes)
             return
+        if not getattr(self.backend, "accepts_all", True) and self.mem.room() < len(run[1]):
+            raise QueueFull(f"topic {self.name} is full")
+        self._put_queued(run, nbytes)
+
+    def _put_channels(self, run: Run, nbytes: int) -> None:
+        stored = False
+        try:
+            for ch in self.channels.values():
+                ch.put(run)
+                stored = True
+        finally:
+            if stored:
+                self.message_count += len(run[1])
+                self.message_bytes += nbytes
+
+    def _put_queued(self, run: Run, nbytes: int) -> None:
+        n = len(run[1])
         rest = self.mem.put(run)
         if rest is not None:
             try:

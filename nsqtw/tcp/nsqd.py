@@ -150,6 +150,8 @@ class NsqdProtocol(Protocol):
         self._write_deadline: Any = None
         self._auth_pending = False
         self._eof_pending = False
+        #: the next read may take the one-PUB fast path (see dataReceived)
+        self._fast = False
 
     # --- connection lifecycle ------------------------------------------------
 
@@ -228,6 +230,7 @@ class NsqdProtocol(Protocol):
         """EOF from the client (a half-close): nsqd answers a command cut inside its body with
         its fatal error (``E_BAD_MESSAGE PUB failed to read message body``...) before it closes;
         answers still held for an fsync go out first."""
+        self._fast = False
         session = self.session
         if session is None:
             self._close()
@@ -254,6 +257,25 @@ class NsqdProtocol(Protocol):
     # --- reads ---------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
+        if self._fast and data[:4] == b"PUB ":
+            # one whole PUB while nothing is pending (how most producers publish): the
+            # session's short path, then the same settling as below
+            now = self.clock.seconds()
+            session = self.session
+            assert session is not None
+            done = session.pub_only(data, now)
+            if done is not None:
+                self._last_read = now
+                broker = self.factory.broker
+                if broker.dirty or broker.pumping:
+                    self.factory.settle()
+                else:
+                    broker.flush()
+                if not done:
+                    self._fast = False
+                    self._close()
+                return
+        self._fast = False
         now = self.clock.seconds()
         session = self.session
         if session is None:
@@ -304,6 +326,9 @@ class NsqdProtocol(Protocol):
                 self._close()
         elif session.upgrade is not None:
             self._upgrade(session.upgrade)
+        else:
+            self._fast = session.fast and self._codec is None and self._more_call is None and \
+                self._magic_call is None and not self._auth_pending
 
     def _decode_more(self) -> None:
         self._more_call = None
@@ -395,6 +420,7 @@ class NsqdProtocol(Protocol):
         d.addCallbacks(synced, failed)
 
     def _close(self) -> None:
+        self._fast = False
         self._stop_timers()
         self.transport.loseConnection()
 

@@ -194,6 +194,46 @@ def test_spin_is_configurable_and_off_with_zero(monkeypatch: Any) -> None:
     r._poller.close()
 
 
+def test_spin_policy_keeps_the_way_that_handles_more_events() -> None:
+    from nsqtw.spinreactor import SpinPolicy
+
+    p = SpinPolicy(0.0)
+    w = SpinPolicy.WINDOW
+    t = 0.0
+    choices = []
+
+    def run(spin_rate: float, still_rate: float) -> None:
+        nonlocal t
+        t += w
+        choices.append(p.spin)
+        rate = spin_rate if p.spin else still_rate
+        p.window(t, int(rate * w))
+
+    for _ in range(40):  # spinning handles more: the probes of not spinning lose, less and less often
+        run(40000, 20000)
+    assert choices.count(False) <= 6 and choices[-4:] == [True] * 4
+    for _ in range(40):  # now not spinning handles more: the next probe switches, and it stays
+        run(20000, 40000)
+    assert choices[-20:].count(True) <= 4 and choices[-1] is False
+    for _ in range(20):  # quiet: nothing learned, no probes (once a pending probe is settled)
+        run(100, 50)
+    assert len(set(choices[-18:])) == 1
+
+
+def test_spin_policy_is_off_without_spin_or_when_disabled(monkeypatch: Any) -> None:
+    from nsqtw.spinreactor import SpinningEPollReactor
+
+    for kw, env in (({"spin_seconds": 0.0}, "1"), ({"spin_seconds": 5e-5}, "0"), ({"adapt": False}, "1")):
+        monkeypatch.setenv("NSQTW_SPIN_ADAPT", env)
+        r = SpinningEPollReactor(**kw)
+        assert r._policy is None and r._spin_now
+        r._poller.close()
+    monkeypatch.setenv("NSQTW_SPIN_ADAPT", "1")
+    r = SpinningEPollReactor(spin_seconds=5e-5)
+    assert r._policy is not None
+    r._poller.close()
+
+
 # --- the flat PUB and MPUB paths ------------------------------------------------------------------
 
 def test_new_id_follows_new_ids_sequence() -> None:
@@ -203,6 +243,23 @@ def test_new_id_follows_new_ids_sequence() -> None:
     batch = b.new_ids(5000, ns)
     assert singles == batch
     assert len(set(singles)) == 5000
+
+
+def test_new_id_interleaved_with_new_ids_matches_new_ids_alone() -> None:
+    """new_id's cached head follows batches minted in between, clock steps and rollovers."""
+    a, b = GUIDFactory(5), GUIDFactory(5)
+    ns = int(NOW * 1e9)
+    got: list[bytes] = []
+    want: list[bytes] = []
+    for step, count in enumerate((1, 3, 4090, 1, 7, 1, 5000, 1)):
+        t = ns + (step // 3) * (1 << 20)  # the pseudo-millisecond moves on now and then
+        if step % 2 == 0:
+            got.extend(a.new_id(t) for _ in range(count))
+        else:
+            got.extend(a.new_ids(count, t))
+        want.extend(b.new_ids(count, t))
+    assert got == want
+    assert len(set(got)) == len(got)
 
 
 def test_new_ids_with_prefix_puts_the_prefix_before_each_id() -> None:

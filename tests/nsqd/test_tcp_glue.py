@@ -275,3 +275,67 @@ def test_read_deadline_counts_from_the_previous_command():
             break
         c.send(bytes([b]))
     assert c.closed
+
+
+# --- one whole PUB per read (the short path): the same answers and effects as the long one -----
+
+def test_pub_per_read_answers_counts_and_stores_each_message():
+    """A producer's PUB-per-round-trip: every read is one PUB; each is answered OK in its own
+    write, stored in order, counted for the topic and the client, and resets the read deadline."""
+    n = Node()
+    c = n.connect()
+    c.send(pub("t", b"first"))  # the first PUB of a connection takes the long path
+    assert c.proto._fast  # the next ones the short one
+    for i in range(5):
+        n.clock.advance(1)
+        before = c.tr.writes
+        c.send(pub("t", b"m%d" % i))
+        assert c.tr.writes - before == 1 and c.proto._last_read == n.clock.seconds()
+    assert c.frames() == [(FRAME_RESPONSE, b"OK")] * 6
+    topic = n.broker.topics["t"]
+    assert topic.message_count == 6 and c.proto.client.pub_counts == {"t": 6}
+    assert c.proto.session.commands == 6
+    assert [f[34:] for f in n.broker.topics["t"].mem.peek(6)] == [b"first"] + [b"m%d" % i for i in range(5)]
+
+
+def test_pub_per_read_hands_every_other_read_to_the_long_path():
+    """Another topic, a bad one, a cut PUB, two PUBs in a read, a body too big: each is read
+    and answered as the long path answers it."""
+    n = Node(max_msg_size=10)
+    c = n.connect()
+    c.send(pub("t", b"a"))
+    c.send(pub("u", b"b"))  # another topic
+    whole = pub("t", b"c")
+    c.send(whole[:9])  # a PUB cut across reads
+    c.send(whole[9:])
+    c.send(pub("t", b"d") + pub("t", b"e"))
+    c.send(b"PUB t \n" + whole[6:])  # a trailing space: not the cached name as sent
+    assert c.frames() == [(FRAME_RESPONSE, b"OK")] * 6
+    assert n.broker.topics["t"].message_count == 5 and n.broker.topics["u"].message_count == 1
+    c.send(pub("t", b"x" * 11))
+    assert c.frames() == [(FRAME_ERROR, b"E_BAD_MESSAGE PUB message too big 11 > 10")]
+    assert c.closed
+
+
+def test_pub_per_read_reaches_a_ready_consumer_in_the_same_read():
+    n = Node()
+    cons = n.connect()
+    cons.send(cmd("SUB", "t", "c") + cmd("RDY", 10))
+    cons.frames()
+    prod = n.connect()
+    for i in range(3):
+        prod.send(pub("t", b"%d" % i))
+    assert [body[26:] for _, body in cons.frames()] == [b"0", b"1", b"2"]
+
+
+def test_pub_per_read_refused_by_a_full_queue_fails_and_closes():
+    """A topic whose memory queue is full and which has no disk: E_PUB_FAILED, the connection
+    closes, and the refused message is not counted (as on the long path)."""
+    n = Node(mem_queue_size=2)
+    c = n.connect()
+    c.send(pub("t", b"1"))
+    c.send(pub("t", b"2"))
+    c.send(pub("t", b"3"))
+    assert c.frames() == [(FRAME_RESPONSE, b"OK")] * 2 + [(FRAME_ERROR, b"E_PUB_FAILED PUB failed topic t is full")]
+    assert c.closed
+    assert n.broker.topics["t"].message_count == 2 and c.proto.client.pub_counts == {"t": 2}

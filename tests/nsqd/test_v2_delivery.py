@@ -808,7 +808,7 @@ def test_refused_mpub_stores_nothing_while_topic_backlog_is_pumped():
 # --- requeues into a full channel (memory-only backend) -----------------------------------------------
 
 FULL_REASON = ("with memory_only_backends a message coming back to a full channel (REQ 0, an in-flight timeout, "
-               "a deferred message maturing, a consumer leaving) hits the refusing overflow queue: Channel._store "
+               "a deferred message maturing, a consumer leaving) hits the refusing overflow queue: Channel.put "
                "raises QueueFull after the message left the in-flight/deferred tables, so an acknowledged message "
                "is lost (and the exception escapes the session/scan). nsqd's Channel.put never refuses a message "
                "it already holds (it spills to the backend: channel.go put/RequeueMessage/processInFlightQueue)")
