@@ -54,6 +54,10 @@ def enable_warm_up_threads() -> None:
     _WARM_UP_THREADS = True
 
 
+#: young-generation collections between two full ones in a daemon of nsqtw's own (CPython: 10)
+FULL_COLLECTION_EVERY = 100
+
+
 def freeze_start_up_objects() -> None:
     """A process of nsqtw's own, its imports done: move every object alive now (modules,
     classes, functions: about 230,000 of them) out of the collector's reach (``gc.freeze``).
@@ -68,6 +72,11 @@ def freeze_start_up_objects() -> None:
 
     gc.collect()
     gc.freeze()
+    # full collections: once per 100 middle ones instead of 10. Their pause grows with every
+    # live topic, channel and connection (about 12 ms per 1,000 topic+channel pairs here),
+    # while what the hot paths allocate is mostly bytes the collector never tracks
+    gen0, gen1, _ = gc.get_threshold()
+    gc.set_threshold(gen0, gen1, FULL_COLLECTION_EVERY)
 
 
 class LazyFactory:
