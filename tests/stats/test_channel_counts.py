@@ -22,3 +22,13 @@ def test_from_nsqd_then_add_is_add_nsqd() -> None:
     b = ChannelCounts()
     b.add_nsqd(doc)
     assert a == b == ChannelCounts(depth=4, memory_depth=3, backend_depth=1, client_count=1)
+
+
+def test_an_odd_counter_is_zero_not_an_error():
+    """One nsqd answering null or a string for a counter (or an older one without client_count)
+    must not break nsq_stat or an nsqadmin page: that counter is 0, the clients listed count."""
+    from nsqtw.stats.channels import ChannelCounts
+
+    c = ChannelCounts.from_nsqd({"depth": None, "backend_depth": "3", "in_flight_count": True,
+                                 "message_count": 7, "clients": [{}, {}]})
+    assert (c.depth, c.backend_depth, c.in_flight_count, c.message_count, c.client_count) == (0, 0, 0, 7, 2)
