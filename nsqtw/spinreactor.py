@@ -45,10 +45,14 @@ import os
 import sys
 from time import perf_counter
 from typing import Any
+from collections.abc import Callable
 
 from twisted.internet.epollreactor import EPollReactor
+from twisted.logger import Logger
 
 __all__ = ["SpinningEPollReactor", "SpinPolicy", "install", "install_if_unset", "DEFAULT_SPIN_US"]
+
+_log = Logger(namespace="nsqtw.reactor")
 
 #: microseconds to keep polling after activity before blocking
 DEFAULT_SPIN_US = 50
@@ -133,7 +137,22 @@ class SpinningEPollReactor(EPollReactor):
         self._policy = SpinPolicy(perf_counter()) if adapt and self.spin_seconds else None
         self._window_end = 0.0 if self._policy is None else self._policy.start + SpinPolicy.WINDOW
         self._events = 0
+        #: True while the events of one poll are being handled (see :meth:`after_dispatch`)
+        self.dispatching = False
+        self._after_dispatch: list[Callable[[], None]] = []
         super().__init__()
+
+    def after_dispatch(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` after the events of every poll have all been handled.
+
+        A protocol that works in batches (nsqd's delivery) may put off work its reads
+        made possible while :attr:`dispatching` is true and do it once, here, for every
+        read of the poll."""
+        self._after_dispatch.append(fn)
+
+    def remove_after_dispatch(self, fn: Callable[[], None]) -> None:
+        if fn in self._after_dispatch:
+            self._after_dispatch.remove(fn)
 
     def doPoll(self, timeout: float | None) -> None:
         poll = self._poller.poll
@@ -161,10 +180,19 @@ class SpinningEPollReactor(EPollReactor):
         self._active = True
         selectables = self._selectables
         drdw = self._doReadOrWrite
-        for fd, event in events:
-            selectable = selectables.get(fd)
-            if selectable is not None:
-                drdw(selectable, fd, event)
+        self.dispatching = True
+        try:
+            for fd, event in events:
+                selectable = selectables.get(fd)
+                if selectable is not None:
+                    drdw(selectable, fd, event)
+        finally:
+            self.dispatching = False
+        for fn in self._after_dispatch:
+            try:
+                fn()
+            except Exception:
+                _log.failure("after the events of a poll")
         policy = self._policy
         if policy is not None:
             self._events += len(events)

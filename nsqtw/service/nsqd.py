@@ -117,6 +117,11 @@ class NsqdService(MultiService):
                                        tls_context=self.tls_context, authorizer=self.authorizer)
         self.tcp_factory.noisy = False
         self._settle_call: Any = None
+        self._turn_ended: Any = None
+        if hasattr(reactor, "after_dispatch"):
+            # nsqtw's own reactor: settle deliveries once per turn (see NsqdFactory.defer_settling)
+            self._turn_ended = self.tcp_factory.defer_settling(lambda: reactor.dispatching)
+            reactor.after_dispatch(self._turn_ended)
         self._sampler = ChannelSampler(self.broker.channels, options.queue_scan_refresh_interval)
         self.broker.listeners.append(self._on_event)
         self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP", "tcp-address")
@@ -323,6 +328,9 @@ class NsqdService(MultiService):
             return self._stopping
         broker = self.broker
         broker.close()
+        if self._turn_ended is not None:
+            self.reactor.remove_after_dispatch(self._turn_ended)
+            self._turn_ended = None
         for proto in list(self.tcp_factory.protocols):
             proto._stop_timers()
             proto.transport.loseConnection()

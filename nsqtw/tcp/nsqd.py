@@ -268,7 +268,10 @@ class NsqdProtocol(Protocol):
                 self._last_read = now
                 broker = self.factory.broker
                 if broker.dirty or broker.pumping:
-                    self.factory.settle()
+                    client = self.client
+                    if client is not None and client.out:
+                        client.flush()
+                    self.factory.settle_soon()
                 else:
                     broker.flush()
                 if not done:
@@ -312,7 +315,12 @@ class NsqdProtocol(Protocol):
             self._ask_auth_server(session.suspended[1])
         broker = self.factory.broker
         if broker.dirty or broker.pumping:
-            self.factory.settle()
+            # this client's answers (a publisher's OK) go out before the deliveries its
+            # commands made possible are framed: the publisher waits on them
+            client = self.client
+            if client is not None and client.out:
+                client.flush()
+            self.factory.settle_soon()
         else:
             broker.flush()  # nothing to deliver: just write the answers
         if self._eof_pending and not session.busy and self._more_call is None:
@@ -483,11 +491,41 @@ class NsqdFactory(Factory):
         self.authorizer = authorizer
         self.protocols: set[NsqdProtocol] = set()
         self._settle = settle
+        self._dispatching: Callable[[], bool] | None = None
+        self._settle_wanted = False
 
     def buildProtocol(self, addr: Any) -> NsqdProtocol:
         return NsqdProtocol(self)
 
+    def defer_settling(self, dispatching: Callable[[], bool]) -> Callable[[], None]:
+        """Settle once per reactor turn instead of after every read.
+
+        ``dispatching()`` tells whether the reactor is handling a poll's events; while
+        it is, a read's deliveries wait (its own answers go out at once) and the
+        returned callable, which the reactor must call after the events, settles them
+        all together: every read of the turn is parsed first (a publisher's ``OK``
+        is not held up by deliveries), and each consumer gets one write per turn.
+        Reads outside the dispatch (timers, callbacks) still settle at once.
+        """
+        self._dispatching = dispatching
+
+        def turn_ended() -> None:
+            if self._settle_wanted:
+                self._settle_wanted = False
+                self.settle()
+
+        return turn_ended
+
+    def settle_soon(self) -> None:
+        """Settle now, or at the end of this reactor turn (see :meth:`defer_settling`)."""
+        dispatching = self._dispatching
+        if dispatching is not None and dispatching():
+            self._settle_wanted = True
+        else:
+            self.settle()
+
     def settle(self) -> None:
+        self._settle_wanted = False
         if self._settle is not None:
             self._settle()
         else:

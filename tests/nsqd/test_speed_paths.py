@@ -181,6 +181,63 @@ def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> N
         r._poller.close()
 
 
+def test_after_dispatch_hooks_run_once_after_all_events_of_a_poll() -> None:
+    """The hooks see every read of the poll done, ``dispatching`` is true only during the
+    events, a failing hook is logged and the next one still runs, and a removed hook stops."""
+    from nsqtw.spinreactor import SpinningEPollReactor
+
+    r = SpinningEPollReactor(spin_seconds=0.0)
+    pairs = [socket.socketpair() for _ in range(2)]
+    events: list[str] = []
+
+    class Reader:
+        def __init__(self, sock: socket.socket, name: str) -> None:
+            self.sock, self.name = sock, name
+
+        def fileno(self) -> int:
+            return self.sock.fileno()
+
+        def doRead(self) -> None:
+            self.sock.recv(100)
+            events.append(f"{self.name} dispatching={r.dispatching}")
+
+        def logPrefix(self) -> str:
+            return self.name
+
+        def connectionLost(self, reason: Any) -> None:
+            pass
+
+    def failing() -> None:
+        raise RuntimeError("boom")
+
+    def hook() -> None:
+        events.append(f"hook dispatching={r.dispatching}")
+
+    readers = [Reader(a, f"r{i}") for i, (a, _) in enumerate(pairs)]
+    try:
+        for rd in readers:
+            r.addReader(rd)
+        r.after_dispatch(failing)
+        r.after_dispatch(hook)
+        for _, b in pairs:
+            b.send(b"x")
+        r.doPoll(1.0)
+        assert sorted(events[:2]) == ["r0 dispatching=True", "r1 dispatching=True"]
+        assert events[2:] == ["hook dispatching=False"]
+        r.remove_after_dispatch(hook)
+        r.remove_after_dispatch(hook)  # twice: harmless
+        pairs[0][1].send(b"y")
+        r.doPoll(1.0)
+        assert events[3:] == ["r0 dispatching=True"]
+        for rd in readers:
+            r.removeReader(rd)
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        r._poller.close()
+
+
 def test_spin_is_configurable_and_off_with_zero(monkeypatch: Any) -> None:
     from nsqtw.spinreactor import DEFAULT_SPIN_US, SpinningEPollReactor
 

@@ -339,3 +339,77 @@ def test_pub_per_read_refused_by_a_full_queue_fails_and_closes():
     assert c.frames() == [(FRAME_RESPONSE, b"OK")] * 2 + [(FRAME_ERROR, b"E_PUB_FAILED PUB failed topic t is full")]
     assert c.closed
     assert n.broker.topics["t"].message_count == 2 and c.proto.client.pub_counts == {"t": 2}
+
+
+# --- a publisher's answer first; deliveries settled once per reactor turn -----------------------
+
+class LoggingTransport(CountingTransport):
+    """Counts writes and records, in one list shared by several transports, who wrote when."""
+
+    def __init__(self, name: str, log: list[str], *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.name = name
+        self.log = log
+        #: called at each write, its answers kept in ``probed``
+        self.probe: Any = None
+        self.probed: list[Any] = []
+
+    def write(self, data: bytes) -> None:
+        self.log.append(self.name)
+        if self.probe is not None:
+            self.probed.append(self.probe())
+        super().write(data)
+
+
+def _logged(node: Node, name: str, log: list[str]) -> Conn:
+    c = node.connect(magic=False)
+    c.tr.unregisterProducer()
+    c.tr = LoggingTransport(name, log, peerAddress=c.tr.getPeer())
+    c.proto.makeConnection(c.tr)
+    c.send(MAGIC_V2)
+    return c
+
+
+def test_a_publishers_ok_is_written_before_the_deliveries_it_made_possible():
+    """The publisher waits on its OK; the consumer's messages are framed and written after it."""
+    n = Node()
+    log: list[str] = []
+    cons = _logged(n, "consumer", log)
+    cons.send(cmd("SUB", "t", "c") + cmd("RDY", 100))
+    cons.frames()
+    prod = _logged(n, "producer", log)
+    channel = n.broker.topics["t"].channels["c"]
+    prod.tr.probe = lambda: len(channel.inflight)
+    for data in (b"".join(pub("t", b"%d" % i) for i in range(3)), pub("t", b"one")):  # long and short path
+        del log[:]
+        prod.send(data)
+        assert log == ["producer", "consumer"]
+    assert prod.tr.probed[-2:] == [0, 3]  # when each OK was written, its messages were not yet delivered
+    assert [body[26:] for _, body in cons.frames()] == [b"0", b"1", b"2", b"one"]
+
+
+def test_deferred_settling_delivers_once_at_the_end_of_the_turn():
+    """While the reactor dispatches a poll's events, reads only parse and answer; the hook the
+    reactor calls after the events delivers what every read of the turn made possible, in one
+    write per consumer.  Reads outside a dispatch (timers, callbacks) still deliver at once."""
+    n = Node()
+    dispatching = [True]
+    turn_ended = n.factory.defer_settling(lambda: dispatching[0])
+    cons = n.connect()
+    cons.send(cmd("SUB", "t", "c") + cmd("RDY", 100))
+    cons.frames()
+    p1, p2 = n.connect(), n.connect()
+    before = cons.tr.writes
+    p1.send(pub("t", b"a"))
+    p2.send(b"".join(pub("t", b"b%d" % i) for i in range(2)))
+    assert p1.frames() == [(FRAME_RESPONSE, b"OK")]  # answered at once
+    assert p2.frames() == [(FRAME_RESPONSE, b"OK")] * 2
+    assert cons.frames() == [] and cons.tr.writes == before  # nothing delivered yet
+    turn_ended()
+    assert [body[26:] for _, body in cons.frames()] == [b"a", b"b0", b"b1"]
+    assert cons.tr.writes - before == 1
+    turn_ended()  # nothing wanted: nothing written
+    assert cons.tr.writes - before == 1
+    dispatching[0] = False
+    p1.send(pub("t", b"now"))
+    assert [body[26:] for _, body in cons.frames()] == [b"now"]
