@@ -25,7 +25,8 @@ class IBackendQueue(Interface):
     """A FIFO-ish store of message frames (NSQ's ``BackendQueue``): exactly what the broker uses.
 
     A queue may offer more, which the broker looks for by name: the disk queue's
-    ``deferred_sink`` and ``put_deferred`` (deferred messages kept across a restart),
+    ``deferred_sink``, ``has_deferred_hints`` and ``put_deferred`` (deferred messages kept
+    across a restart; the sink is set only on a queue that has hints),
     ``put_count`` (how much of a failed ``put`` was stored) and ``peek``.
     """
 

@@ -104,6 +104,13 @@ log = Logger(namespace="nsqtw.diskqueue")
 class DiskQueue(RecordWriter, RecordReader):
     """go-diskqueue for one topic or channel (see the module docstring)."""
 
+    # slots: a topic and a channel each hold one, idle or not; an instance dict of 34 names
+    # would be 1 KB apiece and 70 references for every full garbage collection to walk
+    __slots__ = (  # with QueueFiles' own
+        "listing", "data_path", "sync_every", "sync_timeout",
+        "_syncing", "_timer", "_synced_seq", "_waiters", "_meta_path", "_file_tmpl",
+    )
+
     accepts_all = True
 
     def __init__(self, name: str, data_path: str, *,
@@ -148,12 +155,12 @@ class DiskQueue(RecordWriter, RecordReader):
         self._timer: Any = None
         self._put_seq = 0
         self._synced_seq = 0
-        self._waiters: list[tuple[int, Deferred[Any], bool]] = []
+        #: sync waiters; an empty tuple until the first one (an idle queue allocates nothing)
+        self._waiters: list[tuple[int, Deferred[Any], bool]] | tuple[()] = ()
         self._closed = False
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self._file_tmpl = os.path.join(data_path, f"{name}.diskqueue.%06d.dat")
-        self._hint_store = DeferredStore.for_queue(data_path, name)
         self._hints: dict[bytes, float] = {}
         self._hints_dirty = False
 
@@ -163,6 +170,16 @@ class DiskQueue(RecordWriter, RecordReader):
 
     def file_name(self, num: int) -> str:
         return self._file_tmpl % num
+
+    @property
+    def has_deferred_hints(self) -> bool:
+        """True if records read back may still be deferred (hints loaded from the sidecar):
+        only then does the queue need a ``deferred_sink``."""
+        return bool(self._hints)
+
+    def _hint_store(self) -> DeferredStore:
+        """The deferral-hint sidecar (made when needed: a path, no state)."""
+        return DeferredStore.for_queue(self.data_path, self.name)
 
     @property
     def metadata_file_name(self) -> str:
@@ -212,7 +229,7 @@ class DiskQueue(RecordWriter, RecordReader):
             self._depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos = state
             self._salvage_past_write_pos()
         now = self.worker.seconds()
-        for at, mid in self._hint_store.load():
+        for at, mid in self._hint_store().load():
             if at > now:
                 self._hints[mid] = at
         self._check_tail_corruption()
@@ -337,7 +354,7 @@ class DiskQueue(RecordWriter, RecordReader):
         log.info("DISKQUEUE({name}): emptying", name=self.name)
         self._hints.clear()
         self._hints_dirty = False
-        d = self._skip_to_next_rw_file(extra=(self._meta_path, self._hint_store.path))
+        d = self._skip_to_next_rw_file(extra=(self._meta_path, self._hint_store().path))
         self._count = 0
         self._need_sync = False
         self._cancel_timer()
@@ -385,7 +402,10 @@ class DiskQueue(RecordWriter, RecordReader):
         if self._synced_seq >= target:
             return succeed(None)
         d: Deferred[Any] = Deferred()
-        self._waiters.append((target, d, force))
+        waiters = self._waiters
+        if not isinstance(waiters, list):
+            waiters = self._waiters = []
+        waiters.append((target, d, force))
         if self._closed:
             return d  # the final sync in flight will fire it
         if force:
@@ -403,7 +423,7 @@ class DiskQueue(RecordWriter, RecordReader):
         if not (self._hints_dirty or force):
             return None
         self._hints_dirty = False
-        return (self._hint_store, [(at, mid) for mid, at in self._hints.items()], self.worker.seconds())
+        return (self._hint_store(), [(at, mid) for mid, at in self._hints.items()], self.worker.seconds())
 
     def _after_ops(self) -> None:
         if self._count >= self.sync_every:
@@ -481,7 +501,7 @@ class DiskQueue(RecordWriter, RecordReader):
         ready: list[tuple[int, Deferred[Any], bool]] = []
         for w in self._waiters:
             (ready if w[0] <= seq else keep).append(w)
-        self._waiters = keep
+        self._waiters = keep or ()
         for _, d, _force in ready:
             if f is None:
                 d.callback(None)

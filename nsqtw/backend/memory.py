@@ -14,42 +14,58 @@ __all__ = ["MemoryQueue"]
 
 
 @implementer(IBackendQueue)
-class MemoryQueue:
-    """Holds up to ``capacity`` messages as runs; what does not fit is handed back."""
+class MemoryQueue(deque[Run]):  # a deque of runs itself: see below
+    """Holds up to ``capacity`` messages as runs; what does not fit is handed back.
 
-    __slots__ = ("capacity", "_runs", "_count")
+    It is the deque of its runs itself (not an object holding one): every topic and
+    channel has one, idle or not, and each object fewer per topic and channel is one
+    fewer for every full garbage collection to walk.  Compared and hashed by
+    identity, as any queue object; true when it holds runs.
+    """
+
+    __slots__ = ("capacity", "_count")
 
     accepts_all = False  # what does not fit is handed back
+    __hash__ = object.__hash__  # type: ignore[assignment]  # by identity, not as a (mutable) sequence
 
     def __init__(self, capacity: int) -> None:
+        super().__init__()
         self.capacity = capacity
-        self._runs: deque[Run] = deque()
         self._count = 0
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __repr__(self) -> str:
+        return f"<MemoryQueue {self._count}/{self.capacity}>"
 
     def put(self, run: Run) -> Run | None:
         room = self.capacity - self._count
         n = len(run[1])
         if n <= room:
-            self._runs.append(run)
+            self.append(run)
             self._count += n
             return None
         if room <= 0:
             return run
         head, rest = split_run(run, room)
-        self._runs.append(head)
+        self.append(head)
         self._count += room
         return rest
 
     def force_put(self, run: Run) -> None:
         """Append ignoring capacity: a message the broker already held (a requeue, a timeout)
         is never refused, because refusing it would lose it."""
-        self._runs.append(run)
+        self.append(run)
         self._count += len(run[1])
 
     def read(self, n: int, max_bytes: int = 0) -> list[Run]:
         """Up to ``n`` messages (with ``max_bytes``, about that many bytes; at least one)."""
         out: list[Run] = []
-        runs = self._runs
+        runs = self
         taken = 0
         size = 0
         while runs and taken < n:
@@ -85,7 +101,7 @@ class MemoryQueue:
     def peek(self, n: int) -> list[bytes]:
         """The first ``n`` frames, oldest first, changing nothing."""
         out: list[bytes] = []
-        for run in self._runs:
+        for run in self:
             want = n - len(out)
             if want <= 0:
                 break
@@ -101,7 +117,7 @@ class MemoryQueue:
         return self.capacity - self._count
 
     def empty(self) -> None:
-        self._runs.clear()
+        self.clear()
         self._count = 0
 
     def delete(self) -> None:
@@ -112,6 +128,6 @@ class MemoryQueue:
 
     def drain(self) -> list[Run]:
         """Everything held, oldest first, leaving the queue empty."""
-        out = list(self._runs)
+        out = list(self)
         self.empty()
         return out

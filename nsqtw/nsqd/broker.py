@@ -161,7 +161,7 @@ class Broker:
             raise Exiting()
         backend = self.backend_factory(name, name.endswith("#ephemeral"))
         topic = Topic(name, self, backend)
-        if hasattr(backend, "deferred_sink"):
+        if getattr(backend, "has_deferred_hints", False):  # a sink only where one is needed
             backend.deferred_sink = topic.restore_deferred
         self.topics[name] = topic
         self._notify(Event.TOPIC_CREATED, name, None)
@@ -172,7 +172,7 @@ class Broker:
             raise Exiting()
         backend = self.backend_factory(f"{topic.name}:{name}", name.endswith("#ephemeral"))
         ch = Channel(topic, name, self, backend, now)
-        if hasattr(backend, "deferred_sink"):
+        if getattr(backend, "has_deferred_hints", False):  # a sink only where one is needed
             backend.deferred_sink = ch.restore_deferred
         topic.channels[name] = ch
         if self._channel_list is not None:

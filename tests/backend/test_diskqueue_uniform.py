@@ -14,10 +14,17 @@ def _frames(n: int, size: int, attempts: int = 1):
             for i in range(n)]
 
 
+class _GeneralOnly(DiskQueue):
+    """A DiskQueue whose uniform-run encoder always declines (the general encoder runs)."""
+
+    __slots__ = ()
+
+    def _encode_uniform(self, run):  # type: ignore[no-untyped-def,override]  # a test double
+        return None
+
+
 def _written(tmp_path, name: str, run, general: bool) -> bytes:
-    q = DiskQueue(name, str(tmp_path), worker=SyncWorker(None, threaded=False))
-    if general:
-        q._encode_uniform = lambda r: None  # type: ignore[assignment]  # force the general encoder
+    q = (_GeneralOnly if general else DiskQueue)(name, str(tmp_path), worker=SyncWorker(None, threaded=False))
     q.put(run)
     q.close()
     with open(os.path.join(str(tmp_path), f"{name}.diskqueue.000000.dat"), "rb") as f:
