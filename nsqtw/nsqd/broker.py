@@ -401,7 +401,7 @@ class Broker:
                     log.failure("failed to flush channel {t}:{c} to disk", t=topic.name, c=ch.name)
                 ch.exiting = True
                 ch.inflight.clear()
-                ch.deferred.clear()
+                ch.deferred = ()
                 close_backend(backend)
             backend = topic.backend
             try:
@@ -416,6 +416,6 @@ class Broker:
             except Exception:
                 log.failure("failed to flush topic {t} to disk", t=topic.name)
             topic.exiting = True
-            topic.deferred = []
+            topic.deferred = ()
             close_backend(backend)
         return lost

@@ -68,7 +68,9 @@ class Channel:
         self.mem = MemoryQueue(broker.options.mem_queue_size)
         self.backend = backend
         self.inflight: dict[bytes, Epoch] = {}
-        self.deferred: list[tuple[float, int, bytes]] = []
+        #: a heap of (due, seq, frame); the shared empty tuple while nothing is deferred (an idle
+        #: channel allocates no list: one object fewer for every full garbage collection)
+        self.deferred: list[tuple[float, int, bytes]] | tuple[()] = ()
         self.clients: dict[int, ClientState] = {}
         self.paused = False
         self.exiting = False
@@ -98,13 +100,21 @@ class Channel:
             self.broker.dirty.add(self)
         self.message_count += len(run[1])
 
+    def _heap(self) -> list[tuple[float, int, bytes]]:
+        d = self.deferred
+        if isinstance(d, list):
+            return d
+        heap: list[tuple[float, int, bytes]] = []
+        self.deferred = heap
+        return heap
+
     def put_deferred(self, frame: bytes, deliver_at: float) -> None:
         self.message_count += 1
-        heapq.heappush(self.deferred, (deliver_at, next(_seq), frame))
+        heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
 
     def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
         """A deferred message read back from disk, still due later (already counted once)."""
-        heapq.heappush(self.deferred, (deliver_at, next(_seq), frame))
+        heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
 
     def _put_back(self, frames: list[bytes]) -> None:
         """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are
@@ -281,7 +291,7 @@ class Channel:
             raise ReqFailed(f"REQ {_id_text(mid)} failed client does not own message")
         frame = requeue_frame(ep.msgs[mid])
         if delay > 0:
-            heapq.heappush(self.deferred, (now + delay, next(_seq), frame))
+            heapq.heappush(self._heap(), (now + delay, next(_seq), frame))
         else:
             run = run_of_frame(frame)
             if self.mem.put(run) is not None:
@@ -330,11 +340,13 @@ class Channel:
         if self.exiting:
             return False
         heap = self.deferred
-        if not heap or heap[0][0] > now:
+        if not heap or heap[0][0] > now or not isinstance(heap, list):
             return False
         frames = []
         while heap and heap[0][0] <= now:
             frames.append(heapq.heappop(heap)[2])
+        if not heap:
+            self.deferred = ()  # nothing left deferred: let the list go
         self._put_back(frames)
         return True
 
@@ -370,7 +382,7 @@ class Channel:
         for client in self.clients.values():
             client.reset_in_flight()
         self.inflight.clear()
-        self.deferred.clear()
+        self.deferred = ()
         self.mem.empty()
         self.backend.empty()
 

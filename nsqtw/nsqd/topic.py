@@ -44,7 +44,9 @@ class Topic:
         self.channels: dict[str, Channel] = {}
         self.mem = MemoryQueue(broker.options.mem_queue_size)
         self.backend = backend
-        self.deferred: list[tuple[float, bytes]] = []
+        #: (due, frame) held while no channel takes them; the shared empty tuple while there
+        #: are none (an idle topic allocates no list)
+        self.deferred: list[tuple[float, bytes]] | tuple[()] = ()
         self.paused = False
         self.exiting = False
         self.message_count = 0
@@ -146,7 +148,14 @@ class Topic:
             for ch in self.channels.values():
                 ch.put_deferred(frame, deliver_at)
         else:
-            self.deferred.append((deliver_at, frame))
+            self._hold_deferred(deliver_at, frame)
+
+    def _hold_deferred(self, deliver_at: float, frame: bytes) -> None:
+        d = self.deferred
+        if isinstance(d, list):
+            d.append((deliver_at, frame))
+        else:
+            self.deferred = [(deliver_at, frame)]
 
     def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
         """A deferred message read back from disk, still due later: wait for it again."""
@@ -154,7 +163,7 @@ class Topic:
             for ch in self.channels.values():
                 ch.restore_deferred(deliver_at, frame)
         else:
-            self.deferred.append((deliver_at, frame))
+            self._hold_deferred(deliver_at, frame)
 
     def pump(self, limit: int = PUMP_BATCH) -> bool:
         """Move up to ``limit`` waiting messages to the channels; True if more remain."""
@@ -165,7 +174,7 @@ class Topic:
             for at, frame in self.deferred:
                 for ch in channels:
                     ch.put_deferred(frame, at)
-            self.deferred = []
+            self.deferred = ()
         moved = 0
         for run in self.mem.read(limit):
             moved += run_count(run)
@@ -198,7 +207,7 @@ class Topic:
         """Drop the topic's own backlog; channels keep theirs (NSQ's Topic.Empty)."""
         self.mem.empty()
         self.backend.empty()
-        self.deferred = []
+        self.deferred = ()
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
