@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         block_start = t0
         cpu_start = cpu_seconds(proc.pid)
+        own: list[float] = []
+        own_start = time.process_time()
         for i in range(args.topics):
             if args.via == "sub":  # a new connection per pair, kept open (its channel stays used)
                 s = socket.create_connection(("127.0.0.1", tcp))
@@ -160,6 +162,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cpu_now = cpu_seconds(proc.pid)
                 cpu.append(cpu_now - cpu_start)
                 cpu_start = cpu_now
+                own_now = time.process_time()
+                own.append(own_now - own_start)
+                own_start = own_now
                 rss.append((f"{i + 1}", rss_kib(proc.pid)))
                 block_start = now
         conn.close()
@@ -180,10 +185,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(data, ignore_errors=True)
 
     per_block = []
-    for (a, b), c in zip(blocks, cpu, strict=True):
+    for (a, b), c, mine in zip(blocks, cpu, own, strict=True):
         lat = [v for t, v in e2e if a <= t < b]
         rtt = [v for t, v in rtts if a <= t < b]
-        per_block.append({"seconds": b - a, "cpu_seconds": c, "e2e_p99_ms": pct(lat, 0.99) * 1e3,
+        per_block.append({"seconds": b - a, "cpu_seconds": c, "creator_cpu_seconds": mine, "e2e_p99_ms": pct(lat, 0.99) * 1e3,
                           "pub_p99_ms": pct(rtt, 0.99) * 1e3, "samples": len(lat)})
     during = [v for t, v in e2e if blocks and blocks[0][0] <= t < blocks[-1][1]]
     during_rtt = [v for t, v in rtts if blocks and blocks[0][0] <= t < blocks[-1][1]]
@@ -261,7 +266,7 @@ def main() -> None:
         print(f"median of {len(rounds)} rounds, block by block:")
     print(f"created {res['topics']} topics with one channel each ({how})")
     for i, b in enumerate(res["blocks"]):
-        print(f"  block {i + 1:3d}: {b['seconds']:6.2f} s per {res['block']} (nsqd CPU {b['cpu_seconds']:5.2f} s)"
+        print(f"  block {i + 1:3d}: {b['seconds']:6.2f} s per {res['block']} (nsqd CPU {b['cpu_seconds']:5.2f} s, creator {b['creator_cpu_seconds']:4.2f} s)"
               f"   bystander e2e p99 "
               f"{b['e2e_p99_ms']:7.1f} ms  PUB p99 {b['pub_p99_ms']:7.1f} ms  ({b['samples']} msgs)")
     print(f"flatness (slowest / fastest block): {res['flatness']:.2f} wall time, "
