@@ -13,6 +13,11 @@ Starts nsqd (``python -m nsqtw.cli``) as a subprocess, then:
   keep-alive connection; ``--via sub``: a SUB on a new connection per pair, kept
   open), timing every block of 1,000.
 
+Before the timed blocks, ``--warmup`` pairs (200) are created and not counted:
+the first requests pay one-off costs (code paths run for the first time, the
+allocator's first arenas, idle virtual CPUs waking up) that are not what
+creation costs as topics accumulate.
+
 Printed (never asserted): seconds per 1,000 creations and how flat they are
 (slowest block / fastest block), the bystander's p50 / p99 / max latencies
 overall and per block, nsqd's RSS before, after every block and at the end,
@@ -134,6 +139,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         by.start()
         time.sleep(1.0)  # the bystander's baseline
         conn = http.client.HTTPConnection("127.0.0.1", http_port)
+        for i in range(args.warmup):  # not timed: first-use costs on both sides, idle CPUs waking
+            for path in (f"/topic/create?topic=w{i:05d}", f"/channel/create?topic=w{i:05d}&channel=c"):
+                conn.request("POST", path)
+                conn.getresponse().read()
         subs: list[socket.socket] = []
         rss = [("start", rss_kib(proc.pid))]
         blocks: list[tuple[float, float]] = []
@@ -239,6 +248,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--topics", type=int, default=10000)
     ap.add_argument("--block", type=int, default=1000)
+    ap.add_argument("--warmup", type=int, default=200,
+                    help="topics+channels created (over HTTP) before the timed blocks, not counted")
     ap.add_argument("--rate", type=float, default=200.0, help="bystander publishes per second")
     ap.add_argument("--via", choices=("http", "sub"), default="http",
                     help="create each pair over HTTP (one keep-alive connection) or by SUB on a new "
