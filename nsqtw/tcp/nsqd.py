@@ -266,14 +266,7 @@ class NsqdProtocol(Protocol):
             done = session.pub_only(data, now)
             if done is not None:
                 self._last_read = now
-                broker = self.factory.broker
-                if broker.dirty or broker.pumping:
-                    client = self.client
-                    if client is not None and client.out:
-                        client.flush()
-                    self.factory.settle_soon()
-                else:
-                    broker.flush()
+                self._answer_and_settle()
                 if not done:
                     self._fast = False
                     self._close()
@@ -313,16 +306,7 @@ class NsqdProtocol(Protocol):
                 self._wait_sync(gen)
         if session.suspended is not None and not self._auth_pending:
             self._ask_auth_server(session.suspended[1])
-        broker = self.factory.broker
-        if broker.dirty or broker.pumping:
-            # this client's answers (a publisher's OK) go out before the deliveries its
-            # commands made possible are framed: the publisher waits on them
-            client = self.client
-            if client is not None and client.out:
-                client.flush()
-            self.factory.settle_soon()
-        else:
-            broker.flush()  # nothing to deliver: just write the answers
+        self._answer_and_settle()
         if self._eof_pending and not session.busy and self._more_call is None:
             self._eof_pending = False
             self.readConnectionLost()
@@ -337,6 +321,20 @@ class NsqdProtocol(Protocol):
         else:
             self._fast = session.fast and self._codec is None and self._more_call is None and \
                 self._magic_call is None and not self._auth_pending
+
+    def _answer_and_settle(self) -> None:
+        """After a read: write this client's answers, then deliver what the read made possible
+        (now, or once the reactor's turn ends: see :meth:`NsqdFactory.defer_settling`)."""
+        broker = self.factory.broker
+        if broker.dirty or broker.pumping:
+            # the answers (a publisher's OK) go out before the deliveries are framed: the
+            # publisher waits on them
+            client = self.client
+            if client is not None and client.out:
+                client.flush()
+            self.factory.settle_soon()
+        else:
+            broker.flush()  # nothing to deliver: just write the answers
 
     def _decode_more(self) -> None:
         self._more_call = None
