@@ -49,6 +49,9 @@ from collections.abc import Callable
 
 from twisted.internet.epollreactor import EPollReactor
 from twisted.logger import Logger
+from zope.interface import implementer
+
+from .turn import IReactorTurnHooks
 
 __all__ = ["SpinningEPollReactor", "SpinPolicy", "install", "install_if_unset", "DEFAULT_SPIN_US"]
 
@@ -124,8 +127,17 @@ class SpinPolicy:
         return self.spin
 
 
+@implementer(IReactorTurnHooks)
 class SpinningEPollReactor(EPollReactor):
-    """``EPollReactor`` that spins (non-blocking polls) for a moment after activity."""
+    """``EPollReactor`` that spins (non-blocking polls) for a moment after activity.
+
+    Each event is handled in isolation, as ``EPollReactor`` handles it: an
+    exception escaping one connection's handlers (its ``connectionLost``, say)
+    is logged and the poll's other events are still handled.  It declares
+    :class:`~nsqtw.turn.IReactorTurnHooks`: hooks run after each poll's events
+    (also when one failed), which lets :class:`~nsqtw.turn.TurnBatcher` run its
+    end-of-turn work without scheduling a call; the work and its timing are
+    the same on every reactor."""
 
     def __init__(self, spin_seconds: float | None = None, adapt: bool | None = None) -> None:
         self.spin_seconds = _spin_from_env() if spin_seconds is None else spin_seconds
@@ -137,22 +149,14 @@ class SpinningEPollReactor(EPollReactor):
         self._policy = SpinPolicy(perf_counter()) if adapt and self.spin_seconds else None
         self._window_end = 0.0 if self._policy is None else self._policy.start + SpinPolicy.WINDOW
         self._events = 0
-        #: True while the events of one poll are being handled (see :meth:`after_dispatch`)
+        #: True while the events of one poll are being handled (IReactorTurnHooks)
         self.dispatching = False
         self._after_dispatch: list[Callable[[], None]] = []
         super().__init__()
 
-    def after_dispatch(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` after the events of every poll have all been handled.
-
-        A protocol that works in batches (nsqd's delivery) may put off work its reads
-        made possible while :attr:`dispatching` is true and do it once, here, for every
-        read of the poll."""
+    def call_after_dispatch(self, fn: Callable[[], None]) -> None:
+        """IReactorTurnHooks: call ``fn`` once, after the events of the poll being handled."""
         self._after_dispatch.append(fn)
-
-    def remove_after_dispatch(self, fn: Callable[[], None]) -> None:
-        if fn in self._after_dispatch:
-            self._after_dispatch.remove(fn)
 
     def doPoll(self, timeout: float | None) -> None:
         poll = self._poller.poll
@@ -185,14 +189,20 @@ class SpinningEPollReactor(EPollReactor):
             for fd, event in events:
                 selectable = selectables.get(fd)
                 if selectable is not None:
-                    drdw(selectable, fd, event)
+                    try:
+                        drdw(selectable, fd, event)
+                    except BaseException:  # as EPollReactor (callWithLogger): log it, go on
+                        _log.failure("while handling an event of {selectable!r}", selectable=selectable)
         finally:
             self.dispatching = False
-        for fn in self._after_dispatch:
-            try:
-                fn()
-            except Exception:
-                _log.failure("after the events of a poll")
+            hooks = self._after_dispatch
+            if hooks:
+                self._after_dispatch = []
+                for fn in hooks:
+                    try:
+                        fn()
+                    except Exception:
+                        _log.failure("after the events of a poll")
         policy = self._policy
         if policy is not None:
             self._events += len(events)

@@ -35,14 +35,19 @@ class SyncWorker(Service):
     """
 
     def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
-                 name: str = "nsqtw-diskqueue-sync") -> None:
+                 name: str = "nsqtw-diskqueue-sync", turn: Any = None) -> None:
+        """``turn`` (a :class:`~nsqtw.turn.TurnBatcher`) runs the end-of-turn sync submission
+        with the broker's other end-of-turn work; without it, one of its own on the clock."""
         self.reactor = reactor
         self.clock = clock if clock is not None else reactor
+        if turn is None and self.clock is not None:
+            from ..turn import TurnBatcher
+            turn = TurnBatcher(self.clock)
+        self._turn = turn
         self.threaded = threaded and reactor is not None
         self.setName(name)  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         self._pool: Any = None
         self._dirty: dict[int, DiskQueue] = {}
-        self._turn_call: Any = None
         self._unsynced: dict[int, DiskQueue] = {}
         self.jobs = 0
 
@@ -106,19 +111,10 @@ class SyncWorker(Service):
             queue._end_turn()
             return
         self._dirty[id(queue)] = queue
-        if self._turn_call is None:
-            self._turn_call = self.clock.callLater(0, self._turn)
-
-    def _turn(self) -> None:
-        self._turn_call = None
-        self.end_turn()
+        self._turn.soon(self.end_turn)
 
     def end_turn(self) -> None:
         """Submit the syncs queues asked for now (the glue may call this at the end of settle)."""
-        if self._turn_call is not None:
-            if self._turn_call.active():
-                self._turn_call.cancel()
-            self._turn_call = None
         dirty = self._dirty
         while dirty:
             _, q = dirty.popitem()

@@ -324,7 +324,7 @@ class Broker:
     def publish(self, topic_name: str, bodies: Sequence[bytes], now: float, uniform: int | None = None) -> Topic:
         """Queue bodies on a topic (created if needed); all or nothing."""
         topic = self.get_topic(topic_name, now)
-        topic.check_room(len(bodies))
+        topic.check_room(len(bodies))  # before IDs and frames are made for a refused batch
         run, nbytes = self.make_run(bodies, now, uniform)
         self._put(topic, run, nbytes)
         return topic
@@ -340,19 +340,14 @@ class Broker:
             self.health = "OK"
 
     def publish_one(self, topic_name: str, body: bytes, now: float) -> Topic:
-        """:meth:`publish` of one body (a PUB): the same checks and effects, fewer steps."""
+        """:meth:`publish` of one body (a PUB): the same checks and effects; its frame is
+        made in one step."""
         topic = self.topics.get(topic_name)
         if topic is None:
             topic = self.get_topic(topic_name, now)
         ts = int(now * 1e9)
         frame = b"".join((_HEAD(len(body) + 30, 2, ts, 1), self.guid.new_id(ts), body))
-        try:
-            topic.put_new((frame, _ONE, len(frame)), len(body))  # check_room(1), then put
-        except BackendError as e:
-            self.health = f"NOK - {e}"
-            raise
-        if self.health != "OK":
-            self.health = "OK"
+        self._put(topic, (frame, _ONE, len(frame)), len(body))
         return topic
 
     def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:

@@ -126,13 +126,6 @@ class ClientState:
             self._outbox.append(self)
         self.out.append(data)
 
-    def send_now(self, data: bytes) -> None:
-        """Write ``data`` at once when nothing is queued before it, else queue it behind."""
-        if self.out:
-            self.send(data)
-        else:
-            self.writer(data)
-
     def flush(self) -> None:
         out = self.out
         if out:

@@ -72,41 +72,35 @@ class Topic:
 
     # --- publishing ---------------------------------------------------------
 
-    def check_room(self, n: int) -> None:
-        """Refuse, before anything is stored, a publish some queue cannot hold."""
+    def _direct(self) -> bool:
+        """A publish goes straight to the channels (none waits at the topic, none held)."""
+        return bool(self.channels) and not self.paused and not self.holds \
+            and not self.mem.depth() and not self.backend.depth()
+
+    def check_room(self, n: int, direct: bool | None = None) -> bool:
+        """Refuse, before anything is stored, a publish of ``n`` messages some queue cannot
+        hold; returns the route it takes (True: straight to the channels)."""
         if self.exiting:
             raise Exiting()
-        if self.flowing() and not self.mem.depth() and not self.backend.depth():
+        if direct is None:
+            direct = self._direct()
+        if direct:
             for ch in self.channels.values():
                 if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
                     raise QueueFull(f"channel {self.name}:{ch.name} is full")
         elif not getattr(self.backend, "accepts_all", True) and self.mem.room() < n:
             raise QueueFull(f"topic {self.name} is full")
+        return direct
 
     def put(self, run: Run, nbytes: int) -> None:
-        """Store a run (to every channel while flowing, else in the topic's own queue); counted
-        in ``message_count`` only for what was stored, as nsqd counts (a refused write, say a
-        full disk, is not a message of the topic)."""
-        if self.flowing() and not self.mem.depth() and not self.backend.depth():
+        """The one way a publish is stored: :meth:`check_room` (all or nothing), then to every
+        channel while flowing, else to the topic's own queue; counted in ``message_count`` only
+        for what was stored, as nsqd counts (a refused write, say a full disk, is not a
+        message of the topic)."""
+        if self.check_room(run_count(run)):
             self._put_channels(run, nbytes)
         else:
             self._put_queued(run, nbytes)
-
-    def put_new(self, run: Run, nbytes: int) -> None:
-        """:meth:`check_room` then :meth:`put`, deciding the route once (a PUB's path)."""
-        if self.exiting:
-            raise Exiting()
-        if self.channels and not self.paused and not self.holds and not self.mem.depth() \
-                and not self.backend.depth():
-            n = len(run[1])
-            for ch in self.channels.values():
-                if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
-                    raise QueueFull(f"channel {self.name}:{ch.name} is full")
-            self._put_channels(run, nbytes)
-            return
-        if not getattr(self.backend, "accepts_all", True) and self.mem.room() < len(run[1]):
-            raise QueueFull(f"topic {self.name} is full")
-        self._put_queued(run, nbytes)
 
     def _put_channels(self, run: Run, nbytes: int) -> None:
         stored = False

@@ -207,11 +207,12 @@ class V2Session:
         self._chunks: list[bytes] = []
         self._wanted = 0
         self._magic = False
-        #: nothing is pending (no partial command, no held answer, no suspension, no upgrade),
-        #: so a read holding one whole PUB may go to :meth:`pub_only`; set by feed() alone
-        self.fast = False
-        #: the topic of this connection's last PUB, as sent and as validated (for pub_only)
+        #: this read's answers (returned by feed)
+        self._out: list[bytes] = []
+        #: the topic of this connection's last PUB, as sent and as validated (feed's first
+        #: branch); never set while PUBs need authorization or an fsync before their OK
         self._pub_raw: bytes | None = None
+        self._plain_pub = not sync_publish and authorizer is None
         self._pub_name = ""
         opts = broker.options
         self._max_msg_size = opts.max_msg_size
@@ -236,9 +237,34 @@ class V2Session:
 
     # --- the read loop -----------------------------------------------------------
 
-    def feed(self, data: bytes, now: float) -> bool:
-        """Handle bytes from the client; False once the connection must close."""
-        self.fast = False
+    def feed(self, data: bytes, now: float) -> tuple[bytes, bool]:
+        """Handle bytes from the client: (the answers to write, False once the connection
+        must close).  Deliveries are not answers: the broker frames them when it settles.
+
+        The first branch is the commonest read of all, one whole ``PUB`` to the topic of this
+        connection's last PUB while nothing is pending (no partial command, no MPUB walk, no
+        upgrade): the same checks, effects and answer as the loop below, fewer steps."""
+        if data[:4] == b"PUB " and self._pub_raw is not None and not self._buf and not self._wanted \
+                and self._walk is None and self.upgrade is None and not self.closed:
+            nl = data.find(b"\n", 4)
+            if 0 < nl and nl + 5 <= len(data) and data[4:nl] == self._pub_raw:
+                size: int = _I32(data, nl + 1)[0]
+                if nl + 5 + size == len(data) and 0 < size <= self._max_msg_size:
+                    try:
+                        self._publish_one(self._pub_name, data[nl + 5:], now)
+                    except NSQError as e:
+                        return encode_frame(FRAME_ERROR, e.wire()), self._fail()
+                    self.commands += 1
+                    return OK_FRAME, True
+        keep = self._feed(data, now)
+        out = self._out
+        if not out:
+            return b"", keep
+        answer = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        return answer, keep
+
+    def _feed(self, data: bytes, now: float) -> bool:
         if self.closed:
             return False
         if self.suspended is not None:
@@ -266,7 +292,7 @@ class V2Session:
                 self._buf = buf
                 return True
             if buf[:4] != MAGIC_V2:
-                self.client.send(encode_frame(FRAME_ERROR, BadProtocol.code))
+                self._out.append(encode_frame(FRAME_ERROR, BadProtocol.code))
                 self.closed = True
                 return False
             self._magic = True
@@ -348,46 +374,18 @@ class V2Session:
                 self._buf = buf[cmd_pos:]
                 self.suspended = sus.request
                 return True
-        # every command of the read is done and nothing waits: the next read may take the
-        # PUB fast path, unless answers wait for fsyncs or commands need authorization
-        self.fast = not self.sync_publish and self.authorizer is None and \
-            not (self._tls_required and not client.tls)
         return True
 
-    def pub_only(self, data: bytes, now: float) -> bool | None:
-        """:meth:`feed` for a read that is exactly one whole ``PUB <topic>\\n<size><body>`` to
-        the topic of this connection's last PUB, while :attr:`fast` says nothing is pending;
-        the same checks, effects and answer as feed, fewer steps.  None (nothing done) when the
-        read is anything else: then ``feed`` it.  Most producers send one PUB per round trip."""
-        nl = data.find(b"\n", 4)
-        if nl < 0 or nl + 5 > len(data) or data[4:nl] != self._pub_raw:
-            return None
-        size: int = _I32(data, nl + 1)[0]
-        if nl + 5 + size != len(data) or size <= 0 or size > self._max_msg_size:
-            return None  # a partial or longer read, or one feed answers with an error
-        name = self._pub_name
-        try:
-            self.broker.publish_one(name, data[nl + 5:], now)
-        except BrokerError as e:
-            self.client.send(encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {e}").wire()))
-            return self._fail()
-        self.commands += 1
-        client = self.client
-        counts = client.pub_counts
-        counts[name] = counts.get(name, 0) + 1
-        client.send_now(OK_FRAME)  # a deliverable message it made goes after the OK, as in feed
-        return True
-
-    def eof(self) -> None:
+    def eof(self) -> bytes:
         """The client shut its sending side (a half-close, or EOF): as nsqd, answer a command
         whose size or body it cut short with nsqd's fatal error (queued like any answer), and
-        read nothing more.  A cut inside a command line, or between commands, gets no answer."""
+        read nothing more.  A cut inside a command line, or between commands, gets no answer.
+        Returns the answer (empty when there is none)."""
         if self.closed:
-            return
+            return b""
         self.closed = True
-        self.fast = False
         if self.suspended is not None or not self._magic:
-            return
+            return b""
         data = b"".join(self._chunks) if self._wanted else self._buf
         self._chunks = []
         self._wanted = 0
@@ -399,7 +397,7 @@ class V2Session:
         else:
             nl = data.find(b"\n")
             if nl < 0:
-                return  # nsqd: "failed to read command" at EOF closes without a frame
+                return b""  # nsqd: "failed to read command" at EOF closes without a frame
             line = data[:nl]
             if line[-1:] == b"\r":
                 line = line[:-1]
@@ -421,6 +419,9 @@ class V2Session:
                     err = _cut_mpub_message(data, nl + 9, 0)
         if err is not None:
             self._respond(encode_frame(FRAME_ERROR, err.wire()))
+        out = b"".join(self._out)
+        self._out.clear()
+        return out
 
     def _waiting(self, w: _Wait) -> None:
         if isinstance(w, _Yield):
@@ -435,7 +436,6 @@ class V2Session:
         """A fatal error: nothing more is read, and nothing more is delivered to this client
         while its connection closes (its in-flight messages go back at once)."""
         self.closed = True
-        self.fast = False
         self._walk = None
         self.client.rdy = 0
         return False
@@ -458,7 +458,7 @@ class V2Session:
         """Queue a response, behind any answer still waiting for its fsync (order is kept)."""
         held = self._held
         if held is None:
-            self.client.send(frame)
+            self._out.append(frame)
         else:
             held.append((self._next_gen if self._want_sync else self._last_gen, frame))
 
@@ -478,23 +478,22 @@ class V2Session:
         self._want_sync = False
         return gen
 
-    def synced(self, gen: int) -> None:
-        """The fsync for ``gen`` is done: send the answers it held."""
+    def synced(self, gen: int) -> bytes:
+        """The fsync for ``gen`` is done: the answers it held, to write."""
         held = self._held
         if held is None:
-            return
+            return b""
         ready = [frame for g, frame in held if g <= gen]
         rest = [(g, frame) for g, frame in held if g > gen]
         self._held = rest or None
-        if ready:
-            self.client.send(b"".join(ready))
+        return b"".join(ready)
 
-    def sync_failed(self, gen: int, reason: str) -> None:
-        """The fsync failed: the publishes it covered are refused and the connection closes."""
+    def sync_failed(self, gen: int, reason: str) -> bytes:
+        """The fsync failed: the publishes it covered are refused and the connection closes;
+        returns the error frame to write."""
         self._held = None
-        self.client.send(encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {reason}").wire()))
         self.closed = True
-        self.fast = False
+        return encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {reason}").wire())
 
     @property
     def holding(self) -> bool:
@@ -656,21 +655,23 @@ class V2Session:
             raise _Wait(stop - end)
         if self.authorizer is not None:
             self._check_auth("PUB", topic_name, "", now)
+        self._publish_one(topic_name, buf[start + 4:stop], now)
+        if self._plain_pub:
+            self._pub_raw = params[1]  # the next read may take feed's first branch
+            self._pub_name = topic_name
+        else:
+            self._published()
+        self._respond(OK_FRAME)
+        return stop
+
+    def _publish_one(self, topic_name: str, body: bytes, now: float) -> None:
+        """A PUB's store and count (both of feed's ways to a PUB come here)."""
         try:
-            self.broker.publish_one(topic_name, buf[start + 4:stop], now)
+            self.broker.publish_one(topic_name, body, now)
         except BrokerError as e:
             raise PubFailed(f"PUB failed {e}") from None
         counts = self.client.pub_counts
         counts[topic_name] = counts.get(topic_name, 0) + 1
-        self._pub_raw = params[1]
-        self._pub_name = topic_name
-        if self.sync_publish:
-            self._published()
-        if self._held is None:
-            self.client.send(OK_FRAME)
-        else:
-            self._respond(OK_FRAME)
-        return stop
 
     def _dpub(self, params: list[bytes], buf: bytes, start: int, end: int, now: float) -> int:
         if len(params) < 3:

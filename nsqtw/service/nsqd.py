@@ -25,6 +25,7 @@ from ..nsqd.scan import ChannelSampler, scan_channels
 from ..nsqd.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError
 from ..tcp.nsqd import NsqdFactory
+from ..turn import TurnBatcher
 from .listen import LazyFactory, ListeningService
 
 __all__ = ["NsqdService", "build_nsqd"]
@@ -88,8 +89,11 @@ class NsqdService(MultiService):
         self.rng = rng or random.Random()
         self.data_path = options.data_path or os.getcwd()
         self.dirlock = DirLock(self.data_path)
+        #: end-of-turn work (delivery settling, sync submission): once per reactor turn, the
+        #: same on every reactor
+        self.turn = TurnBatcher(reactor)
         # first child: MultiService stops children in reverse, so the disk worker stops last
-        self.sync_worker = SyncWorker(reactor, threaded=sync_thread)
+        self.sync_worker = SyncWorker(reactor, threaded=sync_thread, turn=self.turn)
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
         self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
@@ -114,14 +118,10 @@ class NsqdService(MultiService):
                 request_timeout=options.http_client_request_timeout, rng=self.rng)
         self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
                                        sync_barrier=self.sync_barrier if options.sync_every == 1 else None,
-                                       tls_context=self.tls_context, authorizer=self.authorizer)
+                                       tls_context=self.tls_context, authorizer=self.authorizer,
+                                       turn=self.turn)
         self.tcp_factory.noisy = False
         self._settle_call: Any = None
-        self._turn_ended: Any = None
-        if hasattr(reactor, "after_dispatch"):
-            # nsqtw's own reactor: settle deliveries once per turn (see NsqdFactory.defer_settling)
-            self._turn_ended = self.tcp_factory.defer_settling(lambda: reactor.dispatching)
-            reactor.after_dispatch(self._turn_ended)
         self._sampler = ChannelSampler(self.broker.channels, options.queue_scan_refresh_interval)
         self.broker.listeners.append(self._on_event)
         self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP", "tcp-address")
@@ -328,9 +328,6 @@ class NsqdService(MultiService):
             return self._stopping
         broker = self.broker
         broker.close()
-        if self._turn_ended is not None:
-            self.reactor.remove_after_dispatch(self._turn_ended)
-            self._turn_ended = None
         for proto in list(self.tcp_factory.protocols):
             proto._stop_timers()
             proto.transport.loseConnection()

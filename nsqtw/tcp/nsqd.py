@@ -11,12 +11,10 @@ nsqd's read deadline does).
 
 from __future__ import annotations
 
-from errno import EWOULDBLOCK
 from typing import Any
 from collections.abc import Callable
 
 from twisted.internet import defer
-from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.interfaces import (
     IHalfCloseableProtocol, IHandshakeListener, IPushProducer, IReactorTime,
 )
@@ -30,95 +28,14 @@ from ..nsqd.client import ClientState
 from ..nsqd.v2 import Features, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
+from ..turn import TurnBatcher
+from . import seam
 from .address import format_peer
 from .tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
 
 log = Logger(namespace="nsqtw.nsqd")
-
-#: bytes read per system call: fewer, larger reads for publishers, and (with the
-#: standalone allocator tuning) read buffers that never fragment the heap
-READ_SIZE = 256 * 1024
-
-
-_READ_BUF = bytearray(READ_SIZE)
-_READ_VIEW = memoryview(_READ_BUF)
-
-
-def install_fast_read(transport: Any, protocol: Any) -> bool:
-    """Read a plain TCP transport with ``recv_into`` one preallocated buffer.
-
-    Twisted's ``doRead`` is ``socket.recv(bufferSize)``: with a large
-    ``bufferSize`` every read, however small, allocates that much and
-    shrinks it again (and above glibc's mmap threshold, maps and unmaps it).
-    Reading into one reused buffer and copying out only what arrived costs
-    one small allocation.  Errors, EOF and EAGAIN are answered as Twisted's
-    ``Connection.doRead`` answers them.  Undone by :func:`remove_fast_read`
-    before TLS starts (TLS reads through its own protocol layer).
-    """
-    sock = getattr(transport, "socket", None)
-    if sock is None or not hasattr(transport, "_dataReceived"):
-        return False
-    recv_into = sock.recv_into
-    view = _READ_VIEW
-    data_received = protocol.dataReceived
-
-    def doRead() -> Any:
-        try:
-            n = recv_into(view)
-        except OSError as se:
-            if se.args[0] == EWOULDBLOCK:
-                return None
-            return CONNECTION_LOST
-        if not n:
-            return CONNECTION_DONE
-        data_received(view[:n].tobytes())
-        return None
-
-    transport.doRead = doRead
-    return True
-
-
-def remove_fast_read(transport: Any) -> None:
-    if "doRead" in getattr(transport, "__dict__", {}):
-        del transport.doRead
-
-
-def direct_writer(transport: Any) -> Callable[[bytes], None]:
-    """``transport.write`` that sends at once when nothing is waiting in the transport's buffer.
-
-    Twisted's ``write`` only buffers: the bytes go out in the next reactor
-    iteration, after two ``epoll`` modifications (start and stop writing), so
-    every request/answer round trip costs two polls.  Here, when the plain TCP
-    transport has nothing buffered, the answer is sent with one ``send()``
-    right away (as asyncio's transports do); what the socket does not take,
-    and every write while anything is still buffered, goes through
-    ``transport.write`` so order and backpressure stay Twisted's.  A TLS
-    transport, or one that is not a plain socket, gets ``transport.write``.
-    """
-    sock = getattr(transport, "socket", None)
-    fallback = transport.write
-    if sock is None or not hasattr(transport, "_tempDataLen") or not hasattr(transport, "dataBuffer"):
-        return fallback
-    send = sock.send
-
-    def write(data: bytes) -> None:
-        t = transport
-        if t._tempDataLen or t.offset != len(t.dataBuffer) or t.TLS or not t.connected \
-                or t.disconnecting:
-            fallback(data)
-            return
-        try:
-            sent = send(data)
-        except OSError:  # EAGAIN, or an error that the transport's own write reports
-            fallback(data)
-            return
-        if sent < len(data):
-            fallback(data[sent:])
-
-    return write
-
 
 
 @implementer(IPushProducer, IHandshakeListener, IHalfCloseableProtocol)
@@ -150,21 +67,20 @@ class NsqdProtocol(Protocol):
         self._write_deadline: Any = None
         self._auth_pending = False
         self._eof_pending = False
-        #: the next read may take the one-PUB fast path (see dataReceived)
-        self._fast = False
+        #: the eager write and reused-buffer read, on a plain TCP connection (see nsqtw.tcp.seam)
+        self._seam: seam.SocketSeam | None = None
 
     # --- connection lifecycle ------------------------------------------------
 
     def connectionMade(self) -> None:
         factory = self.factory
         now = self.clock.seconds()
-        if hasattr(self.transport, "setTcpNoDelay"):
-            self.transport.setTcpNoDelay(True)  # as Go's connections: small frames go out at once
-        if hasattr(self.transport, "bufferSize"):
-            self.transport.bufferSize = READ_SIZE
-        install_fast_read(self.transport, self)
-        client = factory.broker.new_client(format_peer(self.transport.getPeer()), now)
-        client.writer = direct_writer(self.transport)
+        transport = self.transport
+        if hasattr(transport, "setTcpNoDelay"):
+            transport.setTcpNoDelay(True)  # as Go's connections: small frames go out at once
+        self._seam = seam.attach(transport, self, self.dataReceived) if factory.fast_io else None
+        client = factory.broker.new_client(format_peer(transport.getPeer()), now)
+        client.writer = self._seam.write if self._seam is not None else transport.write
         client.closer = self.transport.loseConnection
         self.client = client
         self.session = V2Session(factory.broker, client, features=factory.features,
@@ -197,7 +113,7 @@ class NsqdProtocol(Protocol):
             client.blocked = False
             if client.channel is not None:
                 self.factory.broker.dirty.add(client.channel)
-                self.clock.callLater(0, self.factory.settle)
+                self.factory.settle_soon()
         if self.transport.connected and not self.transport.disconnecting:
             self.transport.startReading()
 
@@ -218,11 +134,14 @@ class NsqdProtocol(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._stop_timers()
+        if self._seam is not None:
+            self._seam.detach()
+            self._seam = None
         factory = self.factory
         factory.protocols.discard(self)
         if self.client is not None:
             factory.broker.client_gone(self.client, self.clock.seconds())
-            factory.settle()
+            factory.settle_soon()  # its in-flight messages go to the other consumers
 
     # --- IHalfCloseableProtocol: the client stopped sending --------------------------
 
@@ -230,7 +149,6 @@ class NsqdProtocol(Protocol):
         """EOF from the client (a half-close): nsqd answers a command cut inside its body with
         its fatal error (``E_BAD_MESSAGE PUB failed to read message body``...) before it closes;
         answers still held for an fsync go out first."""
-        self._fast = False
         session = self.session
         if session is None:
             self._close()
@@ -238,8 +156,7 @@ class NsqdProtocol(Protocol):
         if session.busy or self._more_call is not None:
             self._eof_pending = True  # what was read is still being worked through: after it
             return
-        session.eof()
-        self.factory.broker.flush()
+        self._write(session.eof())
         if not session.holding:
             self._close()
 
@@ -257,25 +174,10 @@ class NsqdProtocol(Protocol):
     # --- reads ---------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        if self._fast and data[:4] == b"PUB ":
-            # one whole PUB while nothing is pending (how most producers publish): the
-            # session's short path, then the same settling as below
-            now = self.clock.seconds()
-            session = self.session
-            assert session is not None
-            done = session.pub_only(data, now)
-            if done is not None:
-                self._last_read = now
-                self._answer_and_settle()
-                if not done:
-                    self._fast = False
-                    self._close()
-                return
-        self._fast = False
-        now = self.clock.seconds()
         session = self.session
         if session is None:
             return
+        now = self.clock.seconds()
         codec = self._codec
         if codec is not None:
             try:
@@ -289,7 +191,13 @@ class NsqdProtocol(Protocol):
                 # a highly compressed read: decode the rest in later turns, a bounded piece each
                 self._more_call = self.clock.callLater(0, self._decode_more)
         done_before = session.commands
-        keep = session.feed(data, now)
+        answer, keep = session.feed(data, now)
+        if answer:
+            self._write(answer)  # a publisher's OK goes out before any delivery is framed
+        factory = self.factory
+        broker = factory.broker
+        if broker.dirty or broker.pumping or broker.outbox:
+            factory.settle_soon()  # deliveries: once, when this reactor turn's reads are done
         if session.commands != done_before:
             # nsqd's read deadline is set once per command: only a whole command resets it,
             # so a client cannot hold its connection by dribbling bytes
@@ -298,6 +206,9 @@ class NsqdProtocol(Protocol):
             self._magic_call.cancel()
             self._magic_call = None
             self._start_heartbeats()
+        if keep and session.upgrade is None and not session.busy and not session._want_sync \
+                and session.suspended is None and not self._eof_pending:
+            return  # nothing more to do for this read (the commonest case)
         if session.busy and self._more_call is None:
             self._more_call = self.clock.callLater(0, self._decode_more)  # its work goes on next turn
         if session._want_sync:
@@ -306,7 +217,6 @@ class NsqdProtocol(Protocol):
                 self._wait_sync(gen)
         if session.suspended is not None and not self._auth_pending:
             self._ask_auth_server(session.suspended[1])
-        self._answer_and_settle()
         if self._eof_pending and not session.busy and self._more_call is None:
             self._eof_pending = False
             self.readConnectionLost()
@@ -318,23 +228,18 @@ class NsqdProtocol(Protocol):
                 self._close()
         elif session.upgrade is not None:
             self._upgrade(session.upgrade)
-        else:
-            self._fast = session.fast and self._codec is None and self._more_call is None and \
-                self._magic_call is None and not self._auth_pending
 
-    def _answer_and_settle(self) -> None:
-        """After a read: write this client's answers, then deliver what the read made possible
-        (now, or once the reactor's turn ends: see :meth:`NsqdFactory.defer_settling`)."""
-        broker = self.factory.broker
-        if broker.dirty or broker.pumping:
-            # the answers (a publisher's OK) go out before the deliveries are framed: the
-            # publisher waits on them
-            client = self.client
-            if client is not None and client.out:
-                client.flush()
-            self.factory.settle_soon()
+    def _write(self, data: bytes) -> None:
+        """Write this connection's own answers, behind anything already queued for it."""
+        if not data:
+            return
+        client = self.client
+        assert client is not None
+        if client.out:
+            client.send(data)
+            client.flush()
         else:
-            broker.flush()  # nothing to deliver: just write the answers
+            client.writer(data)
 
     def _decode_more(self) -> None:
         self._more_call = None
@@ -353,7 +258,9 @@ class NsqdProtocol(Protocol):
             # the TLS layer must read the handshake whatever its buffers say: register
             # again as producer once the handshake is done (handshakeCompleted)
             transport.unregisterProducer()
-            remove_fast_read(transport)
+            if self._seam is not None:
+                self._seam.detach()  # TLS reads and writes through its own layer
+                self._seam = None
             transport.startTLS(self.factory.tls_context)
             client.writer = transport.write  # from now on through the TLS layer
             client.tls = True
@@ -410,8 +317,8 @@ class NsqdProtocol(Protocol):
             session = self.session
             if session is None:
                 return
-            session.synced(gen)
-            self.factory.settle()
+            self._write(session.synced(gen))
+            self.factory.settle_soon()
             if session.closed and not session.holding:
                 self._close()
 
@@ -419,14 +326,13 @@ class NsqdProtocol(Protocol):
             session = self.session
             if session is None:
                 return
-            session.sync_failed(gen, f.getErrorMessage())
-            self.factory.settle()
+            self._write(session.sync_failed(gen, f.getErrorMessage()))
+            self.factory.settle_soon()
             self._close()
 
         d.addCallbacks(synced, failed)
 
     def _close(self) -> None:
-        self._fast = False
         self._stop_timers()
         self.transport.loseConnection()
 
@@ -480,7 +386,11 @@ class NsqdFactory(Factory):
     def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
                  authorizer: Any = None, settle: Callable[[], None] | None = None,
                  sync_barrier: Callable[[], Any] | None = None,
-                 tls_context: Any = None) -> None:
+                 tls_context: Any = None, turn: TurnBatcher | None = None,
+                 fast_io: bool = True) -> None:
+        """``turn`` runs the end-of-turn work (a batcher of its own on ``clock`` when not
+        given); ``fast_io=False`` keeps every connection on Twisted's own reads and writes
+        (see :mod:`nsqtw.tcp.seam`)."""
         self.broker = broker
         self.sync_barrier = sync_barrier
         self.tls_context = tls_context
@@ -488,44 +398,20 @@ class NsqdFactory(Factory):
         self.features = features
         self.authorizer = authorizer
         self.protocols: set[NsqdProtocol] = set()
+        self.fast_io = fast_io
         self._settle = settle
-        self._dispatching: Callable[[], bool] | None = None
-        self._settle_wanted = False
+        self.turn = turn if turn is not None else TurnBatcher(clock)
 
     def buildProtocol(self, addr: Any) -> NsqdProtocol:
         return NsqdProtocol(self)
 
-    def defer_settling(self, dispatching: Callable[[], bool]) -> Callable[[], None]:
-        """Settle once per reactor turn instead of after every read.
-
-        ``dispatching()`` tells whether the reactor is handling a poll's events; while
-        it is, a read's deliveries wait (its own answers go out at once) and the
-        returned callable, which the reactor must call after the events, settles them
-        all together: every read of the turn is parsed first (a publisher's ``OK``
-        is not held up by deliveries), and each consumer gets one write per turn.
-        Reads outside the dispatch (timers, callbacks) still settle at once.
-        """
-        self._dispatching = dispatching
-
-        def turn_ended() -> None:
-            if self._settle_wanted:
-                self._settle_wanted = False
-                self.settle()
-
-        return turn_ended
-
     def settle_soon(self) -> None:
-        """Settle now, or at the end of this reactor turn (see :meth:`defer_settling`)."""
-        dispatching = self._dispatching
-        if dispatching is not None and dispatching():
-            self._settle_wanted = True
-        else:
-            self.settle()
+        """Deliver what became deliverable at the end of this reactor turn (once per turn,
+        however many reads asked: each consumer gets one write)."""
+        self.turn.soon(self.settle)
 
     def settle(self) -> None:
-        self._settle_wanted = False
         if self._settle is not None:
             self._settle()
         else:
             self.broker.settle(self.clock.seconds())
-

@@ -116,11 +116,13 @@ class SansIOConn:
         """One read; what the glue does besides settling (answer a suspended AUTH at once)."""
         if not self.open:
             return False
-        keep = self.session.feed(data, self.now)
+        answer, keep = self.session.feed(data, self.now)
+        self.out.extend(answer)
         self.results.append(keep)
         while keep and self.session.suspended is not None:
             self.session.resume(self.auth_result)
-            keep = self.session.feed(b"", self.now)
+            answer, keep = self.session.feed(b"", self.now)
+            self.out.extend(answer)
             self.results.append(keep)
         if not keep:
             self.open = False

@@ -90,7 +90,8 @@ class Wire:
     def send(self, data: bytes) -> bool:
         """Feed one read; False once the server closed the connection."""
         assert self.alive, "connection already closed"
-        keep = self.session.feed(data, self.h.now)
+        answer, keep = self.session.feed(data, self.h.now)
+        self.raw.extend(answer)  # the glue writes a read's answers, then settles
         self.h.settle()
         if not keep:
             self.alive = False
