@@ -51,6 +51,7 @@ from twisted.internet.epollreactor import EPollReactor
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from .seam import epoll_parts
 from .turn import IReactorTurnHooks
 
 __all__ = ["SpinningEPollReactor", "SpinPolicy", "install", "install_if_unset", "DEFAULT_SPIN_US"]
@@ -159,8 +160,8 @@ class SpinningEPollReactor(EPollReactor):
         self._after_dispatch.append(fn)
 
     def doPoll(self, timeout: float | None) -> None:
-        poll = self._poller.poll
-        maxevents = len(self._selectables)
+        poll, selectables, drdw = epoll_parts(self)
+        maxevents = len(selectables)
         try:
             spin = self.spin_seconds if self._spin_now else 0
             if self._active and spin and timeout != 0:
@@ -182,8 +183,6 @@ class SpinningEPollReactor(EPollReactor):
             self._active = False
             return
         self._active = True
-        selectables = self._selectables
-        drdw = self._doReadOrWrite
         self.dispatching = True
         try:
             for fd, event in events:

@@ -4,7 +4,7 @@ with the file and line that made it.
 
 The layers, bottom to top:
 
-0. ``errors``, ``options``, ``protocol``, ``reactor``, ``turn``, ``golog``, ``spinreactor``, ``upstream`` and the package root
+0. ``errors``, ``options``, ``protocol``, ``reactor``, ``turn``, ``seam``, ``golog``, ``spinreactor``, ``upstream`` and the package root
 1. ``backend`` (where queued messages live)
 2. ``nsqd``, ``lookupd`` (the sans-IO cores) and ``client``
 3. ``tcp``, ``http``, ``stats``, ``admin`` (transport glue, the HTTP applications, the stats documents)
@@ -27,7 +27,7 @@ PACKAGE = ROOT / "nsqtw"
 
 LAYERS = {
     "nsqtw": 0, "nsqtw.errors": 0, "nsqtw.options": 0, "nsqtw.protocol": 0, "nsqtw.reactor": 0,
-    "nsqtw.golog": 0, "nsqtw.spinreactor": 0, "nsqtw.upstream": 0, "nsqtw.turn": 0,
+    "nsqtw.golog": 0, "nsqtw.spinreactor": 0, "nsqtw.upstream": 0, "nsqtw.turn": 0, "nsqtw.seam": 0,
     "nsqtw.backend": 1,
     "nsqtw.nsqd": 2, "nsqtw.lookupd": 2, "nsqtw.client": 2,
     "nsqtw.tcp": 3, "nsqtw.http": 3, "nsqtw.stats": 3, "nsqtw.admin": 3,

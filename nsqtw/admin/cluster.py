@@ -680,7 +680,7 @@ class Upstream:
 
 
 def _describe(e: BaseException) -> str:
-    from twisted.web._newclient import ResponseNeverReceived, RequestTransmissionFailed
+    from twisted.web.client import RequestTransmissionFailed, ResponseNeverReceived
     if isinstance(e, (ResponseNeverReceived, RequestTransmissionFailed)):
         reasons = getattr(e, "reasons", None) or []
         return "; ".join(r.getErrorMessage() for r in reasons) or e.__class__.__name__

@@ -47,8 +47,8 @@ def exit_1_on_loss(reactor: Any, lost: Callable[[], int]) -> None:
     def check() -> None:
         if not lost():
             return
-        if getattr(reactor, "_exitSignal", None) is not None:
-            reactor._exitSignal = None  # twistd reads it after the reactor returns
+        from ..seam import clear_exit_signal
+        clear_exit_signal(reactor)
 
         def exit_1() -> None:
             for stream in (sys.stdout, sys.stderr):

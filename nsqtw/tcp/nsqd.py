@@ -28,8 +28,8 @@ from ..nsqd.client import ClientState
 from ..nsqd.v2 import Features, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
+from .. import seam
 from ..turn import TurnBatcher
-from . import seam
 from .address import format_peer
 from .tls import tls_details
 
@@ -67,7 +67,7 @@ class NsqdProtocol(Protocol):
         self._write_deadline: Any = None
         self._auth_pending = False
         self._eof_pending = False
-        #: the eager write and reused-buffer read, on a plain TCP connection (see nsqtw.tcp.seam)
+        #: the eager write and reused-buffer read, on a plain TCP connection (see nsqtw.seam)
         self._seam: seam.SocketSeam | None = None
 
     # --- connection lifecycle ------------------------------------------------
@@ -390,7 +390,7 @@ class NsqdFactory(Factory):
                  fast_io: bool = True) -> None:
         """``turn`` runs the end-of-turn work (a batcher of its own on ``clock`` when not
         given); ``fast_io=False`` keeps every connection on Twisted's own reads and writes
-        (see :mod:`nsqtw.tcp.seam`)."""
+        (see :mod:`nsqtw.seam`)."""
         self.broker = broker
         self.sync_barrier = sync_barrier
         self.tls_context = tls_context

@@ -13,7 +13,7 @@ from typing import Any
 
 from OpenSSL import SSL
 from twisted.internet import ssl
-from twisted.internet._sslverify import TLSVersion
+from twisted.internet.ssl import TLSVersion
 
 from ..options import NsqdOptions
 

@@ -30,7 +30,7 @@ from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import MAGIC_V2, FrameDecoder
 from nsqtw.spinreactor import SpinningEPollReactor
 from nsqtw.stats.snapshot import broker_stats
-from nsqtw.tcp import seam
+from nsqtw import seam
 from nsqtw.tcp.nsqd import NsqdFactory
 from nsqtw.turn import IReactorTurnHooks, TurnBatcher
 
@@ -411,3 +411,17 @@ def test_any_split_of_a_publishers_stream_equals_one_read(commands: list[bytes],
         assert _serve(stream, cuts, fast_io) == whole
     assert _serve(stream, [], False) == whole
 
+
+
+def test_twisteds_private_attributes_are_read_in_nsqtw_seam_only() -> None:
+    """The transport's buffers and socket, the reactor's poller and twistd's exit signal are
+    read in one guarded module; no other module imports a private Twisted module either."""
+    import re
+    from pathlib import Path
+
+    root = Path(seam.__file__).resolve().parent
+    private = re.compile(r"\._(tempData\w*|aborting|writeDisconnected|poller|selectables|doReadOrWrite"
+                         r"|exitSignal|dataReceived)\b|\bdataBuffer\b|twisted\.\w+\._\w+|\.socket\.(send|recv)")
+    found = [f"{path.relative_to(root)}:{i}" for path in root.rglob("*.py") if path.name != "seam.py"
+             for i, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert found == []

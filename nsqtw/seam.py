@@ -1,5 +1,13 @@
 """
-The one place nsqtw touches Twisted's TCP transport internals.
+The one place nsqtw reads Twisted's private attributes: the TCP transport's
+buffers and socket, the epoll reactor's poller, and twistd's exit signal.
+
+Each use is guarded: it checks that the attributes it needs are there (a
+Twisted release that renamed them turns the speed-up off, never breaks a
+connection), and everything else in nsqtw uses Twisted's public interfaces.
+
+The socket seam
+---------------
 
 Two things make a request/answer broker fast on Twisted's TCP transport, and
 both need its private state:
@@ -36,7 +44,7 @@ from twisted.internet import tcp
 from twisted.internet.interfaces import ISSLTransport
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 
-__all__ = ["SocketSeam", "attach", "ENABLED", "READ_SIZE"]
+__all__ = ["SocketSeam", "attach", "ENABLED", "READ_SIZE", "epoll_parts", "clear_exit_signal"]
 
 #: the one switch: False makes :func:`attach` attach nothing (plain Twisted I/O everywhere)
 ENABLED = os.environ.get("NSQTW_FAST_IO", "1") != "0"
@@ -104,12 +112,40 @@ class SocketSeam:
             del t.doRead
 
 
+#: what the seam reads of a tcp.Server (checked on every connection it attaches to)
+_SERVER_NEEDS = ("socket", "_tempDataLen", "dataBuffer", "offset", "connected", "disconnecting",
+                 "_aborting", "_writeDisconnected", "TLS", "protocol", "doRead")
+
+
 def attach(transport: Any, protocol: Any, data_received: Callable[[bytes], None]) -> SocketSeam | None:
     """A :class:`SocketSeam` on ``transport`` if it is a plain TCP connection of ``protocol``'s."""
     if not ENABLED or type(transport) is not tcp.Server:
         return None
+    if not all(hasattr(transport, name) for name in _SERVER_NEEDS):
+        return None  # a Twisted whose transport differs: plain Twisted I/O
     if transport.protocol is not protocol or ISSLTransport.providedBy(transport) or transport.TLS:
         return None
-    if getattr(transport, "socket", None) is None:
+    if transport.socket is None:
         return None
     return SocketSeam(transport, data_received)
+
+
+# --- the epoll reactor's poll (for nsqtw.spinreactor) ------------------------------------------
+
+def epoll_parts(reactor: Any) -> tuple[Callable[..., Any], dict[int, Any], Callable[[Any, int, int], None]]:
+    """``(poll, selectables by fd, handle one event)`` of an ``EPollReactor``: what a
+    ``doPoll`` of its own needs.  Raises ``TypeError`` naming what is missing."""
+    missing = [name for name in ("_poller", "_selectables", "_doReadOrWrite") if not hasattr(reactor, name)]
+    if missing:
+        raise TypeError(f"this Twisted's EPollReactor has no {', '.join(missing)}: "
+                        "nsqtw's spin reactor cannot run on it (use Twisted's epoll reactor)")
+    return reactor._poller.poll, reactor._selectables, reactor._doReadOrWrite
+
+
+# --- twistd ------------------------------------------------------------------------------------
+
+def clear_exit_signal(reactor: Any) -> None:
+    """Make twistd exit with the status nsqtw sets rather than the signal that stopped the
+    reactor (twistd reads ``reactor._exitSignal`` after the reactor returns)."""
+    if getattr(reactor, "_exitSignal", None) is not None:
+        reactor._exitSignal = None
