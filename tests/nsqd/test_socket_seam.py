@@ -407,8 +407,14 @@ def test_any_split_of_a_publishers_stream_equals_one_read(commands: list[bytes],
                for c in published if c.startswith((b"PUB t\n", b"MPUB t\n")))
     frames = FrameDecoder().feed(whole[1])
     assert frames[0] == (0, b"OK") and len(frames) - 1 == to_t  # SUB's OK, then every message to t
+    # each command a read of its own: a PUB then takes feed's first branch
+    bounds = [len(MAGIC_V2)]
+    for c in commands:
+        bounds.append(bounds[-1] + len(c))
+    bounds = bounds[:-1] if not bad_end else bounds
     for fast_io in (True, False):
         assert _serve(stream, cuts, fast_io) == whole
+        assert _serve(stream, bounds, fast_io) == whole
     assert _serve(stream, [], False) == whole
 
 
