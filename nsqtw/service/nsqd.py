@@ -149,8 +149,6 @@ class NsqdService(MultiService):
         #: messages that could not be written at a clean shutdown (the disk refused them)
         self.lost_at_shutdown = 0
         _LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
-        from ..stats.memory import release_free_memory
-        _LoopService(reactor, 1.0, release_free_memory, "memory-trim").setServiceParent(self)
         if options.stats_export_path:
             from ..stats.export import StatsExportService
             StatsExportService(self).setServiceParent(self)

@@ -5,7 +5,8 @@ Go reports its runtime's heap; nsqtw reports the Python process it is:
 ``heap_objects`` is the interpreter's allocated block count,
 ``heap_in_use_bytes`` the resident set, ``heap_idle_bytes`` and
 ``heap_released_bytes`` the file-backed and swapped parts, the GC pause
-percentiles come from timing the collector with ``gc.callbacks``, and
+percentiles come from timing the collector with ``gc.callbacks`` (in the
+daemons only: see :func:`install_gc_timing`; embedded they are 0), and
 ``next_gc_bytes`` is how many allocations remain before the next young
 collection.  The names stay NSQ's so dashboards and statsd graphs keep working.
 """
@@ -18,7 +19,8 @@ import sys
 import time
 from collections import deque
 
-__all__ = ["mem_stats", "rss_bytes", "MEM_KEYS", "release_free_memory", "tune_allocator"]
+__all__ = ["mem_stats", "rss_bytes", "MEM_KEYS", "release_free_memory", "tune_allocator",
+           "install_gc_timing"]
 
 MEM_KEYS = (
     "heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
@@ -38,8 +40,13 @@ def _gc_callback(phase: str, info: dict[str, int]) -> None:
         _gc_started = None
 
 
-if _gc_callback not in gc.callbacks:
-    gc.callbacks.append(_gc_callback)
+def install_gc_timing() -> None:
+    """Time the collector's pauses for ``gc_pause_usec_*`` (a ``gc.callbacks`` entry).
+
+    Process-wide state: only a daemon of nsqtw's own installs it (:mod:`nsqtw.process`); an
+    embedded broker's ``/stats`` reports its pause percentiles as 0."""
+    if _gc_callback not in gc.callbacks:
+        gc.callbacks.append(_gc_callback)
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
