@@ -108,8 +108,11 @@ def _load_libc() -> object:
     if _libc is None:
         try:
             import ctypes
-            import ctypes.util
-            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            try:  # glibc is loaded already: dlopen finds it at once (find_library runs ldconfig)
+                lib = ctypes.CDLL("libc.so.6")
+            except OSError:
+                import ctypes.util
+                lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             lib.malloc_trim.argtypes = [ctypes.c_size_t]
             lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
             _libc = lib
