@@ -11,9 +11,15 @@ Running nsqd (and nsqlookupd) inside an application's or a test's reactor.
     await nsqd.stop()                         # listeners closed, temp data removed
 
 Options are NSQ's, by attribute name (``mem_queue_size=100``,
-``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`.  Unless a
-``data_path`` is given, a temporary directory is used and deleted on stop, so
-an embedded broker leaves nothing behind.
+``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`; either way
+the fields left at NSQ's default get the embedding defaults
+(:data:`EMBEDDED_NSQD_DEFAULTS`).  Unless a ``data_path`` is given, a temporary
+directory is used (never fsynced) and deleted on stop, so an embedded broker
+leaves nothing behind.
+
+Starting one changes nothing in the host's process: no collector, allocator or
+``gc.callbacks`` setting, no trim loop, no thread (that is the daemons' process
+policy, :mod:`nsqtw.process`).
 """
 
 from __future__ import annotations
