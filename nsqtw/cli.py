@@ -82,14 +82,6 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
         fatal(f"failed to instantiate {prog} - {e}")
         return 1
 
-    try:  # a standalone daemon: keep read buffers out of the heap (as twistd's allinone does)
-        from .stats.memory import tune_allocator
-        tune_allocator()
-        from .service.listen import enable_warm_up_threads
-        enable_warm_up_threads()  # a process of our own: slow imports may run in a thread
-    except Exception:  # pragma: no cover - never a reason not to start
-        pass
-
     from .spinreactor import install_if_unset
     install_if_unset()  # the epoll reactor that polls briefly before sleeping (NSQTW_SPIN_US)
     reactor = resolve_reactor()
@@ -116,6 +108,9 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
     except Exception as e:
         fatal(f"failed to instantiate {prog} - {e}", log_prefix)
         return 1
+    # a process of nsqtw's own: allocator, trim loop, collector, warm-up thread; before any listener
+    from .process import apply_daemon_policy
+    apply_daemon_policy(service, reactor)
     status = {"code": 0, "signals": 0}
 
     def started(_: Any) -> None:

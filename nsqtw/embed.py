@@ -11,9 +11,15 @@ Running nsqd (and nsqlookupd) inside an application's or a test's reactor.
     await nsqd.stop()                         # listeners closed, temp data removed
 
 Options are NSQ's, by attribute name (``mem_queue_size=100``,
-``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`.  Unless a
-``data_path`` is given, a temporary directory is used and deleted on stop, so
-an embedded broker leaves nothing behind.
+``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`; either way
+the fields left at NSQ's default get the embedding defaults
+(:data:`EMBEDDED_NSQD_DEFAULTS`).  Unless a ``data_path`` is given, a temporary
+directory is used (never fsynced) and deleted on stop, so an embedded broker
+leaves nothing behind.
+
+Starting one changes nothing in the host's process: no collector, allocator or
+``gc.callbacks`` setting, no trim loop, no thread (that is the daemons' process
+policy, :mod:`nsqtw.process`).
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from typing import TYPE_CHECKING, Any, cast
 import attr
 from twisted.internet import defer
 
-from .options import NsqdOptions
+from .options import NsqdOptions, with_embedding_defaults
 from .reactor import resolve_reactor
 
 if TYPE_CHECKING:
     from .service.nsqd import NsqdService
 
-__all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "LookupdHandle"]
+__all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "LookupdHandle", "EMBEDDED_NSQD_DEFAULTS",
+           "embedded_nsqd_options"]
 
 
 @attr.s(eq=False)
@@ -112,9 +119,35 @@ def scratch_dir() -> str:
     return tempfile.mkdtemp(prefix="nsqtw-", dir=base)
 
 
+#: what an embedded nsqd uses for every field left at NSQ's default (keyword arguments or
+#: ``options=``): loopback only, ports chosen by the OS, no HTTPS; ``data_path`` left empty
+#: means a temporary directory, removed on stop
+EMBEDDED_NSQD_DEFAULTS: dict[str, Any] = {
+    "tcp_address": "127.0.0.1:0",
+    "http_address": "127.0.0.1:0",
+    "https_address": "",
+    "broadcast_address": "127.0.0.1",
+}
+
+
+def embedded_nsqd_options(options: NsqdOptions | None = None, **kwargs: Any) -> NsqdOptions:
+    """The options :func:`start_nsqd` runs with (before the temporary ``data_path``)."""
+    return with_embedding_defaults(NsqdOptions, EMBEDDED_NSQD_DEFAULTS, options, kwargs)
+
+
 def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
-               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred[Any]:
+               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred[NsqdHandle]:
     """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
+
+    Options are NSQ's, as keyword arguments or ``options=`` (keyword arguments win); either
+    way every field left at NSQ's default gets the embedding default
+    (:data:`EMBEDDED_NSQD_DEFAULTS`: 127.0.0.1, port 0, no HTTPS, broadcast 127.0.0.1), and
+    an empty ``data_path`` a temporary directory removed on stop.  A throwaway directory
+    needs no durability: its disk work runs inline, without fsync and without a thread.
+
+    The start changes nothing in the host's process (no collector setting, no allocator
+    setting, no thread, no trim loop) and builds everything it serves, the HTTP API included,
+    before the Deferred fires.
 
     With ``inprocess_name``, clients in the same reactor also reach it at
     ``"inprocess:<name>"`` (no socket; see :mod:`nsqtw.client.inprocess`).
@@ -123,26 +156,20 @@ def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
 
     reactor = resolve_reactor(reactor)
     tempdir = None
-    if options is None:
-        kwargs.setdefault("tcp_address", "127.0.0.1:0")
-        kwargs.setdefault("http_address", "127.0.0.1:0")
-        kwargs.setdefault("https_address", "")
-        kwargs.setdefault("broadcast_address", "127.0.0.1")
-        if not kwargs.get("data_path"):
-            tempdir = kwargs["data_path"] = scratch_dir()
-        options = NsqdOptions(**kwargs)
-    elif kwargs:
-        options = options.replace(**kwargs)
+    options = embedded_nsqd_options(options, **kwargs)  # a bad option raises here, as NsqdOptions does
+    if not options.data_path:
+        tempdir = scratch_dir()
+        options = options.replace(data_path=tempdir)
     try:
-        # a throwaway data directory needs no fsync thread (and lives on tmpfs when there is one)
-        service = build_nsqd(options, reactor, sync_thread=tempdir is None)
+        # a throwaway data directory: no fsync thread, no fsync (it is deleted on stop)
+        service = build_nsqd(options, reactor, throwaway=tempdir is not None)
         service.startService()
     except Exception:
         if tempdir:
             shutil.rmtree(tempdir, ignore_errors=True)
         return defer.fail()
     handle = NsqdHandle(service, tempdir)
-    d = service.ready()
+    d: defer.Deferred[Any] = service.ready()
 
     def failed(f: Any) -> Any:
         d2 = handle.stop()
@@ -155,8 +182,7 @@ def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
             handle._unregister = register(handle, inprocess_name)
         return handle
 
-    d.addCallbacks(started, failed)
-    return d
+    return d.addCallbacks(started, failed)
 
 
 from .embed_lookupd import LookupdHandle, start_nsqlookupd  # noqa: E402  (re-exported)

@@ -26,12 +26,13 @@ import attr
 from twisted.internet import defer
 
 from .admin.options import AdminOptions
+from .options import with_embedding_defaults
 from .reactor import resolve_reactor
 
 if TYPE_CHECKING:
     from .service.admin import AdminService
 
-__all__ = ["start_nsqadmin", "AdminHandle"]
+__all__ = ["start_nsqadmin", "AdminHandle", "EMBEDDED_ADMIN_DEFAULTS"]
 
 
 @attr.s(eq=False)
@@ -77,32 +78,36 @@ class AdminHandle:
         return defer.maybeDeferred(self.service.stopService)
 
 
+#: what an embedded nsqadmin uses when its HTTP address is left at NSQ's default (keyword
+#: arguments or ``options=``): loopback only, a port chosen by the OS
+EMBEDDED_ADMIN_DEFAULTS: dict[str, Any] = {"http_address": "127.0.0.1:0"}
+
+
 def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
-                   http_client: Any = None, **kwargs: Any) -> defer.Deferred[Any]:
+                   http_client: Any = None, **kwargs: Any) -> defer.Deferred[AdminHandle]:
     """Start an nsqadmin in the running reactor; fires with an :class:`AdminHandle`.
+
+    An HTTP address left at NSQ's default (keyword arguments or ``options=``; keyword
+    arguments win) becomes ``127.0.0.1:0``.  The start changes nothing in the host's process
+    (no collector or allocator setting, no thread).
 
     ``http_client`` replaces the treq client used for nsqd, nsqlookupd and
     notifications (e.g. a ``treq.testing.StubTreq``)."""
     from .service.admin import build_admin
 
     reactor = resolve_reactor(reactor)
-    if options is None:
-        kwargs.setdefault("http_address", "127.0.0.1:0")
-        options = AdminOptions(**kwargs)
-    elif kwargs:
-        options = options.replace(**kwargs)
+    options = with_embedding_defaults(AdminOptions, EMBEDDED_ADMIN_DEFAULTS, options, kwargs)  # a bad option raises here
     try:
         service = build_admin(options, reactor, http_client=http_client)
         service.startService()  # type: ignore[no-untyped-call]  # Twisted's MultiService is unannotated
     except Exception:
         return defer.fail()
     handle = AdminHandle(service)
-    d = service.ready()
+    d: defer.Deferred[Any] = service.ready()
 
     def failed(f: Any) -> Any:
         d2 = handle.stop()
         d2.addBoth(lambda _: f)
         return d2
 
-    d.addCallbacks(lambda _: handle, failed)
-    return d
+    return d.addCallbacks(lambda _: handle, failed)

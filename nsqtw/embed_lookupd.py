@@ -24,12 +24,13 @@ import attr
 from twisted.internet import defer
 
 from .lookupd.options import LookupdOptions
+from .options import with_embedding_defaults
 from .reactor import resolve_reactor
 
 if TYPE_CHECKING:
     from .service.lookupd import LookupdService
 
-__all__ = ["start_nsqlookupd", "LookupdHandle"]
+__all__ = ["start_nsqlookupd", "LookupdHandle", "EMBEDDED_LOOKUPD_DEFAULTS"]
 
 
 @attr.s(eq=False)
@@ -71,33 +72,39 @@ class LookupdHandle:
         return defer.maybeDeferred(self.service.stopService)
 
 
+#: what an embedded nsqlookupd uses for every field left at NSQ's default (keyword arguments or
+#: ``options=``): loopback only, ports chosen by the OS, broadcast 127.0.0.1
+EMBEDDED_LOOKUPD_DEFAULTS: dict[str, Any] = {
+    "tcp_address": "127.0.0.1:0",
+    "http_address": "127.0.0.1:0",
+    "broadcast_address": "127.0.0.1",
+}
+
+
 def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None, *,
-                     clock: Any = None, **kwargs: Any) -> defer.Deferred[Any]:
+                     clock: Any = None, **kwargs: Any) -> defer.Deferred[LookupdHandle]:
     """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
+
+    Every field left at NSQ's default (keyword arguments or ``options=``; keyword arguments
+    win) gets the embedding default (:data:`EMBEDDED_LOOKUPD_DEFAULTS`).  The start changes
+    nothing in the host's process (no collector or allocator setting, no thread).
 
     ``clock`` (an IReactorTime, e.g. ``task.Clock``) replaces the reactor as the
     time source for activity and tombstones, so tests can age producers."""
     from .service.lookupd import build_lookupd
 
     reactor = resolve_reactor(reactor)
-    if options is None:
-        kwargs.setdefault("tcp_address", "127.0.0.1:0")
-        kwargs.setdefault("http_address", "127.0.0.1:0")
-        kwargs.setdefault("broadcast_address", "127.0.0.1")
-        options = LookupdOptions(**kwargs)
-    elif kwargs:
-        options = options.replace(**kwargs)
+    options = with_embedding_defaults(LookupdOptions, EMBEDDED_LOOKUPD_DEFAULTS, options, kwargs)  # a bad option raises here
     try:
         service = build_lookupd(options, reactor, clock=clock)
         service.startService()
     except Exception:
         return defer.fail()
-    d = service.ready()
+    d: defer.Deferred[Any] = service.ready()
 
     def failed(f: Any) -> Any:
         d2 = defer.maybeDeferred(service.stopService)
         d2.addBoth(lambda _: f)
         return d2
 
-    d.addCallbacks(lambda _: LookupdHandle.of(service), failed)
-    return d
+    return d.addCallbacks(lambda _: LookupdHandle.of(service), failed)

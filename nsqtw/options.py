@@ -20,7 +20,7 @@ import re
 import socket
 import sys
 import zlib
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from collections.abc import Callable, Mapping
 
 import attr
@@ -36,6 +36,8 @@ __all__ = [
     "parse_duration",
     "format_duration",
     "option_fields",
+    "nsq_default",
+    "with_embedding_defaults",
     "options_from_strings",
     "config_value",
     "LOG_LEVELS",
@@ -278,6 +280,32 @@ def option_fields(cls: type) -> list[attr.Attribute[Any]]:
 
 
 T = TypeVar("T")
+
+
+def nsq_default(cls: type, name: str) -> Any:
+    """The value field ``name`` of options class ``cls`` has when nobody set it (NSQ's default)."""
+    default = attr.fields_dict(cls)[name].default
+    # attrs' stubs make Factory a function; at run time it is the class of the default
+    return default.factory() if isinstance(default, attr.Factory) else default  # type: ignore[arg-type,union-attr]  # see above
+
+
+def with_embedding_defaults(cls: type[T], defaults: Mapping[str, Any], options: T | None,
+                            changes: dict[str, Any]) -> T:
+    """An embedded daemon's options: ``defaults`` (loopback, port 0, ...) for every field the
+    caller left at NSQ's default, the caller's ``changes`` (keyword arguments) on top.
+
+    With ``options`` None the options are built from ``changes``; with an options object, a
+    field still equal to NSQ's default takes the embedding default, unless ``changes`` names it
+    (so ``start_nsqd(options=o, tcp_address="0.0.0.0:4150")`` still binds NSQ's own port)."""
+    if options is None:
+        return cls(**{**defaults, **changes})
+    updates = {name: value for name, value in defaults.items()
+               if name not in changes and getattr(options, name) == nsq_default(cls, name)}
+    updates.update(changes)
+    if not updates:
+        return options
+    changed: T = attr.evolve(cast(Any, options), **updates)
+    return changed
 
 
 def parse_value(field: attr.Attribute[Any], value: Any) -> Any:

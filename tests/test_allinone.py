@@ -31,14 +31,20 @@ async def _eventually(check, timeout: float = 10.0):
 
 @pytest.mark.e2e
 @pytest_twisted.ensureDeferred
-async def test_allinone_serves_a_registered_cluster(tmp_path):
-    """nsqd publishes, nsqlookupd lists it as the topic's producer, nsqadmin shows the topic."""
+async def test_allinone_serves_a_registered_cluster(tmp_path, monkeypatch):
+    """nsqd publishes, nsqlookupd lists it as the topic's producer, nsqadmin shows the topic.
+    (The daemons' process policy is recorded, not applied: this is pytest's process.)"""
+    import nsqtw.process
+
+    applied: list = []
+    monkeypatch.setattr(nsqtw.process, "apply_daemon_policy", lambda service, reactor: applied.append(service))
     opts = Options()
     opts.parseOptions(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--https-address=",
                        f"--data-path={tmp_path}", "--broadcast-address=127.0.0.1",
                        "--lookupd-tcp-listen=127.0.0.1:0", "--lookupd-http-listen=127.0.0.1:0",
                        "--admin-http-address=127.0.0.1:0"])
     service = makeService(opts)
+    assert applied == [service]
     service.startService()
     try:
         await service.ready()

@@ -9,7 +9,8 @@ The layers, bottom to top:
 2. ``nsqd``, ``lookupd`` (the sans-IO cores) and ``client``
 3. ``tcp``, ``http``, ``stats``, ``admin`` (transport glue, the HTTP applications, the stats documents)
 4. ``service`` (the composition roots: Twisted services wiring the layers below)
-5. ``embed*``, ``tap``, ``cli``, ``tools``, ``testing``, ``spark`` (entry points and applications)
+5. ``embed*``, ``tap``, ``cli``, ``process``, ``tools``, ``testing``, ``spark`` (entry points and
+   applications; ``process`` is the daemons' process policy, which only entry points apply)
 
 A package may use its own layer and the layers below; it reaches what sits above it through
 a protocol declared beside it (e.g. ``http.nsqd_api.NsqdNode``, which the NsqdService provides).
@@ -33,6 +34,7 @@ LAYERS = {
     "nsqtw.tcp": 3, "nsqtw.http": 3, "nsqtw.stats": 3, "nsqtw.admin": 3,
     "nsqtw.service": 4,
     "nsqtw.embed": 5, "nsqtw.embed_admin": 5, "nsqtw.embed_lookupd": 5, "nsqtw.tap": 5, "nsqtw.cli": 5,
+    "nsqtw.process": 5,
     "nsqtw.tools": 5, "nsqtw.testing": 5, "nsqtw.spark": 5,
 }
 

@@ -29,6 +29,7 @@ from twisted.logger import Logger
 
 from .. import NSQ_VERSION
 from ..protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
+from .durability import fsync
 
 __all__ = [
     "METADATA_FILE",
@@ -207,7 +208,7 @@ def write_file_atomically(path: str, data: bytes, rng: random.Random | None = No
         while view:
             n = os.write(fd, view)
             view = view[n:]
-        os.fsync(fd)
+        fsync(fd)
     except BaseException:
         os.close(fd)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
@@ -14,6 +15,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from .deferred_store import DeferredStore
+from .durability import fsync, without_fsync
 from .metadata import write_file_atomically
 
 if TYPE_CHECKING:
@@ -35,9 +37,10 @@ class SyncWorker(Service):
     """
 
     def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
-                 name: str = "nsqtw-diskqueue-sync", turn: Any = None) -> None:
-        """``turn`` (a :class:`~nsqtw.turn.TurnBatcher`) runs the end-of-turn sync submission
-        with the broker's other end-of-turn work; without it, one of its own on the clock."""
+                 fsync: bool = True, name: str = "nsqtw-diskqueue-sync", turn: Any = None) -> None:
+        """``fsync=False``: a throwaway data directory (see :mod:`.durability`); every job runs
+        without its fsyncs.  ``turn`` (a :class:`~nsqtw.turn.TurnBatcher`) runs the end-of-turn
+        sync submission with the broker's other end-of-turn work; without it, one of its own."""
         self.reactor = reactor
         self.clock = clock if clock is not None else reactor
         if turn is None and self.clock is not None:
@@ -45,6 +48,7 @@ class SyncWorker(Service):
             turn = TurnBatcher(self.clock)
         self._turn = turn
         self.threaded = threaded and reactor is not None
+        self.fsync = fsync
         self.setName(name)  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         self._pool: Any = None
         self._dirty: dict[int, DiskQueue] = {}
@@ -78,6 +82,8 @@ class SyncWorker(Service):
     def submit(self, fn: Callable[[], Any]) -> Deferred[Any]:
         """Run ``fn`` after every job submitted before; fires with its result."""
         self.jobs += 1
+        if not self.fsync:
+            fn = partial(without_fsync, fn)
         pool = self._pool
         if pool is None:
             try:
@@ -86,6 +92,10 @@ class SyncWorker(Service):
                 return fail(Failure())
         from twisted.internet.threads import deferToThreadPool
         return deferToThreadPool(self.reactor, pool, fn)
+
+    def run_here(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` now, on this thread, with this worker's fsync setting (start-up writes)."""
+        return fn() if self.fsync else without_fsync(fn)
 
     def flush_and_sync_all(self) -> Deferred[Any]:
         """Fires once every message put so far, in any queue of this worker, is fsynced.
@@ -141,7 +151,7 @@ def _job_sync(fd: int | None, meta_path: str, meta: bytes,
               close_fd: bool = False) -> None:
     try:
         if fd is not None:
-            os.fsync(fd)
+            fsync(fd)
         write_file_atomically(meta_path, meta)
         if hints is not None:
             store, items, now = hints
@@ -154,7 +164,7 @@ def _job_sync(fd: int | None, meta_path: str, meta: bytes,
 def _job_close(fd: int, sync: bool) -> None:
     try:
         if sync:
-            os.fsync(fd)
+            fsync(fd)
     finally:
         os.close(fd)
 

@@ -26,7 +26,7 @@ from ..backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, 
 from ..errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
 from ..protocol.message import requeue_frame
 from ..protocol.names import is_ephemeral
-from .client import STATE_SUBSCRIBED, ClientState, Epoch
+from .client import EPOCH_SPAN, STATE_SUBSCRIBED, ClientState, Epoch
 from .quantile import Quantile
 
 if TYPE_CHECKING:
@@ -317,7 +317,9 @@ class Channel:
         frame = ep.msgs.pop(mid)
         if not ep.msgs:
             ep.msgs = {}
-        deadline = min(now + client.msg_timeout, ep.started + self.broker.options.max_msg_timeout)
+        # Go caps at delivery + max_msg_timeout; this message was delivered within EPOCH_SPAN of
+        # its epoch's start (a touched epoch keeps that start), so the cap is never early
+        deadline = min(now + client.msg_timeout, ep.started + EPOCH_SPAN + self.broker.options.max_msg_timeout)
         new = client.touch_epoch(ep.started, deadline)
         new.msgs[mid] = frame
         self.inflight[mid] = new

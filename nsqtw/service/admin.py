@@ -118,9 +118,38 @@ def make_http_client(reactor: Any, options: AdminOptions) -> Any:
 
     pool = HTTPConnectionPool(reactor, persistent=False)
     pool._factory = _QuietFactory
-    agent = Agent(reactor, contextFactory=tls_policy(options), connectTimeout=options.http_client_connect_timeout,
-                  pool=pool)
+    endpoints = _UpstreamEndpoints(reactor, tls_policy(options), options.http_client_connect_timeout)
+    agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
     return HTTPClient(cast(Any, agent))  # an Agent is an IAgent
+
+
+class _UpstreamEndpoints:
+    """The Agent's endpoints: an upstream given as an IP address (``127.0.0.1:4151``, the usual
+    case) is connected to directly; only a host name goes through the reactor's resolver, which
+    looks names up in the reactor's thread pool (so an embedded nsqadmin polling loopback
+    upstreams starts no thread in its host)."""
+
+    def __init__(self, reactor: Any, policy: Any, timeout: float) -> None:
+        self.reactor = reactor
+        self.policy = policy
+        self.timeout = timeout
+
+    def endpointForURI(self, uri: Any) -> Any:  # noqa: N802 - Twisted's IAgentEndpointFactory
+        from twisted.internet.abstract import isIPAddress, isIPv6Address
+        from twisted.internet.endpoints import (HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint,
+                                                wrapClientTLS)
+
+        host = uri.host.decode("ascii").strip("[]")
+        endpoint: Any
+        if isIPAddress(host):
+            endpoint = TCP4ClientEndpoint(self.reactor, host, uri.port, timeout=self.timeout)
+        elif isIPv6Address(host):
+            endpoint = TCP6ClientEndpoint(self.reactor, host, uri.port, timeout=self.timeout)
+        else:
+            endpoint = HostnameEndpoint(self.reactor, uri.host, uri.port, timeout=self.timeout)
+        if uri.scheme == b"https":
+            endpoint = wrapClientTLS(self.policy.creatorForNetloc(uri.host, uri.port), endpoint)
+        return endpoint
 
 
 def check_resolvable(options: AdminOptions) -> None:

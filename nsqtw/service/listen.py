@@ -15,7 +15,8 @@ from twisted.python.failure import Failure
 from ..options import split_host_port
 from ..tcp.address import format_peer
 
-__all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads", "endpoint_description", "format_address", "format_peer", "split_host_port"]
+__all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads",
+           "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
 log = Logger(namespace="nsqtw")
 
@@ -44,50 +45,30 @@ def format_address(port: Any) -> str:
 #: standalone daemons import slow modules in a warm-up thread; embedded brokers never do, since an
 #: application's (or pytest's) import hooks need not be thread-safe: CPython 3.11's ``ast`` keeps
 #: its recursion depth per interpreter, and pytest rewriting two modules at once in two threads
-#: fails with "AST constructor recursion depth mismatch"
+#: fails with "AST constructor recursion depth mismatch"; and a thread importing after start
+#: holds the GIL while the host's reactor should run
 _WARM_UP_THREADS = False
 
 
 def enable_warm_up_threads() -> None:
-    """Called by the drop-in commands and the twistd plugins (a process of nsqtw's own)."""
+    """Part of the daemons' process policy (:func:`nsqtw.process.apply_daemon_policy`)."""
     global _WARM_UP_THREADS
     _WARM_UP_THREADS = True
 
 
-#: young-generation collections between two full ones in a daemon of nsqtw's own (CPython: 10)
-FULL_COLLECTION_EVERY = 100
-
-
-def freeze_start_up_objects() -> None:
-    """A process of nsqtw's own, its imports done: move every object alive now (modules,
-    classes, functions: about 230,000 of them) out of the collector's reach (``gc.freeze``).
-
-    Without it each full collection walks them all again, a pause of 15-20 ms on this
-    machine in which no client is answered: a command sent just then goes unread, and a
-    nsqd killed during that pause resets its clients' connections (RST: unread data)
-    instead of closing them, which some clients handle badly. The frozen objects live as
-    long as the process anyway. Embedded brokers never do this: the application owns its
-    collector."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    # full collections: once per 100 middle ones instead of 10. Their pause grows with every
-    # live topic, channel and connection (about 12 ms per 1,000 topic+channel pairs here),
-    # while what the hot paths allocate is mostly bytes the collector never tracks
-    gen0, gen1, _ = gc.get_threshold()
-    gc.set_threshold(gen0, gen1, FULL_COLLECTION_EVERY)
-
-
 class LazyFactory:
-    """A server factory built on first use: the port is bound (and logged) at start, while
-    what serves it (say the HTTP API, whose web framework takes 60-100 ms to import) is built
-    when the first connection arrives, or as soon as ``warm`` (the slow imports) has run.
+    """A server factory a daemon builds after start-up: the port is bound (and logged) at
+    start, while what serves it (say the HTTP API, whose web framework takes 60-100 ms to
+    import) is built when the first connection arrives, or as soon as ``warm`` (the slow
+    imports) has run.
 
-    ``warm`` runs in a short-lived thread started with the listener: the imports proceed while
-    the reactor waits for its first connections (it holds the GIL only between their reads),
-    so a client of the TCP port is answered at once instead of after the HTTP imports.  Without
-    ``warm`` the factory is built in the reactor turn after start-up."""
+    In a daemon of nsqtw's own (warm-up threads enabled by its process policy) ``warm`` runs in
+    a short-lived thread started with the listener: the imports proceed while the reactor waits
+    for its first connections (it holds the GIL only between their reads), so a client of the
+    TCP port is answered at once instead of after the HTTP imports; without ``warm`` the factory
+    is built in the reactor turn after start-up.  Anywhere else (an embedded broker) it is
+    built when the listener starts, so the cost falls inside the start (``start_nsqd``), never
+    on the host's reactor after it."""
 
     def __init__(self, build: Callable[[], Any], prefix: str = "Site",
                  warm: Callable[[], Any] | None = None) -> None:
@@ -101,17 +82,19 @@ class LazyFactory:
         if self._factory is None and self._build is not None:
             build, self._build = self._build, None
             self._factory = build()
-            if _WARM_UP_THREADS:
-                freeze_start_up_objects()
         return self._factory
 
     def doStart(self) -> None:
         pass
 
     def warm_up(self, reactor: Any) -> None:
-        """Start building it off the start-up path (see the class docstring)."""
+        """Build it now (embedded), or start building it off the start-up path (a daemon; see
+        the class docstring)."""
         warm, self._warm = self._warm, None
-        if warm is None or not _WARM_UP_THREADS or not hasattr(reactor, "callFromThread"):
+        if not _WARM_UP_THREADS:
+            self.build()
+            return
+        if warm is None or not hasattr(reactor, "callFromThread"):
             reactor.callLater(0, self.build)
             return
         import threading
@@ -155,7 +138,12 @@ def _listen(reactor: Any, address: str, factory: Any, flag: str) -> defer.Deferr
         return defer.fail()
     if isinstance(factory, LazyFactory):
         factory.doStart()
-        factory.warm_up(reactor)
+        try:
+            factory.warm_up(reactor)  # embedded: builds it now, inside the start
+        except Exception:
+            failure = Failure()
+            port.stopListening()
+            return defer.fail(failure)
     return defer.succeed(port)
 
 

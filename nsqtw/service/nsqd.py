@@ -77,9 +77,10 @@ class NsqdService(MultiService):
     """One nsqd: broker, storage, listeners and timers."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, rng: random.Random | None = None,
-                 backend_factory: Any = None, sync_thread: bool = True) -> None:
-        """``sync_thread=False`` runs disk syncs inline (for throwaway brokers on tmpfs:
-        starting the thread is most of a start-up)."""
+                 backend_factory: Any = None, sync_thread: bool = True, throwaway: bool = False) -> None:
+        """``sync_thread=False`` runs disk syncs inline (starting the thread is most of a
+        start-up); ``throwaway=True`` (a data directory deleted on stop: embedded brokers, test
+        fixtures) also skips every fsync, so the inline disk work stays cheap on any disk."""
         super().__init__()
         from ..backend.disk import SyncWorker, disk_backends
         from ..backend.dirlock import DirLock
@@ -93,7 +94,8 @@ class NsqdService(MultiService):
         #: same on every reactor
         self.turn = TurnBatcher(reactor)
         # first child: MultiService stops children in reverse, so the disk worker stops last
-        self.sync_worker = SyncWorker(reactor, threaded=sync_thread, turn=self.turn)
+        self.sync_worker = SyncWorker(reactor, threaded=sync_thread and not throwaway, fsync=not throwaway,
+                                      turn=self.turn)
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
         self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
@@ -149,8 +151,6 @@ class NsqdService(MultiService):
         #: messages that could not be written at a clean shutdown (the disk refused them)
         self.lost_at_shutdown = 0
         _LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
-        from ..stats.memory import release_free_memory
-        _LoopService(reactor, 1.0, release_free_memory, "memory-trim").setServiceParent(self)
         if options.stats_export_path:
             from ..stats.export import StatsExportService
             StatsExportService(self).setServiceParent(self)
@@ -293,7 +293,7 @@ class NsqdService(MultiService):
                 broker.loading = False
             # as Go's nsqd, refuse to start when nsqd.dat cannot be written (read-only data path)
             try:
-                write_metadata(self.data_path, metadata_from_broker(broker))
+                self.sync_worker.run_here(partial(write_metadata, self.data_path, metadata_from_broker(broker)))
             except OSError as e:
                 raise MetadataError(f"failed to persist metadata - {e}") from None
         except Exception:
@@ -373,5 +373,6 @@ class NsqdService(MultiService):
         return closing
 
 
-def build_nsqd(options: NsqdOptions, reactor: Any, *, sync_thread: bool = True) -> NsqdService:
-    return NsqdService(options, reactor, sync_thread=sync_thread)
+def build_nsqd(options: NsqdOptions, reactor: Any, *, sync_thread: bool = True,
+               throwaway: bool = False) -> NsqdService:
+    return NsqdService(options, reactor, sync_thread=sync_thread, throwaway=throwaway)

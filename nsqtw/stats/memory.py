@@ -5,7 +5,8 @@ Go reports its runtime's heap; nsqtw reports the Python process it is:
 ``heap_objects`` is the interpreter's allocated block count,
 ``heap_in_use_bytes`` the resident set, ``heap_idle_bytes`` and
 ``heap_released_bytes`` the file-backed and swapped parts, the GC pause
-percentiles come from timing the collector with ``gc.callbacks``, and
+percentiles come from timing the collector with ``gc.callbacks`` (in the
+daemons only: see :func:`install_gc_timing`; embedded they are 0), and
 ``next_gc_bytes`` is how many allocations remain before the next young
 collection.  The names stay NSQ's so dashboards and statsd graphs keep working.
 """
@@ -18,7 +19,8 @@ import sys
 import time
 from collections import deque
 
-__all__ = ["mem_stats", "rss_bytes", "MEM_KEYS", "release_free_memory", "tune_allocator"]
+__all__ = ["mem_stats", "rss_bytes", "MEM_KEYS", "release_free_memory", "tune_allocator",
+           "install_gc_timing"]
 
 MEM_KEYS = (
     "heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
@@ -38,8 +40,13 @@ def _gc_callback(phase: str, info: dict[str, int]) -> None:
         _gc_started = None
 
 
-if _gc_callback not in gc.callbacks:
-    gc.callbacks.append(_gc_callback)
+def install_gc_timing() -> None:
+    """Time the collector's pauses for ``gc_pause_usec_*`` (a ``gc.callbacks`` entry).
+
+    Process-wide state: only a daemon of nsqtw's own installs it (:mod:`nsqtw.process`); an
+    embedded broker's ``/stats`` reports its pause percentiles as 0."""
+    if _gc_callback not in gc.callbacks:
+        gc.callbacks.append(_gc_callback)
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -101,8 +108,11 @@ def _load_libc() -> object:
     if _libc is None:
         try:
             import ctypes
-            import ctypes.util
-            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            try:  # glibc is loaded already: dlopen finds it at once (find_library runs ldconfig)
+                lib = ctypes.CDLL("libc.so.6")
+            except OSError:
+                import ctypes.util
+                lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             lib.malloc_trim.argtypes = [ctypes.c_size_t]
             lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
             _libc = lib

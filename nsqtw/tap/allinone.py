@@ -72,11 +72,9 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.allinone import build_allinone
-    from ..stats.memory import tune_allocator
-    tune_allocator()
-    from ..service.listen import enable_warm_up_threads
-    enable_warm_up_threads()
+    from ..process import apply_daemon_policy
     reactor = resolve_reactor()
     service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses))
     exit_1_on_loss(reactor, lambda: service.nsqd.lost_at_shutdown)
+    apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
     return service

@@ -18,4 +18,8 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.lookupd import build_lookupd
-    return build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, resolve_reactor()))
+    from ..process import apply_daemon_policy
+    reactor = resolve_reactor()
+    service = build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, reactor))
+    apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
+    return service

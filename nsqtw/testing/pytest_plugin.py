@@ -263,23 +263,19 @@ class NsqdFixture:
 def start_nsqd_fixture(**options: Any) -> Deferred:
     """Start an nsqd for a test (127.0.0.1:0, no HTTPS, data in a fresh tmpfs directory).
 
-    With the fixture's own tmpfs directory, the disk sync worker runs its jobs
-    inline instead of starting a thread: starting that thread is most of an
-    nsqd's start-up time, and an fsync on tmpfs costs microseconds.
+    With the fixture's own throwaway directory, the disk sync worker runs its jobs
+    inline, without fsync, instead of starting a thread: starting that thread is most of an
+    nsqd's start-up time, and nothing in a directory deleted after the test needs to survive
+    a power loss.  As :func:`nsqtw.embed.start_nsqd`, it changes nothing in pytest's process.
     """
     from twisted.internet import defer
 
-    from nsqtw.embed import NsqdHandle
-    from nsqtw.options import NsqdOptions
+    from nsqtw.embed import NsqdHandle, embedded_nsqd_options
     from nsqtw.service.nsqd import build_nsqd
 
     data_dir = None
     if not options.get("data_path"):
         data_dir = options["data_path"] = fast_data_dir()
-    options.setdefault("tcp_address", "127.0.0.1:0")
-    options.setdefault("http_address", "127.0.0.1:0")
-    options.setdefault("https_address", "")
-    options.setdefault("broadcast_address", "127.0.0.1")
     reactor = _reactor()
 
     def cleanup() -> None:
@@ -287,7 +283,7 @@ def start_nsqd_fixture(**options: Any) -> Deferred:
             shutil.rmtree(data_dir, ignore_errors=True)
 
     try:
-        service = build_nsqd(NsqdOptions(**options), reactor, sync_thread=data_dir is None)
+        service = build_nsqd(embedded_nsqd_options(**options), reactor, throwaway=data_dir is not None)
         service.startService()
     except Exception:
         cleanup()

@@ -120,16 +120,21 @@ def test_usage_lists_nsqadmins_flags() -> None:
     assert '(default "127.0.0.1/8")' in text
 
 
-def test_twistd_options_and_make_service() -> None:
-    """``twistd nsqadmin`` parses Go-style flags and builds an AdminService (not started)."""
+def test_twistd_options_and_make_service(monkeypatch) -> None:
+    """``twistd nsqadmin`` parses Go-style flags and builds an AdminService (not started), to
+    which it applies the daemons' process policy (recorded here: this is pytest's process)."""
+    import nsqtw.process
     from nsqtw.service.admin import AdminService
     from nsqtw.tap import nsqadmin as tap
 
+    applied: list = []
+    monkeypatch.setattr(nsqtw.process, "apply_daemon_policy", lambda service, reactor: applied.append(service))
     opts = tap.Options()
     opts.parseOptions(["--nsqd-http-address=127.0.0.1:4151", "--http-address=127.0.0.1:0", "--admin-user=ops"])
     assert opts.config.admin_users == ["ops"]
     service = tap.makeService(opts)
     assert isinstance(service, AdminService) and not service.running
+    assert applied == [service]
     assert service.http_listener.address == "127.0.0.1:0"
     with pytest.raises(usage.UsageError) as e:
         tap.Options().parseOptions(["--http-address=127.0.0.1:0"])

@@ -415,6 +415,27 @@ def test_touch_is_capped_by_max_msg_timeout_from_delivery():
     assert [g.attempts for g in w.messages()] == [2]
 
 
+def test_touch_cap_is_never_earlier_than_the_messages_own_delivery_plus_max_msg_timeout():
+    """Two messages share a delivery epoch (40 ms apart); a TOUCH of the later one is capped at
+    its own delivery + --max-msg-timeout (Go's deadline), never at the epoch's start: it may
+    time out a few ms late, never early (it used to be requeued up to 50 ms too soon)."""
+    h = Harness(msg_timeout=10.0, max_msg_timeout=20.0)
+    w = sub(h, rdy=2)
+    h.publish("t", b"a")
+    h.advance(0.04)
+    h.publish("t", b"b")  # same epoch as "a", delivered 40 ms later
+    first, second = w.messages()
+    h.advance(14.96)  # t = 15
+    w.send(cmd("TOUCH", second.id.decode()))  # now + 10 = 25: capped at delivery + 20 = 20.04
+    w.send(cmd("FIN", first.id.decode()))
+    h.advance(5.02)  # t = 20.02: before Go's deadline
+    h.scan()
+    w.nothing()
+    h.advance(0.1)  # t = 20.12: past it (and past the at most 50 ms nsqtw may add)
+    h.scan()
+    assert [(g.id, g.attempts) for g in w.messages()] == [(second.id, 2)]
+
+
 def test_dpub_matures_via_the_scan():
     """DPUB puts the message in every channel's deferred queue; the scan delivers it once due, attempts 1."""
     h = Harness()
