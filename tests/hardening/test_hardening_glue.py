@@ -239,11 +239,11 @@ def test_auth_flood_while_suspended_is_bounded():
 
 def _feed_cost(data: bytes, piece: int, opts: NsqdOptions) -> float:
     conn = SansIOConn(opts)
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU: other work on the machine does not count
     conn.feed(MAGIC_V2)
     for i in range(0, len(data), piece):
         assert conn.feed(data[i:i + piece])
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert wellformed(conn.take())[-1] == (FRAME_RESPONSE, b"OK")
     return elapsed
 
