@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .topic import Topic
 
-__all__ = ["STATES", "MAX_N", "DEFAULT_N", "peek_channel", "peek_topic"]
+__all__ = ["STATES", "MAX_N", "DEFAULT_N", "peek_channel", "peek_topic", "oldest_timestamp"]
 
 #: the states a peek can ask for, in the order ``all`` lists them
 STATES = ("queued", "in_flight", "deferred")
@@ -47,6 +47,22 @@ def _message(frame: bytes, body_size: int, state: str, delivered: int, deliver_a
         "body_size": body_size,
         "body": base64.b64encode(body).decode("ascii"),
     }
+
+
+def oldest_timestamp(mem: Any, backend: Any) -> int | None:
+    """The publish time (ns) of the oldest queued message: the older of the memory queue's head and
+    the disk queue's head (``oldest_message_ts`` in ``/stats``); None when nothing is queued.  Reads
+    one frame from memory and at most one record head from disk, changing nothing."""
+    stamps = []
+    frames = mem.peek(1) if mem.depth() else []
+    if frames:
+        stamps.append(_HEAD.unpack_from(frames[0], 0)[2])
+    peek = getattr(backend, "peek", None)
+    if peek is not None and backend.depth():
+        records = peek(1, 0)
+        if records:
+            stamps.append(_HEAD.unpack_from(records[0][0], 0)[2])
+    return min(stamps) if stamps else None
 
 
 def _queued(mem: Any, backend: Any, n: int, max_body: int,
