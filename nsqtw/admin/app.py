@@ -226,7 +226,7 @@ class AdminHTTPAPI:
         return pages.PageContext(
             base=o.base, is_admin=self._is_admin(request), user=user,
             lookupds=tuple(o.lookupd_http_addresses), nsqds=tuple(o.nsqd_http_addresses),
-            refresh_ms=int(o.refresh_interval * 1000), acl_enforced=bool(o.admin_users),
+            refresh_ms=int(o.refresh_interval * 1000), acl_enforced=bool(o.admin_users), now=self._now(),
         )
 
     def _page(self, request: HTTPRequest, ctx: pages.PageContext, page: pages.Page) -> bytes:
@@ -389,6 +389,9 @@ class AdminHTTPAPI:
         doc = {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
                "total_clients": total_clients, "message": warning_message(list(errors) + list(errs)),
                "status": state.to_json(self._now()) if state is not None else None}
+        if not per_node and state is not None and state.status != "ok":
+            # no answer: no current numbers (the page shows the last ones it knows, marked as such)
+            doc.update(total_messages=None, total_clients=None)
         return doc
 
     async def _counter_doc(self) -> dict[str, Any]:

@@ -414,6 +414,9 @@ class ChannelStats(ChannelCounts):
     clients: list[ClientStats] | None = attr.ib(default=None, kw_only=True)
     paused: bool = attr.ib(default=False, kw_only=True)
     e2e_processing_latency: E2eAggregate | None = attr.ib(default=None, kw_only=True)
+    #: when its oldest queued message was published (unix seconds; nsqtw's nsqd says so in /stats while
+    #: something is queued, Go's does not); summed channels keep the oldest of their nodes
+    oldest_message_ts: int | None = attr.ib(default=None, kw_only=True)
 
     @classmethod
     def from_nsqd_channel(cls, doc: dict[str, Any], topic: str, node: str, hostname: str,
@@ -430,6 +433,8 @@ class ChannelStats(ChannelCounts):
             clients=clients,
             paused=bool(doc.get("paused")),
             e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
+            oldest_message_ts=(int(doc["oldest_message_ts"]) if isinstance(doc.get("oldest_message_ts"), int)
+                               and not isinstance(doc.get("oldest_message_ts"), bool) else None),
         )
 
     def add(self, a: ChannelCounts) -> None:
@@ -440,6 +445,9 @@ class ChannelStats(ChannelCounts):
         self.node = "*"
         if a.paused:
             self.paused = True
+        if a.oldest_message_ts is not None and (self.oldest_message_ts is None
+                                                or a.oldest_message_ts < self.oldest_message_ts):
+            self.oldest_message_ts = a.oldest_message_ts
         if self.nodes is None:
             self.nodes = []
         self.nodes.append(a)
@@ -474,6 +482,7 @@ class ChannelStats(ChannelCounts):
             "paused": self.paused,
             "e2e_processing_latency": (None if self.e2e_processing_latency is None
                                        else self.e2e_processing_latency.to_json()),
+            **({} if self.oldest_message_ts is None else {"oldest_message_ts": self.oldest_message_ts}),
         }
 
 

@@ -75,6 +75,7 @@ class NodeState:
             "depth": self.depth,
             "clients": self.clients,
             "topics": sorted(self.topics),
+            "channel_count": sum(len(chans) for chans in self.topics.values()),
         }
         if now is not None and self.start_time and self.status == OK:
             doc["uptime_seconds"] = max(0, int(now) - int(self.start_time))

@@ -195,8 +195,9 @@ class HistoryPoller(Service):
         self._report(message)
         ci.book.forget()
         # only nodes asked and silent make gaps: one that left nsqlookupd (gone) is not asked any more,
-        # and its topics' totals go on over the nodes that remain (the pages say the total is partial)
-        self.node.history.record(now, topics, message, failed=failed)
+        # and its topics' totals go on over the nodes that remain, marked partial in the charts
+        gone = [st.address for st in ci.book.failing() if st.status == "gone"]
+        self.node.history.record(now, topics, message, failed=failed, gone=gone)
 
     def _report(self, message: str) -> None:
         """Log a poll problem when it starts or changes, not every interval."""
