@@ -125,6 +125,12 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
             items.append(_message(frame, len(frame) - 34, "in_flight", 0, None,
                                   ep.client.client_id, max_body))
         parts.append(("in_flight", items, len(held) > n))
+    on_disk_count = getattr(channel.backend, "deferred_on_disk", lambda: 0)()
+    if "deferred" in states and on_disk_count > len(on_disk):
+        # deferred messages restored from disk after a restart wait among the queued records, maybe
+        # beyond what the queued listing read: find them all (only while some are there)
+        records = channel.backend.peek(channel.backend.depth(), max_body)
+        on_disk[:] = [(due, head, size) for head, size, due in records if due is not None]
     if "deferred" in states:
         due = sorted(channel.deferred)[:n + 1]
         items = [_message(frame, len(frame) - 34, "deferred", 1, at, None, max_body)
@@ -142,7 +148,7 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
         "channel": channel.name,
         "depth": channel.depth(),
         "in_flight_count": len(channel.inflight),
-        "deferred_count": len(channel.deferred),
+        "deferred_count": len(channel.deferred) + on_disk_count,
         "messages": messages,
         "truncated": truncated,
     }
