@@ -28,7 +28,7 @@ from .history import GROWING_POLLS, current_value, growing, last_value, rising
 from .html import Markup, commafy, el, escape, fmt_rate, fmt_seconds, join, nanotohuman, percentile_label
 
 __all__ = ["PageContext", "Page", "render", "topics_page", "topic_page", "channel_page", "nodes_page",
-           "node_page", "lookup_page", "counter_page", "error_page"]
+           "node_page", "lookup_page", "counter_page", "error_page", "not_found_page", "confirm_text"]
 
 CLIENT_STATES = {0: "init", 1: "disconnected", 2: "connected", 3: "subscribed", 4: "closing"}
 
@@ -831,7 +831,12 @@ def nodes_page(ctx: PageContext, nodes: list[dict[str, Any]], message: str,
                el("small", f"TCP {p.get('tcp_port', '')}", class_="muted block"), data_sort=addr),
             # no data-v: the live refresh never rewrites this cell (a change of status re-renders the row,
             # so the "since" and "last seen" times stay)
-            el("td", _status_badge(p), data_sort=status, class_="status"),
+            el("td", _status_badge(p), " " if status == "gone" and ctx.is_admin else "",
+               _button("Forget", "forget", "link red",
+                       f"Forget node {addr}? nsqadmin stops listing it and stops calling totals partial because of "
+                       "it (now, not after --history-retention). It comes back if nsqlookupd lists it again.",
+                       label=f"forget node {addr}", node=addr)
+               if status == "gone" and ctx.is_admin else "", data_sort=status, class_="status"),
             el("td", p.get("version", ""), " ",
                el("span", "out of date", class_="badge warn") if p.get("out_of_date") else "",
                data_sort=p.get("version", "")),
@@ -1047,6 +1052,33 @@ def counter_page(ctx: PageContext, total: int, message: str, partial: dict[str, 
     ])
     return Page("Counter", "counter", content, api=ctx.url("/api/counter"), history=ctx.url("/api/history"),
                 nav="counter")
+
+
+_NOT_FOUND = {
+    "TOPIC_NOT_FOUND": ("Topic not found", "No nsqd and no nsqlookupd knows this topic: it was deleted, or never "
+                                           "created (a topic exists once something is published to it or it is "
+                                           "created on the Lookup page)."),
+    "CHANNEL_NOT_FOUND": ("Channel not found", "The topic exists but no nsqd and no nsqlookupd knows this channel: "
+                                               "it was deleted, or no consumer subscribed to it yet."),
+    "NODE_NOT_FOUND": ("Node not found", "nsqadmin does not know this nsqd: it is not listed by nsqlookupd (or "
+                                         "configured), or it left long enough ago to be forgotten."),
+}
+
+
+def not_found_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "") -> Page:
+    """An API error as a page: for a missing topic, channel or node, what that means and where to go."""
+    known = _NOT_FOUND.get(text)
+    if known is None:
+        return error_page(ctx, title, text, status, nav=nav)
+    heading, why = known
+    what = title.split(" ", 1)[-1] if " " in title else title
+    back = {"topics": ("Topics", "/topics"), "nodes": ("Nodes", "/nodes")}.get(nav, ("Topics", "/topics"))
+    content = join([el("header", el("h1", heading), class_="page-head"),
+                    el("div", el("strong", what), ": ", why, " ", el("code", text, class_="muted"),
+                       class_="alert error", role="alert"),
+                    el("p", "See ", el("a", back[0], href=ctx.url(back[1])), " or ",
+                       el("a", "Lookup", href=ctx.url("/lookup")), ".", class_="hint")])
+    return Page(f"{heading}: {what}", "error", content, status=status, nav=nav)
 
 
 def error_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "", api: str = "") -> Page:

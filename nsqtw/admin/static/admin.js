@@ -408,7 +408,12 @@
     title.textContent = seen ? ('now ' + (Math.round(lv * 100) / 100) + ', max ' + (Math.round(max * 100) / 100) +
                                 ' over ' + n + ' samples') : 'no samples yet';
     svg.appendChild(title);
-    if (seen < 1 || n < 2) { svg.classList.add('empty'); return; }
+    var caption0 = svg.nextElementSibling;
+    if (seen < 1 || n < 2) {
+      svg.classList.add('empty');
+      if (caption0 && caption0.classList.contains('spark-caption')) { caption0.textContent = emptyWhy(n); }
+      return;
+    }
     svg.classList.remove('empty');
     var pad = 2;
     var scale = max > 0 ? (h - 2 * pad) / max : 0;
@@ -462,6 +467,20 @@
     var gaps = resolve(hist, path.replace(/[^\/]*$/, 'gaps'));
     if (!values || !gaps || !gaps.length) { return values; }
     return values.map(function (v, i) { return gaps[i] ? null : v; });
+  }
+
+  // why the cluster's rate chart is blank (the Counter page)
+  function emptyWhy(n) {
+    var h = lastHist || {};
+    var gaps = (h.total && h.total.gaps) || [];
+    if (n < 2) { return 'No rate yet: it needs two samples of the history (one every ' + (h.interval || '?') + 's).'; }
+    if (gaps.length && gaps[gaps.length - 1]) {
+      return 'No rate while a node does not answer: a sum over the others would look like a drop (see the nodes above).';
+    }
+    if (lastData && lastData.stats && !Object.keys(lastData.stats).length) {
+      return 'No rate: the cluster has no channels yet (messages are counted as channels deliver them).';
+    }
+    return 'No rate yet: no channel counted a message in the samples so far.';
   }
 
   function drawSparks(hist) {
@@ -710,6 +729,9 @@
   function poll() {
     clearTimeout(timer);
     if (acting) { timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
+    // a tab nobody looks at does not poll (it polls at once when shown again): many open tabs cost
+    // nsqadmin, and through it every nsqd, what the visible ones cost
+    if (document.hidden) { stats.skipped = (stats.skipped || 0) + 1; timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
     var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
                  cfg.history ? getJSON(cfg.history) : Promise.resolve(null),
                  pollCharts().catch(function () { return null; })];
@@ -916,7 +938,7 @@
   }
 
   var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
-              tombstone: 'tombstoned'};
+              tombstone: 'tombstoned', forget: 'forgotten'};
 
   function runAction(btn) {
     var d = btn.dataset;
@@ -928,6 +950,9 @@
     if (action === 'tombstone') {
       what = 'topic ' + topic + ' on ' + d.node;
       req = send('DELETE', base + '/api/nodes/' + enc(d.node), {topic: topic});
+    } else if (action === 'forget') {
+      what = 'node ' + d.node;
+      req = send('POST', base + '/api/nodes/' + enc(d.node), {action: 'forget'});
     } else {
       var url = base + '/api/topics/' + enc(topic) + (channel ? '/' + enc(channel) : '');
       req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});
