@@ -711,7 +711,8 @@ def peek_panel(ctx: PageContext, api: str, states: bool) -> Markup:
            el("label", "show ", el("input", type="number", min="1", max="1000", value="20", class_="peek-n",
                                    aria_label="how many"), " at most"),
            class_="actions"),
-        el("p", "Bodies as nsqd's peek shows them (JSON pretty-printed, text as text, anything else as hex). "
+        el("p", "Node by node, in the order each nsqd delivers, at most the count per state. Bodies are one "
+                "line each (text, JSON, or hex when not UTF-8); open one to see all of it, JSON pretty-printed. "
                 "Nothing changes for consumers.", class_="hint"),
         el("div", class_="peek-out", role="region", aria_live="polite"),
         el("script", src=ctx.url("/static/peek.js"), defer="defer"),

@@ -143,7 +143,7 @@
     }
     if (!peeked.length) {
       out.appendChild(node('p', 'No node could be peeked, so nothing can be said about the messages here:',
-                           'alert warn peek-none'));
+                           'alert warning peek-none'));
     }
     nodes.forEach(function (n) {
       var part = node('div', null, 'peek-node');
@@ -151,7 +151,7 @@
       var h = node('h3', n.node, 'peek-node-head');
       part.appendChild(h);
       if (!n.ok) {
-        part.appendChild(node('p', n.node + ': ' + n.error, 'alert warn peek-node-error'));
+        part.appendChild(node('p', n.node + ': ' + n.error, 'alert warning peek-node-error'));
         out.appendChild(part);
         return;
       }
@@ -180,10 +180,10 @@
     fetch(url, {headers: {Accept: 'application/json'}, credentials: 'same-origin'})
       .then(function (r) { return r.json().then(function (doc) { return {ok: r.ok, doc: doc}; }); })
       .then(function (res) {
-        if (!res.ok) { out.textContent = ''; out.appendChild(node('p', res.doc.message || 'error', 'alert warn')); return; }
+        if (!res.ok) { out.textContent = ''; out.appendChild(node('p', res.doc.message || 'error', 'alert warning')); return; }
         render(res.doc);
       })
-      .catch(function (e) { out.textContent = ''; out.appendChild(node('p', String(e), 'alert warn')); })
+      .catch(function (e) { out.textContent = ''; out.appendChild(node('p', String(e), 'alert warning')); })
       .then(function () { button.disabled = false; panel.dataset.loaded = String(Date.now()); });
   }
   button.addEventListener('click', load);
