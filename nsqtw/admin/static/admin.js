@@ -455,7 +455,10 @@
     var caption = svg.nextElementSibling;
     if (caption && caption.classList.contains('spark-caption')) {
       var span = (timestamps && timestamps.length > 1) ? (timestamps[timestamps.length - 1] - timestamps[0]) : 0;
-      caption.textContent = 'peak ' + fmtRate(max) + ', now ' + fmtRate(lv) +
+      var newest = values[n - 1];
+      caption.textContent = 'peak ' + fmtRate(max) + ', now ' +
+        (newest === null || newest === undefined ? '\u2013 (' + emptyWhy(n).replace(/^No rate/, 'no rate')
+          .replace(/\.$/, '') + ')' : fmtRate(lv)) +
         (span ? ' \u00b7 last ' + (span >= 120 ? Math.round(span / 60) + ' min' : span + ' s') : '');
     }
   }
