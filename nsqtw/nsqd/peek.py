@@ -129,7 +129,8 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
     if "deferred" in states and on_disk_count > len(on_disk):
         # deferred messages restored from disk after a restart wait among the queued records, maybe
         # beyond what the queued listing read: find them all (only while some are there)
-        records = channel.backend.peek(channel.backend.depth(), max_body)
+        backend: Any = channel.backend  # a disk queue: deferred_on_disk() says it can peek
+        records = backend.peek(backend.depth(), max_body)
         on_disk[:] = [(due, head, size) for head, size, due in records if due is not None]
     if "deferred" in states:
         due = sorted(channel.deferred)[:n + 1]
