@@ -19,7 +19,7 @@ import attr
 
 from .cluster import TopicStats
 
-__all__ = ["History", "Sample", "last_value", "current_value", "rising", "growing", "GROWING_POLLS"]
+__all__ = ["History", "Sample", "HISTORY_FORMAT", "last_value", "current_value", "rising", "growing", "GROWING_POLLS"]
 
 # per node: (depth, in_flight_count, message_count)
 _Counts = tuple[int, int, int]
@@ -65,6 +65,38 @@ class Sample:
     rows: dict[tuple[str, str, str], _Row] = attr.ib(factory=dict)
     #: per (topic, channel, node): quantile -> end-to-end latency (ns), when nsqd reports percentiles
     e2e: dict[tuple[str, str, str], dict[float, float]] = attr.ib(factory=dict)
+
+
+#: the format of :meth:`History.to_doc` (``--history-path``)
+HISTORY_FORMAT = 1
+
+
+def _sample_doc(s: Sample) -> dict[str, Any]:
+    return {
+        "t": s.t, "failed": sorted(s.failed), "gone": sorted(s.gone),
+        "rows": [[*k, *r] for k, r in s.rows.items()],
+        "e2e": [[*k, [[q, v] for q, v in d.items()]] for k, d in s.e2e.items()],
+        "topics": {name: attr.asdict(t) for name, t in s.topics.items()},
+    }
+
+
+def _row(values: Sequence[Any]) -> _Row:
+    a, b, c, d, e, f, g, h = (int(x) for x in values)
+    return a, b, c, d, e, f, g, h
+
+
+def _sample_of(doc: dict[str, Any]) -> Sample:
+    def counts(nodes: dict[str, Any]) -> dict[str, _Counts]:
+        return {n: (int(c[0]), int(c[1]), int(c[2])) for n, c in nodes.items()}
+    topics = {}
+    for name, t in doc["topics"].items():
+        channels = {cn: ChannelSample(**{**c, "nodes": counts(c["nodes"])}) for cn, c in t["channels"].items()}
+        topics[name] = TopicSample(**{**t, "nodes": counts(t["nodes"]), "channels": channels})
+    return Sample(
+        float(doc["t"]), topics=topics, failed=frozenset(doc["failed"]), gone=frozenset(doc["gone"]),
+        rows={(r[0], r[1], r[2]): _row(r[3:11]) for r in doc["rows"]},
+        e2e={(e[0], e[1], e[2]): {float(q): float(v) for q, v in e[3]} for e in doc["e2e"]},
+    )
 
 
 def last_value(series: Sequence[Any] | None) -> Any:
@@ -196,6 +228,31 @@ class History:
         self._keep(sample)
         self.message = message
         return sample
+
+    # --- on disk (``--history-path``) ---------------------------------------------
+
+    def snapshot(self) -> tuple[list[Sample], list[Sample]]:
+        """The samples as they are now (cheap; the samples themselves never change once recorded)."""
+        return list(self.coarse), list(self.samples)
+
+    def to_doc(self, snapshot: tuple[list[Sample], list[Sample]] | None = None) -> dict[str, Any]:
+        coarse, samples = snapshot if snapshot is not None else self.snapshot()
+        return {"format": HISTORY_FORMAT, "interval": self.interval,
+                "coarse": [_sample_doc(x) for x in coarse], "samples": [_sample_doc(x) for x in samples]}
+
+    def load_doc(self, doc: dict[str, Any], now: float) -> int:
+        """Take the samples of a saved history (what :meth:`to_doc` wrote) that ``retention`` still
+        covers at ``now``; returns how many.  A document of another format raises ValueError."""
+        if not isinstance(doc, dict) or doc.get("format") != HISTORY_FORMAT:
+            raise ValueError(f"not an nsqadmin history of format {HISTORY_FORMAT}")
+        horizon = now - self.retention
+        loaded = [_sample_of(x) for x in list(doc.get("coarse") or []) + list(doc.get("samples") or [])]
+        loaded = sorted((x for x in loaded if horizon <= x.t <= now), key=lambda x: x.t)
+        self.samples.clear()
+        self.coarse.clear()
+        for sample in loaded:
+            self._keep(sample)
+        return len(loaded)
 
     # --- series ------------------------------------------------------------------
 
