@@ -614,7 +614,8 @@
         why.push('shaded amber: partial, ' + (doc.gone || []).join(', ') + ' left nsqlookupd (its share is missing)');
       }
       if (doc.created && ts.length && doc.created > ts[0]) {
-        why.push('created ' + hhmm(doc.created, 0));
+        why.push((chartsUrl() || '').indexOf('/api/charts/nodes/') >= 0 ? 'first seen ' + hhmm(doc.created, 0)
+          : 'created ' + hhmm(doc.created, 0));
         svg.appendChild(svgEl('line', {x1: x(doc.created), x2: x(doc.created), y1: T, y2: H - B, 'class': 'created'}));
       }
       note.textContent = why.join(' \u00b7 ');
