@@ -111,6 +111,30 @@ async def test_confirmations_say_what_nsqd_does_with_the_live_counts(admin, nsqd
         # ... and a consumer can no longer finish what it held
         consumer.send(command("FIN", got[2].id.decode()))
         assert (await within(consumer.error())).startswith(b"E_FIN_FAILED")
+
+        # Delete: every message goes and the consumer is disconnected, as the dialog says
+        await publish(nsqds[0], "t", [b"again"] * 3)
+        await browser.until("return document.querySelector('tr.total [data-v=\"depth\"]').textContent === '3'",
+                            "the table to show the new messages")
+        await browser.click('button[data-action="delete"]')
+        await browser.until("return document.getElementById('confirm').open", "the confirmation")
+        assert "all 3 messages on 2 nodes (3 queued, 0 in flight, 0 deferred) are discarded and its 1 consumer " \
+               "disconnected." in await browser.text("#confirm-text")
+        await browser.click("#confirm-yes")
+        await within(consumer.closed)
+        for n in nsqds:
+            (t,) = [t for t in (await nsqd_stats(n))["topics"] if t["topic_name"] == "t"]
+            assert t["channels"] == []
+        await browser.until("return location.pathname === '/topics/t'", "the topic page")
+
+        # a tab in the background does not poll; shown again, it polls at once
+        await browser.js("Object.defineProperty(document, 'hidden', {configurable: true, get: function () {"
+                         " return true; }}); window.__polls = window.nsqadmin.polls;")
+        await browser.until("return (window.nsqadmin.skipped || 0) >= 2", "two skipped refreshes")
+        assert await browser.js("return window.nsqadmin.polls - window.__polls") <= 1
+        await browser.js("Object.defineProperty(document, 'hidden', {configurable: true, get: function () {"
+                         " return false; }}); document.dispatchEvent(new Event('visibilitychange'));")
+        await browser.until("return window.nsqadmin.polls >= window.__polls + 2", "polling again once shown")
         assert await browser.console_errors() == []
     finally:
         await consumer.close()

@@ -180,3 +180,39 @@ async def test_messages_panel_node_by_node_on_a_mixed_cluster(start_admin, go_ns
             await c.close()
         await split.stop()
         await plain.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_messages_panel_lists_deferred_messages_after_a_restart(start_admin, browser, tmp_path) -> None:
+    """Item 8: deferred messages a clean stop wrote to disk are deferred in the panel after the restart,
+    in "deferred" as in "all states", and counted."""
+    from nsqtw.embed import start_nsqd
+    from nsqtw.testing import connect_raw
+    from nsqtw.testing.raw import body_command
+
+    nsqd = await start_nsqd(data_path=str(tmp_path), peek_enabled=True)
+    await create_channel(nsqd, "t", "c")
+    await publish(nsqd, "t", [b"now %d" % i for i in range(30)])
+    pub = await connect_raw(nsqd.tcp_port)
+    pub.send(body_command("DPUB", "t", 3_600_000, body=b"in an hour"))
+    assert await within(pub.response()) == b"OK"
+    await pub.close()
+    await nsqd.stop()
+    again = await start_nsqd(data_path=str(tmp_path), peek_enabled=True)
+    try:
+        admin = await start_admin(nsqd_http_addresses=[again.http_address], history_interval=3600.0)
+        await browser.get(admin.url + "topics/t/c")
+        for state in ("deferred", "all"):
+            await browser.js(f"document.querySelector('section.peek select.peek-state').value = '{state}';"
+                             " delete document.querySelector('section.peek').dataset.loaded;")
+            await browser.click("section.peek button.peek-load")
+            await browser.until("return document.querySelector('section.peek').dataset.loaded", "the peek answer")
+            rows = await browser.js("return Array.from(document.querySelectorAll('section.peek tr.state-deferred'))"
+                                    ".map(function (r) { return r.querySelector('pre').textContent; })")
+            assert rows == ["in an hour"], (state, rows)
+            assert "deferred 1" in await browser.text("section.peek .peek-counts")
+        await browser.js("document.querySelector('section.peek').scrollIntoView()")
+        await browser.screenshot("peek-deferred-after-restart")
+        assert await browser.console_errors() == []
+    finally:
+        await again.stop()
