@@ -206,9 +206,9 @@ def _oldest(ctx: PageContext, doc: dict[str, Any]) -> Markup:
     if ts is None:
         title = ("nothing queued" if not doc.get("depth") else
                  "this nsqd does not report its oldest message (Go's nsqd does not)")
-        return el("td", "\u2013", class_="num muted", data_v="oldest", data_sort="-1", title=title)
+        return el("td", "\u2013", class_="num muted", data_v="oldest", title=title)
     age = max(0.0, ctx.now - ts)
-    return el("td", fmt_seconds(age), class_="num", data_v="oldest", data_sort=str(int(age)),
+    return el("td", fmt_seconds(age), class_="num", data_v="oldest",
               title="the oldest queued message was published " +
                     time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)))
 
