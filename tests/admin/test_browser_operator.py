@@ -212,3 +212,26 @@ async def test_new_topic_is_not_shaded_and_topic_depth_is_its_backlog(admin, nsq
     await browser.js("document.querySelector('.charts-panel').scrollIntoView()")
     await browser.screenshot("topic-created-backlog-chart")
     assert await browser.console_errors() == []
+
+
+@pytest.mark.admin_options(refresh_interval=1.0, history_interval=3600.0)
+@pytest_twisted.ensureDeferred
+async def test_two_windows_share_one_poll_per_interval(admin, nsqds, browser) -> None:
+    """Item 9: a second window on the same nsqadmin mostly uses what the first fetched less than an
+    interval ago instead of asking nsqadmin (and through it every nsqd) again."""
+    await create_channel(nsqds[0], "t", "c")
+    counts = "return [window.nsqadmin.fetched, window.nsqadmin.shared, window.nsqadmin.polls]"
+    await browser.get(admin.url + "topics")
+    first = browser.driver.current_window_handle
+    await browser._run(browser.driver.switch_to.new_window, "window")
+    await browser.get(admin.url + "topics")
+    await browser.until("return window.nsqadmin.polls >= 5", "five refreshes in the second window")
+    second = await browser.js(counts)
+    await browser._run(browser.driver.switch_to.window, first)
+    one = await browser.js(counts)
+    fetched, shared, polls = (a + b for a, b in zip(one, second, strict=True))
+    assert shared > 0, (one, second)
+    # every poll wants two answers (/api/topics and /api/history); shared ones were not asked for
+    assert fetched + shared == 2 * polls or fetched + shared == 2 * polls + 2, (one, second)
+    assert fetched < 2 * polls, (one, second)
+    assert await browser.console_errors() == []

@@ -88,6 +88,45 @@
       });
   }
 
+  // ---- one poll per interval across tabs: a tab that finds what another tab of this nsqadmin fetched
+  // less than 80% of an interval ago uses that instead of asking again (localStorage is shared by every
+  // tab of the origin; nothing is kept longer than a minute) ----------------------------------------
+
+  var SHARE = 'nsqadmin.poll:';
+  var bypassShare = false;  // right after an action: ask nsqadmin itself, never an older answer
+  stats.fetched = 0;
+  stats.shared = 0;
+
+  function sharedGet(url) {
+    var key = SHARE + url;
+    if (!bypassShare) {
+      try {
+        var rec = JSON.parse(localStorage.getItem(key) || 'null');
+        if (rec && Date.now() - rec.t >= 0 && Date.now() - rec.t < refreshMs * 0.8) {
+          stats.shared++;
+          return Promise.resolve(rec.doc);
+        }
+      } catch (e) { /* no storage (private mode): just ask */ }
+    }
+    return getJSON(url).then(function (doc) {
+      stats.fetched++;
+      try { localStorage.setItem(key, JSON.stringify({t: Date.now(), doc: doc})); } catch (e) { /* full: fine */ }
+      return doc;
+    });
+  }
+
+  (function pruneShared() {
+    try {
+      for (var i = localStorage.length - 1; i >= 0; i--) {
+        var k = localStorage.key(i);
+        if (k && k.indexOf(SHARE) === 0) {
+          var rec = JSON.parse(localStorage.getItem(k) || 'null');
+          if (!rec || Date.now() - rec.t > 60000) { localStorage.removeItem(k); }
+        }
+      }
+    } catch (e) { /* no storage */ }
+  }());
+
   function send(method, url, payload) {
     return fetch(url, {
       method: method,
@@ -667,7 +706,7 @@
   function pollCharts() {
     var url = chartsUrl();
     if (!url) { return Promise.resolve(null); }
-    return getJSON(url).then(function (doc) { stats.charts = (stats.charts || 0) + 1; drawCharts(doc); });
+    return sharedGet(url).then(function (doc) { stats.charts = (stats.charts || 0) + 1; drawCharts(doc); });
   }
 
   document.addEventListener('click', function (ev) {
@@ -736,11 +775,11 @@
     // a tab nobody looks at does not poll (it polls at once when shown again): many open tabs cost
     // nsqadmin, and through it every nsqd, what the visible ones cost
     if (document.hidden) { stats.skipped = (stats.skipped || 0) + 1; timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
-    var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
-                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null),
+    var wants = [cfg.api ? sharedGet(cfg.api) : Promise.resolve(null),
+                 cfg.history ? sharedGet(cfg.history) : Promise.resolve(null),
                  pollCharts().catch(function () { return null; })];
     return Promise.all(wants)
-      .then(function (res) { stats.polls++; return update(res[0], res[1]); })
+      .then(function (res) { stats.polls++; bypassShare = false; return update(res[0], res[1]); })
       .catch(function (err) { stats.errors++; setLive(false, err.message); })
       .finally(function () { timer = setTimeout(poll, refreshMs); });
   }
@@ -966,6 +1005,7 @@
     return req.then(function (res) {
       btn.disabled = false;
       acting = false;
+      bypassShare = true;
       if (!res.ok) {
         flash('error', 'Could not ' + action + ' ' + what + ': ' + (res.message || res.status));
         return null;
@@ -1009,6 +1049,7 @@
     confirmAction('Create ' + what + '?').then(function (yes) {
       if (!yes) { return null; }
       return send('POST', base + '/api/topics', {topic: topic, channel: channel}).then(function (res) {
+        bypassShare = true;
         if (!res.ok) { flash('error', 'Could not create ' + what + ': ' + (res.message || res.status)); return null; }
         flash(res.message ? 'warning' : 'ok', 'Created ' + what + (res.message ? ' \u2013 ' + res.message : '.'));
         form.reset();
