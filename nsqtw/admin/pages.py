@@ -187,8 +187,9 @@ def _missing_rows(ctx: PageContext, missing: list[dict[str, Any]], width: int) -
         rows.append(el(
             "tr",
             el("td", el("a", _host_port(m), href=ctx.url(f"/nodes/{q(node)}")), class_="name"),
-            el("td", _status_badge(m), " ",
-               el("span", "no current numbers from this node; totals below leave it out", class_="muted"),
+            el("td", el("div", _status_badge(m), " ",
+                        el("span", "no current numbers from this node; totals below leave it out", class_="muted"),
+                        class_="failed-text"),
                colspan=str(width - 1), class_="failed-cell"),
             class_="failed", data_row=f"missing:{node}", data_status=m.get("status"),
         ))

@@ -126,6 +126,10 @@ async def test_an_operator_on_a_failing_cluster(processes, browser) -> None:  # 
     await _width(browser, 400)
     assert await browser.js("return Array.from(document.querySelectorAll('thead tr.group-row'))"
                             ".every(function (r) { return r.getBoundingClientRect().height === 0; })")
+    # ... and the failed rows' badges stay within the window
+    rights = await browser.js("return Array.from(document.querySelectorAll('tr.failed .badge.danger'))"
+                              ".map(function (b) { return b.getBoundingClientRect().right; })")
+    assert rights and max(rights) <= 400, rights
     await browser.screenshot("channel-failed-400")
     await _width(browser, None)
 
