@@ -226,7 +226,7 @@ class AdminHTTPAPI:
         return pages.PageContext(
             base=o.base, is_admin=self._is_admin(request), user=user,
             lookupds=tuple(o.lookupd_http_addresses), nsqds=tuple(o.nsqd_http_addresses),
-            refresh_ms=int(o.refresh_interval * 1000), acl_enforced=bool(o.admin_users),
+            refresh_ms=int(o.refresh_interval * 1000), acl_enforced=bool(o.admin_users), now=self._now(),
         )
 
     def _page(self, request: HTTPRequest, ctx: pages.PageContext, page: pages.Page) -> bytes:
@@ -389,6 +389,9 @@ class AdminHTTPAPI:
         doc = {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
                "total_clients": total_clients, "message": warning_message(list(errors) + list(errs)),
                "status": state.to_json(self._now()) if state is not None else None}
+        if not per_node and state is not None and state.status != "ok":
+            # no answer: no current numbers (the page shows the last ones it knows, marked as such)
+            doc.update(total_messages=None, total_clients=None)
         return doc
 
     async def _counter_doc(self) -> dict[str, Any]:
@@ -424,7 +427,7 @@ class AdminHTTPAPI:
         except UpstreamError as e:
             page = pages.error_page(ctx, title, f"UPSTREAM_ERROR: {e}", 502, nav=nav, api=ctx.url(api))
         except HTTPAPIError as e:
-            page = pages.error_page(ctx, title, e.text, e.status, nav=nav)
+            page = pages.not_found_page(ctx, title, e.text, e.status, nav=nav)
         return self._page(request, ctx, page)
 
     @app.route("/", methods=["GET"])
@@ -702,6 +705,24 @@ class AdminHTTPAPI:
             raise self._upstream(e) from None
         self.node.notify("delete_channel", topic, channel, "", request)
         return self._done(request, errors)
+
+    @app.route("/api/nodes/<node>", methods=["POST"])
+    async def api_node_action(self, request: HTTPRequest, node: str) -> bytes:
+        """nsqtw: ``{"action": "forget"}`` drops a node that left nsqlookupd (gone) from nsqadmin's book
+        now instead of after ``--history-retention``: its row goes and totals stop being partial."""
+        self._require_admin(request)
+        action = _body_str(_read_json(request), "action")
+        if action != "forget":
+            raise HTTPAPIError(400, "INVALID_ACTION")
+        state = self._ci.book.get(node)
+        if state is None:
+            raise HTTPAPIError(404, "NODE_NOT_FOUND")
+        if state.status != "gone":
+            # one that nsqlookupd still lists (or that is configured) is asked again at the next poll
+            raise HTTPAPIError(400, "NODE_NOT_GONE: only a node that left nsqlookupd can be forgotten")
+        self._ci.book.drop(node)
+        self.node.notify("forget_node", "", "", node, request)
+        return self._done(request, [])
 
     @app.route("/api/nodes/<node>", methods=["DELETE"])
     async def api_tombstone(self, request: HTTPRequest, node: str) -> bytes:

@@ -28,6 +28,7 @@ from urllib.parse import quote
 import attr
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from ..upstream import Upstream as SharedUpstream
 from ..upstream import https_retry_url
@@ -414,6 +415,9 @@ class ChannelStats(ChannelCounts):
     clients: list[ClientStats] | None = attr.ib(default=None, kw_only=True)
     paused: bool = attr.ib(default=False, kw_only=True)
     e2e_processing_latency: E2eAggregate | None = attr.ib(default=None, kw_only=True)
+    #: when its oldest queued message was published (unix seconds; nsqtw's nsqd says so in /stats while
+    #: something is queued, Go's does not); summed channels keep the oldest of their nodes
+    oldest_message_ts: int | None = attr.ib(default=None, kw_only=True)
 
     @classmethod
     def from_nsqd_channel(cls, doc: dict[str, Any], topic: str, node: str, hostname: str,
@@ -430,6 +434,8 @@ class ChannelStats(ChannelCounts):
             clients=clients,
             paused=bool(doc.get("paused")),
             e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
+            oldest_message_ts=(int(doc["oldest_message_ts"]) if isinstance(doc.get("oldest_message_ts"), int)
+                               and not isinstance(doc.get("oldest_message_ts"), bool) else None),
         )
 
     def add(self, a: ChannelCounts) -> None:
@@ -440,6 +446,9 @@ class ChannelStats(ChannelCounts):
         self.node = "*"
         if a.paused:
             self.paused = True
+        if a.oldest_message_ts is not None and (self.oldest_message_ts is None
+                                                or a.oldest_message_ts < self.oldest_message_ts):
+            self.oldest_message_ts = a.oldest_message_ts
         if self.nodes is None:
             self.nodes = []
         self.nodes.append(a)
@@ -474,6 +483,7 @@ class ChannelStats(ChannelCounts):
             "paused": self.paused,
             "e2e_processing_latency": (None if self.e2e_processing_latency is None
                                        else self.e2e_processing_latency.to_json()),
+            **({} if self.oldest_message_ts is None else {"oldest_message_ts": self.oldest_message_ts}),
         }
 
 
@@ -641,6 +651,8 @@ class Upstream:
         self.request_timeout = request_timeout
         self.user_agent = user_agent
         self._shared = SharedUpstream(clock, request_timeout, http_client=client, user_agent=user_agent)
+        #: GETs under way: url -> the callers waiting for its body (see :meth:`get_json`)
+        self._pending: dict[str, tuple[list[defer.Deferred[bytes]], defer.Deferred[bytes]]] = {}
 
     async def _call(self, method: str, url: str, body: bytes | None,
                     headers: dict[bytes, bytes] | None) -> tuple[int, str, bytes]:
@@ -668,8 +680,47 @@ class Upstream:
                              f'{json.dumps(content.decode("utf-8", "replace"))}')
         return content
 
+    def _shared_get(self, url: str) -> defer.Deferred[bytes]:
+        """The body of ``GET url``, one request for every caller that asks while it is under way (open
+        tabs and the history poller asking the same nsqd at once cost it one request).  A caller that
+        is cancelled (its browser went away) only stops waiting; when the last one does, the request
+        is cancelled."""
+        entry = self._pending.get(url)
+
+        def cancel(d: defer.Deferred[bytes]) -> None:
+            current = self._pending.get(url)
+            if current is None or d not in current[0]:
+                return
+            current[0].remove(d)
+            if not current[0]:
+                del self._pending[url]
+                current[1].cancel()
+
+        mine: defer.Deferred[bytes] = defer.Deferred(cancel)
+        if entry is not None:
+            entry[0].append(mine)
+            return mine
+        waiters = [mine]
+        fetch = defer.Deferred.fromCoroutine(self.request("GET", url))
+        if fetch.called:  # answered at once (a test's in-memory nsqd)
+            fetch.chainDeferred(mine)
+            return mine
+        self._pending[url] = (waiters, fetch)
+
+        def settle(result: Any) -> None:
+            if self._pending.get(url, (None,))[0] is waiters:
+                del self._pending[url]
+            for w in list(waiters):
+                if not w.called:
+                    if isinstance(result, Failure):
+                        w.errback(result)
+                    else:
+                        w.callback(result)
+        fetch.addBoth(settle)
+        return mine
+
     async def get_json(self, url: str) -> Any:
-        content = await self.request("GET", url)
+        content = await self._shared_get(url)
         try:
             return json.loads(content)
         except ValueError as e:
@@ -985,57 +1036,58 @@ class ClusterInfo:
 
     async def peek(self, topic: str, channel: str | None, n: int, state: str = "all") -> dict[str, Any]:
         """What every nsqd producing ``topic`` has queued, in flight and deferred for ``channel``
-        (or in the topic's own queue when ``channel`` is None), merged: each message carries its
-        ``node``; each node says whether it answered and, when not, why (a node started without
-        ``--peek-enabled`` says so).  Queued messages come oldest first, in-flight ones by when
-        they were published, deferred ones by due time."""
+        (or in the topic's own queue when ``channel`` is None), node by node: each node's part is in
+        the order that node delivers (nsqd's own order, never re-sorted across nodes), at most ``n``
+        messages per state (``all`` asks each state, so a backlog never hides the in-flight and deferred
+        ones), with its depth and counts; a node that could not be peeked says why (peek off, a Go
+        nsqd without peek, not answering).  ``messages`` is every node's part, one after the other."""
         producers, errors = await self.topic_producers(topic)
         path = "channel/peek" if channel is not None else "topic/peek"
-        params = {"topic": topic, "n": str(n)}
-        if channel is not None:
-            params.update(channel=channel, state=state)
+        states = [state] if channel is None or state != "all" else ["queued", "in_flight", "deferred"]
 
-        async def one(p: Producer) -> dict[str, Any]:
+        async def ask(p: Producer, st: str) -> tuple[int, dict[str, Any], str]:
+            params = {"topic": topic, "n": str(n)}
+            if channel is not None:
+                params.update(channel=channel, state=st)
             url = _url(p.base_url, path, **params)
-            node: dict[str, Any] = {"node": p.http_address, "ok": False}
             try:
                 code, _, content = await self.upstream._call("GET", url, None, None)
             except FetchError as e:
-                node["error"] = str(e)
-                return node
+                return 0, {}, str(e)
             try:
                 doc = json.loads(content) if content else {}
             except ValueError:
                 doc = {}
-            if code == 200 and isinstance(doc, dict):
-                node.update(ok=True, doc=doc)
-            elif code == 403 and doc.get("message") == "PEEK_DISABLED":
-                node["error"] = "peek is off on this nsqd (start it with --peek-enabled)"
-            elif code == 404:
-                node["error"] = f"not on this node ({doc.get('message', code)})"
-            else:
-                node["error"] = f"got response {code} {doc.get('message', '')}".strip()
+            return code, doc if isinstance(doc, dict) else {}, ""
+
+        async def one(p: Producer) -> dict[str, Any]:
+            node: dict[str, Any] = {"node": p.http_address, "ok": False, "messages": [], "truncated": False}
+            for st in states:
+                code, doc, error = await ask(p, st)
+                if code == 200:
+                    node["ok"] = True
+                    node["messages"].extend(dict(m, node=p.http_address) for m in doc.get("messages") or [])
+                    node["truncated"] = node["truncated"] or bool(doc.get("truncated"))
+                    node.update(depth=doc.get("depth"), in_flight_count=doc.get("in_flight_count"),
+                                deferred_count=doc.get("deferred_count"))
+                    continue
+                node["ok"] = False
+                node["messages"] = []
+                if error:
+                    node["error"] = error
+                elif code == 403 and doc.get("message") == "PEEK_DISABLED":
+                    node["error"] = "peek is off on this nsqd (start it with --peek-enabled)"
+                elif code in (404, 405) and doc.get("message") not in ("TOPIC_NOT_FOUND", "CHANNEL_NOT_FOUND"):
+                    # the route itself is missing: an nsqd without peek (Go's answers 404 NOT_FOUND)
+                    node["error"] = "peek is not available on this nsqd (Go's nsqd has no peek)"
+                elif code == 404:
+                    node["error"] = f"not on this node ({doc.get('message')})"
+                else:
+                    node["error"] = f"got response {code} {doc.get('message', '')}".strip()
+                break
             return node
 
-        answers = list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
-        order = {"queued": 0, "in_flight": 1, "deferred": 2}
-        messages: list[dict[str, Any]] = []
-        truncated = False
-        nodes = []
-        for a in answers:
-            doc = a.pop("doc", None)
-            if doc is not None:
-                for m in doc.get("messages") or []:
-                    m["node"] = a["node"]
-                    messages.append(m)
-                truncated = truncated or bool(doc.get("truncated"))
-                a.update(depth=doc.get("depth"), in_flight_count=doc.get("in_flight_count"),
-                         deferred_count=doc.get("deferred_count"))
-            nodes.append(a)
-        messages.sort(key=lambda m: (order.get(m.get("state", ""), 3),
-                                     m.get("deliver_at") or 0 if m.get("state") == "deferred" else m.get("timestamp", 0)))
-        if len(messages) > n:
-            truncated = True
-            messages = messages[:n]
-        return {"topic": topic, "channel": channel, "nodes": nodes, "messages": messages, "truncated": truncated,
-                "message": warning_message(errors)}
+        nodes = list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
+        messages = [m for a in nodes for m in a["messages"]]
+        return {"topic": topic, "channel": channel, "state": state, "n": n, "nodes": nodes, "messages": messages,
+                "truncated": any(a["truncated"] for a in nodes), "message": warning_message(errors)}

@@ -19,7 +19,7 @@ import attr
 
 from .cluster import TopicStats
 
-__all__ = ["History", "Sample", "last_value", "current_value", "rising"]
+__all__ = ["History", "Sample", "HISTORY_FORMAT", "last_value", "current_value", "rising", "growing", "GROWING_POLLS"]
 
 # per node: (depth, in_flight_count, message_count)
 _Counts = tuple[int, int, int]
@@ -59,9 +59,44 @@ class Sample:
     topics: dict[str, TopicSample] = attr.ib(factory=dict)
     #: the nodes that did not answer this poll
     failed: frozenset[str] = attr.ib(default=frozenset())
+    #: the nodes that left nsqlookupd (killed, or stopped) and are not forgotten yet: not asked, so
+    #: every sum this sample gives is partial
+    gone: frozenset[str] = attr.ib(default=frozenset())
     rows: dict[tuple[str, str, str], _Row] = attr.ib(factory=dict)
     #: per (topic, channel, node): quantile -> end-to-end latency (ns), when nsqd reports percentiles
     e2e: dict[tuple[str, str, str], dict[float, float]] = attr.ib(factory=dict)
+
+
+#: the format of :meth:`History.to_doc` (``--history-path``)
+HISTORY_FORMAT = 1
+
+
+def _sample_doc(s: Sample) -> dict[str, Any]:
+    return {
+        "t": s.t, "failed": sorted(s.failed), "gone": sorted(s.gone),
+        "rows": [[*k, *r] for k, r in s.rows.items()],
+        "e2e": [[*k, [[q, v] for q, v in d.items()]] for k, d in s.e2e.items()],
+        "topics": {name: attr.asdict(t) for name, t in s.topics.items()},
+    }
+
+
+def _row(values: Sequence[Any]) -> _Row:
+    a, b, c, d, e, f, g, h = (int(x) for x in values)
+    return a, b, c, d, e, f, g, h
+
+
+def _sample_of(doc: dict[str, Any]) -> Sample:
+    def counts(nodes: dict[str, Any]) -> dict[str, _Counts]:
+        return {n: (int(c[0]), int(c[1]), int(c[2])) for n, c in nodes.items()}
+    topics = {}
+    for name, t in doc["topics"].items():
+        channels = {cn: ChannelSample(**{**c, "nodes": counts(c["nodes"])}) for cn, c in t["channels"].items()}
+        topics[name] = TopicSample(**{**t, "nodes": counts(t["nodes"]), "channels": channels})
+    return Sample(
+        float(doc["t"]), topics=topics, failed=frozenset(doc["failed"]), gone=frozenset(doc["gone"]),
+        rows={(r[0], r[1], r[2]): _row(r[3:11]) for r in doc["rows"]},
+        e2e={(e[0], e[1], e[2]): {float(q): float(v) for q, v in e[3]} for e in doc["e2e"]},
+    )
 
 
 def last_value(series: Sequence[Any] | None) -> Any:
@@ -89,6 +124,19 @@ def rising(series: Sequence[Any] | None) -> bool:
     if not series or len(series) < 2 or series[-1] is None or series[-2] is None:
         return False
     return bool(series[-1] > series[-2])
+
+
+#: a channel's backlog is "growing" when its depth rose at each of this many polls in a row
+GROWING_POLLS = 3
+
+
+def growing(series: Sequence[Any] | None, polls: int = GROWING_POLLS) -> bool:
+    """Whether the last ``polls + 1`` points exist and each is higher than the one before (a backlog
+    its consumers do not keep up with)."""
+    tail = list(series or ())[-(polls + 1):]
+    if len(tail) < polls + 1 or any(v is None for v in tail):
+        return False
+    return all(b > a for a, b in zip(tail, tail[1:], strict=False))
 
 
 def _rate(prev: dict[str, _Counts] | None, cur: dict[str, _Counts] | None, dt: float) -> float | None:
@@ -141,10 +189,11 @@ class History:
             self.coarse.popleft()
 
     def record(self, t: float, topics: Iterable[TopicStats], message: str = "",
-               failed: Iterable[str] = ()) -> Sample:
+               failed: Iterable[str] = (), gone: Iterable[str] = ()) -> Sample:
         """Add one poll's per-node topic rows (as :func:`~nsqtw.admin.cluster.aggregate_stats` gives);
-        ``failed``: the nodes that did not answer (their topics get gaps, not their last values)."""
-        sample = Sample(t, failed=frozenset(failed))
+        ``failed``: the nodes that did not answer (their topics get gaps, not their last values);
+        ``gone``: the nodes that left nsqlookupd (charts mark their samples as partial)."""
+        sample = Sample(t, failed=frozenset(failed), gone=frozenset(gone) - frozenset(failed))
         for ts in topics:
             sample.rows[(ts.topic_name, "", ts.node)] = (ts.memory_depth, ts.backend_depth, ts.message_count,
                                                          0, 0, 0, 0, 0)
@@ -179,6 +228,31 @@ class History:
         self._keep(sample)
         self.message = message
         return sample
+
+    # --- on disk (``--history-path``) ---------------------------------------------
+
+    def snapshot(self) -> tuple[list[Sample], list[Sample]]:
+        """The samples as they are now (cheap; the samples themselves never change once recorded)."""
+        return list(self.coarse), list(self.samples)
+
+    def to_doc(self, snapshot: tuple[list[Sample], list[Sample]] | None = None) -> dict[str, Any]:
+        coarse, samples = snapshot if snapshot is not None else self.snapshot()
+        return {"format": HISTORY_FORMAT, "interval": self.interval,
+                "coarse": [_sample_doc(x) for x in coarse], "samples": [_sample_doc(x) for x in samples]}
+
+    def load_doc(self, doc: dict[str, Any], now: float) -> int:
+        """Take the samples of a saved history (what :meth:`to_doc` wrote) that ``retention`` still
+        covers at ``now``; returns how many.  A document of another format raises ValueError."""
+        if not isinstance(doc, dict) or doc.get("format") != HISTORY_FORMAT:
+            raise ValueError(f"not an nsqadmin history of format {HISTORY_FORMAT}")
+        horizon = now - self.retention
+        loaded = [_sample_of(x) for x in list(doc.get("coarse") or []) + list(doc.get("samples") or [])]
+        loaded = sorted((x for x in loaded if horizon <= x.t <= now), key=lambda x: x.t)
+        self.samples.clear()
+        self.coarse.clear()
+        for sample in loaded:
+            self._keep(sample)
+        return len(loaded)
 
     # --- series ------------------------------------------------------------------
 
@@ -223,6 +297,16 @@ class History:
     def _envelope(self) -> dict[str, Any]:
         return {"interval": self.interval, "timestamps": self.timestamps()}
 
+    def _gaps(self, nodes: set[str] | None) -> list[bool]:
+        """Per sample: whether a node of the scope (``nodes``; None: any node) did not answer, so its
+        sums are partial (sparklines break there instead of dipping)."""
+        if nodes is None:
+            return [bool(s.failed) for s in self.samples]
+        return [bool(s.failed & nodes) for s in self.samples]
+
+    def _topic_nodes(self, name: str) -> set[str]:
+        return {n for s in self.samples if name in s.topics for n in s.topics[name].nodes}
+
     def overview(self) -> dict[str, Any]:
         """Every topic's totals, and the whole cluster's message count (``/api/history``)."""
         out = self._envelope()
@@ -242,6 +326,7 @@ class History:
             current = newest.topics.get(name) if newest else None
             series["channel_count"] = len(current.channels) if current else None
             series["paused"] = bool(current.paused) if current else False
+            series["gaps"] = self._gaps(self._topic_nodes(name))
             topics[name] = series
         out["topics"] = topics
 
@@ -251,7 +336,7 @@ class History:
                      for node, counts in c.nodes.items()}
             return 0, sum(c[2] for c in nodes.values()), 0, nodes
         series = self._series(total) if self.samples else {"message_count": [], "rate": []}
-        out["total"] = {"message_count": series["message_count"], "rate": series["rate"]}
+        out["total"] = {"message_count": series["message_count"], "rate": series["rate"], "gaps": self._gaps(None)}
         out["message"] = self.message
         return out
 
@@ -264,6 +349,7 @@ class History:
             return None if t is None else (t.depth, t.message_count, 0, t.nodes)
         series = self._series(topic_pick)
         del series["in_flight_count"]
+        series["gaps"] = self._gaps(self._topic_nodes(name))
         out["topic"] = series
         node_names = sorted({n for s in self.samples if name in s.topics for n in s.topics[name].nodes})
         nodes = {}
@@ -281,6 +367,9 @@ class History:
                 c = t.channels.get(cname) if t else None
                 return None if c is None else (c.depth, c.message_count, c.in_flight_count, c.nodes)
             channels[cname] = self._series(ch_pick)
+            channels[cname]["gaps"] = self._gaps({n for s in self.samples if name in s.topics
+                                                  and cname in s.topics[name].channels
+                                                  for n in s.topics[name].channels[cname].nodes})
             channels[cname]["timeout_count"] = [
                 None if s.topics.get(name) is None or s.topics[name].channels.get(cname) is None
                 else s.topics[name].channels[cname].timeout_count for s in self.samples]
@@ -301,6 +390,7 @@ class History:
             return None if c is None else (c.depth, c.message_count, c.in_flight_count, c.nodes)
         out["channel"] = self._series(pick)
         node_names = sorted({n for s in self.samples for n in ((find(s) or ChannelSample()).nodes)})
+        out["channel"]["gaps"] = self._gaps(set(node_names))
         out["nodes"] = {
             node: self._series(self._node_pick(lambda s: (getattr(find(s), "nodes", None)), node))
             for node in node_names
@@ -325,13 +415,18 @@ class History:
         sums; ``publish_rate``, ``finish_rate`` (as the Spark job computes it: messages put to the channel
         minus the growth of what it holds), ``requeue_rate`` and ``timeout_rate`` are per second between
         consecutive samples; ``e2e:<quantile>`` (channels) the nodes' average.  A sample in which a node of
-        the scope did not answer is a gap (None), never a zero or a partial sum."""
+        the scope did not answer is a gap (None), never a zero or a partial sum; one in which a node of the
+        scope had left nsqlookupd (killed or stopped, not yet forgotten) is drawn from the nodes that remain
+        and flagged in ``partial``.  Samples from before the scope first appears are neither (``created``
+        says when it did).  A topic's depth is everything it holds: its own queue and its channels'."""
         samples = self.window(since)
 
         def depth_key(k: tuple[str, str, str]) -> bool:
             if node is not None:
                 return k[2] == node
-            return k[0] == topic and k[1] == (channel or "")
+            if channel is None:
+                return k[0] == topic
+            return k[0] == topic and k[1] == channel
 
         def pub_key(k: tuple[str, str, str]) -> bool:
             if node is not None:
@@ -353,11 +448,18 @@ class History:
         for q in quantiles:
             series[f"e2e:{q:g}"] = []
         gaps: list[bool] = []
+        partial: list[bool] = []
         prev: Sample | None = None
+        created: int | None = None
         for s in samples:
-            gap = bool(nodes & s.failed) or not any(depth_key(k) or chan_key(k) for k in s.rows)
+            present = any(depth_key(k) or chan_key(k) for k in s.rows)
+            if created is None and present:
+                created = int(s.t)
+            # before it existed there is nothing to miss: blank, not shaded
+            gap = created is not None and (bool(nodes & s.failed) or not present)
             gaps.append(gap)
-            if gap:
+            partial.append(not gap and present and bool(nodes & s.gone))
+            if gap or not present:
                 for values in series.values():
                     values.append(None)
                 prev = None
@@ -383,7 +485,8 @@ class History:
                 series[f"e2e:{q:g}"].append(round(sum(vals) / len(vals), 1) if vals else None)
             prev = s
         return {"interval": self.interval, "retention": self.retention, "timestamps": [int(s.t) for s in samples],
-                "series": series, "gaps": gaps, "message": self.message}
+                "series": series, "gaps": gaps, "partial": partial, "created": created,
+                "gone": sorted({n for s in samples for n in s.gone & nodes}), "message": self.message}
 
 
 def _chart_rate(prev: Sample | None, cur: Sample, keyf: Any, delta: Any, dt: float) -> float | None:

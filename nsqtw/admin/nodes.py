@@ -75,6 +75,7 @@ class NodeState:
             "depth": self.depth,
             "clients": self.clients,
             "topics": sorted(self.topics),
+            "channel_count": sum(len(chans) for chans in self.topics.values()),
         }
         if now is not None and self.start_time and self.status == OK:
             doc["uptime_seconds"] = max(0, int(now) - int(self.start_time))
@@ -195,6 +196,14 @@ class NodeBook:
         horizon = self._now() - self.retention
         for key in [k for k, s in self.nodes.items() if s.gone_since is not None and s.gone_since < horizon]:
             del self.nodes[key]
+
+    def drop(self, address: str) -> NodeState | None:
+        """Forget one node now (an operator removed it on purpose): no row, no partial totals for it.
+        It comes back if nsqlookupd lists it again or it answers."""
+        key = self.aliases.get(address, address)
+        for alias in [a for a, to in self.aliases.items() if to == key]:
+            del self.aliases[alias]
+        return self.nodes.pop(key, None)
 
     def failing(self, topic: str | None = None, present: Iterable[str] = ()) -> list[NodeState]:
         """Nodes not answering (of ``topic`` when given: they last reported it), minus ``present``."""

@@ -115,6 +115,10 @@ class AdminOptions:
                                    help="[nsqtw] how far back the charts go (e.g. 6h); samples older than the "
                                         "--history-size newest are thinned to at most 720 over this span, so "
                                         "memory stays bounded")
+    history_path: str = opt(default="", flag="history-path", kind=STR,
+                            help="[nsqtw] a directory where nsqadmin keeps its history (nsqadmin.history.json, "
+                                 "written every 30s and at exit, off the reactor) so a restart does not blank "
+                                 "every chart; empty: memory only")
     refresh_interval: float = opt(default=5.0, flag="refresh-interval", kind=DURATION,
                                   help="[nsqtw] how often the pages poll the JSON API for fresh numbers")
 

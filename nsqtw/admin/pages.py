@@ -24,11 +24,11 @@ from urllib.parse import quote
 import attr
 
 from .. import NSQ_VERSION, __version__
-from .history import current_value, last_value, rising
+from .history import GROWING_POLLS, current_value, growing, last_value, rising
 from .html import Markup, commafy, el, escape, fmt_rate, fmt_seconds, join, nanotohuman, percentile_label
 
 __all__ = ["PageContext", "Page", "render", "topics_page", "topic_page", "channel_page", "nodes_page",
-           "node_page", "lookup_page", "counter_page", "error_page"]
+           "node_page", "lookup_page", "counter_page", "error_page", "not_found_page", "confirm_text"]
 
 CLIENT_STATES = {0: "init", 1: "disconnected", 2: "connected", 3: "subscribed", 4: "closing"}
 
@@ -42,6 +42,8 @@ class PageContext:
     nsqds: Sequence[str] = attr.ib(default=())
     refresh_ms: int = attr.ib(default=5000)
     acl_enforced: bool = attr.ib(default=False)
+    #: the admin's clock when the page is built (ages of the oldest queued messages)
+    now: float = attr.ib(default=0.0)
 
     def url(self, path: str) -> str:
         return (self.base.rstrip("/") + path) or "/"
@@ -88,9 +90,11 @@ def render(ctx: PageContext, page: Page) -> str:
     else:
         who = el("span", "no ACL: everyone is admin", class_="badge", title="start nsqadmin with --admin-user to restrict actions")
     if ctx.lookupds:
-        cluster = join(["nsqlookupd ", ", ".join(ctx.lookupds)])
+        cluster = join(["nsqlookupd ", join(join([", " if i else "", el("span", a, class_="addr")])
+                                             for i, a in enumerate(ctx.lookupds))])
     else:
-        cluster = join(["nsqd ", ", ".join(ctx.nsqds)])
+        cluster = join(["nsqd ", join(join([", " if i else "", el("span", a, class_="addr")])
+                                      for i, a in enumerate(ctx.nsqds))])
     return _LAYOUT.substitute(
         title=escape(page.title),
         static=escape(ctx.url("/static")),
@@ -183,8 +187,9 @@ def _missing_rows(ctx: PageContext, missing: list[dict[str, Any]], width: int) -
         rows.append(el(
             "tr",
             el("td", el("a", _host_port(m), href=ctx.url(f"/nodes/{q(node)}")), class_="name"),
-            el("td", _status_badge(m), " ",
-               el("span", "no current numbers from this node; totals below leave it out", class_="muted"),
+            el("td", el("div", _status_badge(m), " ",
+                        el("span", "no current numbers from this node; totals below leave it out", class_="muted"),
+                        class_="failed-text"),
                colspan=str(width - 1), class_="failed-cell"),
             class_="failed", data_row=f"missing:{node}", data_status=m.get("status"),
         ))
@@ -194,6 +199,19 @@ def _missing_rows(ctx: PageContext, missing: list[dict[str, Any]], width: int) -
 def _mem_disk(doc: dict[str, Any]) -> Markup:
     return el("td", f"{commafy(doc.get('memory_depth'))} + {commafy(doc.get('backend_depth'))}",
               class_="num muted", data_v="mem_disk")
+
+
+def _oldest(ctx: PageContext, doc: dict[str, Any]) -> Markup:
+    """How long the oldest queued message has waited (nsqtw's nsqd reports it; Go's does not: "–")."""
+    ts = doc.get("oldest_message_ts")
+    if ts is None:
+        title = ("nothing queued" if not doc.get("depth") else
+                 "this nsqd does not report its oldest message (Go's nsqd does not)")
+        return el("td", "\u2013", class_="num muted", data_v="oldest", title=title)
+    age = max(0.0, ctx.now - ts)
+    return el("td", fmt_seconds(age), class_="num", data_v="oldest",
+              title="the oldest queued message was published " +
+                    time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)))
 
 
 def _spark(path: str, label: str = "", wide: bool = False) -> Markup:
@@ -271,9 +289,12 @@ CHARTS: tuple[tuple[str, str, str, str, str], ...] = (
 RANGES = ((300, "5 min"), (3600, "1 h"), (21600, "6 h"))
 
 
-def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False) -> Markup:
-    """Time-series charts of ``what`` (a topic, channel or node) with a range picker and hover read-out."""
+def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False, depth_title: str = "") -> Markup:
+    """Time-series charts of ``what`` (a topic, channel or node) with a range picker and hover read-out;
+    ``depth_title`` renames the Depth chart (a topic's is everything it holds: its queue and its channels')."""
     charts = list(CHARTS)
+    if depth_title:
+        charts[0] = ("depth", depth_title) + charts[0][2:]
     if e2e:
         charts.append(("e2e", "End-to-end latency", "e2e:*", "", "ns"))
     figures = []
@@ -284,12 +305,14 @@ def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False) -> Ma
             el("figcaption", title, el("span", "", class_="readout", aria_live="off")),
             el("svg", el("title", label), class_="chart", role="img", aria_label=label, viewBox="0 0 480 170"),
             el("div", class_="legend"),
+            el("p", "", class_="chart-note hint"),
             class_="chart-box", data_chart=key, data_series=series, data_labels=labels, data_unit=unit))
     picker = el("div", *(el("button", label, type="button", class_="btn range" + (" active" if i == 0 else ""),
                             data_range=str(seconds), aria_pressed="true" if i == 0 else "false")
                          for i, (seconds, label) in enumerate(RANGES)),
                 class_="ranges", role="group", aria_label="time range")
-    return el("section", el("h2", "History ", el("small", "(gaps: a node did not answer)", class_="muted")),
+    return el("section", el("h2", "History ", el("small", "(shaded red: a node did not answer; amber: a node had "
+                                                           "left, the line is the others' share)", class_="muted")),
               picker, el("div", *figures, class_="charts"), class_="charts-panel", data_charts=api)
 
 
@@ -381,6 +404,68 @@ def _on_nodes(n: int) -> str:
     return f"on {n} node" + ("" if n == 1 else "s")
 
 
+def _n(doc: dict[str, Any], key: str) -> int:
+    return int(doc.get(key) or 0)
+
+
+def _missing_note(doc: dict[str, Any]) -> str:
+    """What a confirmation must say about the nodes holding this that do not answer now."""
+    missing = doc.get("nodes_missing") or []
+    if not missing:
+        return ""
+    names = ", ".join(f"{m.get('node', '')} {m.get('status', '')}" for m in missing)
+    one = len(missing) == 1
+    return (f" {_plural(len(missing), 'more node')} holding it {'does' if one else 'do'} not answer ({names}): "
+            f"{'its' if one else 'their'} messages are not counted here and this does not reach "
+            f"{'it' if one else 'them'}.")
+
+
+def _held(queued: int, in_flight: int, deferred: int) -> str:
+    return f"{commafy(queued)} queued, {commafy(in_flight)} in flight, {commafy(deferred)} deferred"
+
+
+def confirm_text(action: str, topic: str, channel: str, doc: dict[str, Any]) -> str:
+    """The confirmation for ``action`` on a topic or channel, from its API document (``/api/topics/...``).
+
+    It says what nsqd really does: ``/channel/empty`` and ``/channel/delete`` drop the queued, in-flight
+    and deferred messages alike.  The page script builds the same text (``confirmText`` in admin.js)
+    from each live refresh, so the counts are the ones the table shows when the button is pressed."""
+    nodes = len(doc.get("nodes") or [])
+    where = _on_nodes(nodes)
+    note = _missing_note(doc)
+    if channel:
+        label = f"{topic}/{channel}"
+        queued, in_flight, deferred = _n(doc, "depth"), _n(doc, "in_flight_count"), _n(doc, "deferred_count")
+        total = queued + in_flight + deferred
+        held = _held(queued, in_flight, deferred)
+        if action == "empty":
+            return (f"Empty channel {label}: discard all {commafy(total)} messages {where} ({held})? "
+                    "In-flight and deferred messages are dropped too; consumers cannot finish the ones they "
+                    f"hold.{note}")
+        if action == "delete":
+            return (f"Delete channel {label} everywhere: all {commafy(total)} messages {where} ({held}) are "
+                    f"discarded and its {_plural(_n(doc, 'client_count'), 'consumer')} disconnected.{note}")
+        if action == "pause":
+            return (f"Pause channel {label} {where}? Consumers get no messages until it is unpaused; "
+                    f"messages keep queueing.{note}")
+        return f"Unpause channel {label} {where}? Consumers get messages again.{note}"
+    channels = doc.get("channels") or []
+    if action == "empty":
+        return (f"Empty topic {topic}: discard the {commafy(_n(doc, 'depth'))} messages queued at the topic "
+                f"{where}? Its channels keep theirs.{note}")
+    if action == "delete":
+        held_by_channels = sum(_n(c, "depth") + _n(c, "in_flight_count") + _n(c, "deferred_count")
+                               for c in channels)
+        everything = _n(doc, "depth") + held_by_channels
+        return (f"Delete topic {topic} everywhere: its {_plural(len(channels), 'channel')} and all "
+                f"{commafy(everything)} messages {where} (at the topic and in its channels: queued, in flight "
+                f"and deferred) are discarded, and nsqlookupd forgets it.{note}")
+    if action == "pause":
+        return (f"Pause topic {topic} {where}? New messages queue at the topic and its channels get nothing "
+                f"until it is unpaused.{note}")
+    return f"Unpause topic {topic} {where}? Messages flow to its channels again.{note}"
+
+
 def _tombstone(topic: str, node: str) -> Markup:
     text = (f"Tombstone topic {topic} on {node}: nsqlookupd stops handing this node out for the topic and the "
             "topic (with every message it holds there) is deleted from that node.")
@@ -406,23 +491,14 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
         parts.append(_notice("No nsqd produces this topic now.", "nsqlookupd knows it, but no node holds it. See ",
                              el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
     else:
-        n_nodes = len(nodes)
         if ctx.is_admin and nodes:
-            backlog = sum(int(c.get("depth") or 0) for c in channels)
-            everything = int(stats.get("depth") or 0) + backlog
             parts.append(el(
                 "div",
-                _button("Empty Queue", "empty", "warn",
-                        f"Empty topic {topic}: discard the {commafy(stats.get('depth'))} messages queued at the topic "
-                        f"{_on_nodes(n_nodes)}? Its channels keep theirs.", topic=topic),
-                _button("Delete Topic", "delete", "danger",
-                        f"Delete topic {topic} everywhere: its {len(channels)} channel"
-                        f"{'' if len(channels) == 1 else 's'} and the {commafy(everything)} messages they hold "
-                        f"{_on_nodes(n_nodes)} are discarded, and nsqlookupd forgets it.", topic=topic),
-                (_button("Unpause Topic", "unpause", "ok", f"Unpause topic {topic} {_on_nodes(n_nodes)}? Messages "
-                         "flow to its channels again.", topic=topic) if paused else
-                 _button("Pause Topic", "pause", "primary", f"Pause topic {topic} {_on_nodes(n_nodes)}? New messages "
-                         "queue at the topic and its channels get nothing until it is unpaused.", topic=topic)),
+                _button("Empty Queue", "empty", "warn", confirm_text("empty", topic, "", stats), topic=topic),
+                _button("Delete Topic", "delete", "danger", confirm_text("delete", topic, "", stats), topic=topic),
+                (_button("Unpause Topic", "unpause", "ok", confirm_text("unpause", topic, "", stats), topic=topic)
+                 if paused else
+                 _button("Pause Topic", "pause", "primary", confirm_text("pause", topic, "", stats), topic=topic)),
                 class_="actions"))
         quantiles = _percentiles(stats)
         hist_nodes = history.get("nodes") or {}
@@ -455,7 +531,7 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
             class_="total", data_row="total", data_hist="topic", data_paused="1" if paused else None,
         ))
         e2e_head = (el("tr", el("th", colspan=6), el("th", "E2E processing latency", colspan=len(quantiles),
-                                                        class_="group"), el("th", colspan=2))
+                                                        class_="group"), el("th", colspan=2), class_="group-row")
                     if quantiles else "")
         parts.append(el("section", el("h2", "Topic message queue"), _grid(el("thead", e2e_head, el(
             "tr", el("th", "nsqd host"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
@@ -466,7 +542,8 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
     parts.append(_channels_table(ctx, topic, channels, history.get("channels") or {},
                                  stats.get("channels_elsewhere") or [], bool(missing)))
     if nodes or missing:
-        parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}"), f"topic {topic}"))
+        parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}"), f"topic {topic}",
+                                  depth_title="Backlog (topic queue and channels)"))
     if nodes and not channels:
         # before it has channels, a topic keeps its messages in its own queue: show those
         parts.append(peek_panel(ctx, ctx.url(f"/api/topic-peek/{q(topic)}"), states=False))
@@ -484,6 +561,10 @@ def channel_trouble(c: dict[str, Any], hist: dict[str, Any] | None, key: str) ->
     if int(c.get("depth") or 0) > 0 and int(c.get("client_count") or 0) == 0 and not c.get("paused"):
         out.append(el("span", "backlog, no consumer", class_="badge danger trouble-badge", data_row=f"{key}:backlog",
                       title=f"{commafy(c.get('depth'))} messages wait and no client is subscribed"))
+    if int(c.get("client_count") or 0) > 0 and not c.get("paused") and growing((hist or {}).get("depth")):
+        out.append(el("span", "growing", class_="badge warn trouble-badge", data_row=f"{key}:growing",
+                      title=f"the backlog grew at each of the last {GROWING_POLLS} polls: its consumers fall "
+                            "behind"))
     if rising((hist or {}).get("timeout_count")):
         out.append(el("span", "timeouts rising", class_="badge warn trouble-badge", data_row=f"{key}:timeouts",
                       title="messages timed out (not finished in time) since the previous poll"))
@@ -509,7 +590,7 @@ def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]]
             "tr",
             el("td", el("a", name, href=ctx.url(f"/topics/{q(topic)}/{q(name)}")), " ",
                _paused_badge(bool(c.get("paused"))), " ", *trouble, class_="name"),
-            _num(c.get("depth"), "depth"), _mem_disk(c),
+            _num(c.get("depth"), "depth"), _mem_disk(c), _oldest(ctx, c),
             _num(c.get("in_flight_count"), "in_flight_count"), _num(c.get("deferred_count"), "deferred_count"),
             _num(c.get("requeue_count"), "requeue_count"), _num(c.get("timeout_count"), "timeout_count"),
             _num(c.get("message_count"), "message_count"), _rate_cell(hist_channels.get(name)),
@@ -524,13 +605,14 @@ def _channels_table(ctx: PageContext, topic: str, channels: list[dict[str, Any]]
         where = ("last reported by a node that does not answer now" if partial
                  else "registered with nsqlookupd; no answering nsqd has it")
         rows.append(el("tr", el("td", el("a", name, href=ctx.url(f"/topics/{q(topic)}/{q(name)}")), class_="name"),
-                       el("td", where, colspan=str(11 + len(quantiles)), class_="muted"),
+                       el("td", where, colspan=str(12 + len(quantiles)), class_="muted"),
                        class_="elsewhere", data_row=f"elsewhere:{name}"))
-    e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
-                                                     class_="group"), el("th", colspan=2)) if quantiles else "")
+    e2e_head = (el("tr", el("th", colspan=11), el("th", "E2E processing latency", colspan=len(quantiles),
+                                                     class_="group"), el("th", colspan=2), class_="group-row") if quantiles else "")
     def sortable(label: str, cls: str = "num", title: str | None = None) -> Markup:
         return el("th", label, class_=f"{cls} sortable", tabindex="0", aria_sort="none", title=title)
     head = el("tr", sortable("Channel", "text"), sortable("Depth"), sortable("Memory + Disk"),
+              sortable("Oldest", title="how long the oldest queued message has waited"),
               sortable("In-Flight"), sortable("Deferred"), sortable("Requeued"), sortable("Timed Out"),
               sortable("Messages"), sortable("Rate"), sortable("Clients", title="connections"),
               *[el("th", percentile_label(quant), class_="num e2e sortable", tabindex="0", aria_sort="none")
@@ -560,23 +642,15 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
         parts.append(_notice("No nsqd has this channel now.", "nsqlookupd has it registered, but no node holds it. "
                              "See ", el("a", "Lookup", href=ctx.url("/lookup")), " for more information."))
     else:
-        n_nodes = len(nodes)
         if ctx.is_admin and nodes:
-            label = f"{topic}/{channel}"
+            def button(text: str, action: str, kind: str) -> Markup:
+                return _button(text, action, kind, confirm_text(action, topic, channel, stats), topic=topic,
+                               channel=channel)
             parts.append(el(
                 "div",
-                _button("Empty Queue", "empty", "warn",
-                        f"Empty channel {label}: discard {commafy(stats.get('depth'))} messages "
-                        f"{_on_nodes(n_nodes)}? (In-flight and deferred ones stay.)", topic=topic, channel=channel),
-                _button("Delete Channel", "delete", "danger",
-                        f"Delete channel {label} everywhere: its {commafy(stats.get('depth'))} queued messages "
-                        f"{_on_nodes(n_nodes)} are discarded and its {commafy(stats.get('client_count'))} "
-                        "consumers disconnected.", topic=topic, channel=channel),
-                (_button("Unpause Channel", "unpause", "ok", f"Unpause channel {label} {_on_nodes(n_nodes)}? "
-                         "Consumers get messages again.", topic=topic, channel=channel) if paused else
-                 _button("Pause Channel", "pause", "primary",
-                         f"Pause channel {label} {_on_nodes(n_nodes)}? Consumers get no messages until it is "
-                         "unpaused; messages keep queueing.", topic=topic, channel=channel)),
+                button("Empty Queue", "empty", "warn"),
+                button("Delete Channel", "delete", "danger"),
+                button("Unpause Channel", "unpause", "ok") if paused else button("Pause Channel", "pause", "primary"),
                 class_="actions"))
         quantiles = _percentiles(stats)
         hist_nodes = history.get("nodes") or {}
@@ -586,7 +660,7 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
             return el(
                 "tr", el("td", first, " ", _paused_badge(bool(doc.get("paused"))) if key != "total" else "",
                          class_="name"),
-                _num(doc.get("depth"), "depth"), _mem_disk(doc),
+                _num(doc.get("depth"), "depth"), _mem_disk(doc), _oldest(ctx, doc),
                 _num(doc.get("in_flight_count"), "in_flight_count"), _num(doc.get("deferred_count"), "deferred_count"),
                 _num(doc.get("requeue_count"), "requeue_count"), _num(doc.get("timeout_count"), "timeout_count"),
                 _num(doc.get("message_count"), "message_count"), _rate_cell(hist),
@@ -600,12 +674,13 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
 
         rows = [row(n, _node_link(ctx, n), f"node:{n.get('node', '')}", hist_nodes.get(n.get("node", "")),
                     f"nodes/{n.get('node', '')}") for n in nodes]
-        rows += _missing_rows(ctx, missing, 12 + len(quantiles))
+        rows += _missing_rows(ctx, missing, 13 + len(quantiles))
         rows.append(row(stats, join(["Total ", _partial_badge(partial, block=True)]), "total", history.get("channel"), "channel",
                         cls="total"))
-        e2e_head = (el("tr", el("th", colspan=10), el("th", "E2E processing latency", colspan=len(quantiles),
-                                                         class_="group"), el("th", colspan=2)) if quantiles else "")
+        e2e_head = (el("tr", el("th", colspan=11), el("th", "E2E processing latency", colspan=len(quantiles),
+                                                         class_="group"), el("th", colspan=2), class_="group-row") if quantiles else "")
         head = el("tr", el("th", "nsqd host"), el("th", "Depth", class_="num"), el("th", "Memory + Disk", class_="num"),
+                  el("th", "Oldest", class_="num", title="how long the oldest queued message has waited"),
                   el("th", "In-Flight", class_="num"), el("th", "Deferred", class_="num"),
                   el("th", "Requeued", class_="num"), el("th", "Timed Out", class_="num"),
                   el("th", "Messages", class_="num"), el("th", "Rate", class_="num"),
@@ -637,7 +712,8 @@ def peek_panel(ctx: PageContext, api: str, states: bool) -> Markup:
            el("label", "show ", el("input", type="number", min="1", max="1000", value="20", class_="peek-n",
                                    aria_label="how many"), " at most"),
            class_="actions"),
-        el("p", "Bodies as nsqd's peek shows them (JSON pretty-printed, text as text, anything else as hex). "
+        el("p", "Node by node, in the order each nsqd delivers, at most the count per state. Bodies are one "
+                "line each (text, JSON, or hex when not UTF-8); open one to see all of it, JSON pretty-printed. "
                 "Nothing changes for consumers.", class_="hint"),
         el("div", class_="peek-out", role="region", aria_live="polite"),
         el("script", src=ctx.url("/static/peek.js"), defer="defer"),
@@ -755,7 +831,14 @@ def nodes_page(ctx: PageContext, nodes: list[dict[str, Any]], message: str,
             el("td", p.get("hostname", ""), class_="name", data_sort=p.get("hostname", "")),
             el("td", el("a", addr, href=ctx.url(f"/nodes/{q(addr)}")),
                el("small", f"TCP {p.get('tcp_port', '')}", class_="muted block"), data_sort=addr),
-            el("td", _status_badge(p), data_v="status", data_sort=status),
+            # no data-v: the live refresh never rewrites this cell (a change of status re-renders the row,
+            # so the "since" and "last seen" times stay)
+            el("td", _status_badge(p), " " if status == "gone" and ctx.is_admin else "",
+               _button("Forget", "forget", "link red",
+                       f"Forget node {addr}? nsqadmin stops listing it and stops calling totals partial because of "
+                       "it (now, not after --history-retention). It comes back if nsqlookupd lists it again.",
+                       label=f"forget node {addr}", node=addr)
+               if status == "gone" and ctx.is_admin else "", data_sort=status, class_="status"),
             el("td", p.get("version", ""), " ",
                el("span", "out of date", class_="badge warn") if p.get("out_of_date") else "",
                data_sort=p.get("version", "")),
@@ -800,11 +883,14 @@ def _node_clients(ctx: PageContext, clients: list[dict[str, Any]], width: int) -
                            _client_attrs(c), " ",
                            el("span", CLIENT_STATES.get(state, "") if state is not None else "", class_="muted"),
                            el("span", f" connected {nanotohuman(c.get('connected'))}", class_="muted")]),
-               colspan=str(width - 5)),
+               colspan=str(width - 7)),
+            # under In-Flight, Deferred / RDY, Requeued / Finished, Timed Out / Requeued, Messages
             _num(c.get("in_flight_count"), "in_flight_count"),
             _num(c.get("ready_count"), "ready_count"),
             _num(c.get("finish_count"), "finish_count"),
             _num(c.get("requeue_count"), "requeue_count"),
+            _num(c.get("message_count"), "message_count"),
+            el("td", ""),
             data_row=client_key(c), class_="client-row",
         ))
     return rows
@@ -814,15 +900,23 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
     topics = doc.get("topics") or []
     status = doc.get("status") or {}
     n_channels = sum(len(t.get("channels") or []) for t in topics)
+    down = bool(status) and status.get("status", "ok") != "ok" and not topics
+
+    def card(value: Any, last: Any, field: str, label: str) -> Markup:
+        if not down:
+            shown: Any = commafy(value)
+        elif last is None:
+            shown = el("span", "\u2013", class_="stale", title="this node does not answer: no current number")
+        else:
+            shown = el("span", "last ", commafy(last), class_="stale",
+                       title="this node does not answer: the last number it reported")
+        return el("div", el("span", shown, class_="big", data_v=None if down else field),
+                  el("span", label), class_="card")
     cards = el("div",
-               el("div", el("span", commafy(len(topics)), class_="big", data_v="topic_count"),
-                  el("span", "topics"), class_="card"),
-               el("div", el("span", commafy(n_channels), class_="big", data_v="channel_count"),
-                  el("span", "channels"), class_="card"),
-               el("div", el("span", commafy(doc.get("total_clients")), class_="big", data_v="total_clients"),
-                  el("span", "clients"), class_="card"),
-               el("div", el("span", commafy(doc.get("total_messages")), class_="big", data_v="total_messages"),
-                  el("span", "messages"), class_="card"),
+               card(len(topics), len(status.get("topics") or []), "topic_count", "topics"),
+               card(n_channels, status.get("channel_count"), "channel_count", "channels"),
+               card(doc.get("total_clients"), status.get("clients"), "total_clients", "clients"),
+               card(doc.get("total_messages"), None, "total_messages", "messages"),
                el("div", el("span", fmt_seconds(status.get("uptime_seconds")) or "\u2013", class_="big"),
                   el("span", "uptime"), class_="card"),
                class_="cards", data_row="total")
@@ -960,6 +1054,33 @@ def counter_page(ctx: PageContext, total: int, message: str, partial: dict[str, 
     ])
     return Page("Counter", "counter", content, api=ctx.url("/api/counter"), history=ctx.url("/api/history"),
                 nav="counter")
+
+
+_NOT_FOUND = {
+    "TOPIC_NOT_FOUND": ("Topic not found", "No nsqd and no nsqlookupd knows this topic: it was deleted, or never "
+                                           "created (a topic exists once something is published to it or it is "
+                                           "created on the Lookup page)."),
+    "CHANNEL_NOT_FOUND": ("Channel not found", "The topic exists but no nsqd and no nsqlookupd knows this channel: "
+                                               "it was deleted, or no consumer subscribed to it yet."),
+    "NODE_NOT_FOUND": ("Node not found", "nsqadmin does not know this nsqd: it is not listed by nsqlookupd (or "
+                                         "configured), or it left long enough ago to be forgotten."),
+}
+
+
+def not_found_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "") -> Page:
+    """An API error as a page: for a missing topic, channel or node, what that means and where to go."""
+    known = _NOT_FOUND.get(text)
+    if known is None:
+        return error_page(ctx, title, text, status, nav=nav)
+    heading, why = known
+    what = title.split(" ", 1)[-1] if " " in title else title
+    back = {"topics": ("Topics", "/topics"), "nodes": ("Nodes", "/nodes")}.get(nav, ("Topics", "/topics"))
+    content = join([el("header", el("h1", heading), class_="page-head"),
+                    el("div", el("strong", what), ": ", why, " ", el("code", text, class_="muted"),
+                       class_="alert error", role="alert"),
+                    el("p", "See ", el("a", back[0], href=ctx.url(back[1])), " or ",
+                       el("a", "Lookup", href=ctx.url("/lookup")), ".", class_="hint")])
+    return Page(f"{heading}: {what}", "error", content, status=status, nav=nav)
 
 
 def error_page(ctx: PageContext, title: str, text: str, status: int, nav: str = "", api: str = "") -> Page:

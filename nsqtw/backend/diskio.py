@@ -368,6 +368,11 @@ class RecordReader(QueueFiles):
             return []
         return [_run_of(bytes(out), offs, uniform)]
 
+    def deferred_on_disk(self) -> int:
+        """How many records on disk are still deferred (stored at a clean stop; the reader hands them
+        back as deferred when it reaches them)."""
+        return len(self._hints)
+
     def peek(self, n: int, max_body: int) -> list[tuple[bytes, int, float | None]]:
         """The next ``n`` records as they would be delivered, changing nothing: positions,
         buffers, depth, hints and metadata stay as they are.  Each is ``(head, body_size,

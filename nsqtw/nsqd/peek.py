@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .topic import Topic
 
-__all__ = ["STATES", "MAX_N", "DEFAULT_N", "peek_channel", "peek_topic"]
+__all__ = ["STATES", "MAX_N", "DEFAULT_N", "peek_channel", "peek_topic", "oldest_timestamp"]
 
 #: the states a peek can ask for, in the order ``all`` lists them
 STATES = ("queued", "in_flight", "deferred")
@@ -47,6 +47,22 @@ def _message(frame: bytes, body_size: int, state: str, delivered: int, deliver_a
         "body_size": body_size,
         "body": base64.b64encode(body).decode("ascii"),
     }
+
+
+def oldest_timestamp(mem: Any, backend: Any) -> int | None:
+    """The publish time (ns) of the oldest queued message: the older of the memory queue's head and
+    the disk queue's head (``oldest_message_ts`` in ``/stats``); None when nothing is queued.  Reads
+    one frame from memory and at most one record head from disk, changing nothing."""
+    stamps = []
+    frames = mem.peek(1) if mem.depth() else []
+    if frames:
+        stamps.append(_HEAD.unpack_from(frames[0], 0)[2])
+    peek = getattr(backend, "peek", None)
+    if peek is not None and backend.depth():
+        records = peek(1, 0)
+        if records:
+            stamps.append(_HEAD.unpack_from(records[0][0], 0)[2])
+    return min(stamps) if stamps else None
 
 
 def _queued(mem: Any, backend: Any, n: int, max_body: int,
@@ -109,6 +125,13 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
             items.append(_message(frame, len(frame) - 34, "in_flight", 0, None,
                                   ep.client.client_id, max_body))
         parts.append(("in_flight", items, len(held) > n))
+    on_disk_count = getattr(channel.backend, "deferred_on_disk", lambda: 0)()
+    if "deferred" in states and on_disk_count > len(on_disk):
+        # deferred messages restored from disk after a restart wait among the queued records, maybe
+        # beyond what the queued listing read: find them all (only while some are there)
+        backend: Any = channel.backend  # a disk queue: deferred_on_disk() says it can peek
+        records = backend.peek(backend.depth(), max_body)
+        on_disk[:] = [(due, head, size) for head, size, due in records if due is not None]
     if "deferred" in states:
         due = sorted(channel.deferred)[:n + 1]
         items = [_message(frame, len(frame) - 34, "deferred", 1, at, None, max_body)
@@ -126,7 +149,7 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
         "channel": channel.name,
         "depth": channel.depth(),
         "in_flight_count": len(channel.inflight),
-        "deferred_count": len(channel.deferred),
+        "deferred_count": len(channel.deferred) + on_disk_count,
         "messages": messages,
         "truncated": truncated,
     }

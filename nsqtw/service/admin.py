@@ -12,11 +12,12 @@ injected), the :class:`~nsqtw.admin.cluster.ClusterInfo` and the
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any, cast
 
 from twisted.application.service import MultiService, Service
-from twisted.internet import defer, task
+from twisted.internet import defer, task, threads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from typing import Any as HTTPRequest  # an IRequest (zope interfaces do not type-check without a mypy plugin)
@@ -224,8 +225,10 @@ class HistoryPoller(Service):
         self._report(message)
         ci.book.forget()
         # only nodes asked and silent make gaps: one that left nsqlookupd (gone) is not asked any more,
-        # and its topics' totals go on over the nodes that remain (the pages say the total is partial)
-        self.node.history.record(now, topics, message, failed=failed)
+        # and its topics' totals go on over the nodes that remain, marked partial in the charts
+        gone = [st.address for st in ci.book.failing() if st.status == "gone"]
+        self.node.history.record(now, topics, message, failed=failed, gone=gone)
+        self.node.recorded()
 
     def _report(self, message: str) -> None:
         """Log a poll problem when it starts or changes, not every interval."""
@@ -280,6 +283,67 @@ class AdminService(MultiService):
         self.http_listener.setServiceParent(self)
         self.poller = HistoryPoller(self, options.history_interval)
         self.poller.setServiceParent(self)
+        #: --history-path: the file the history is kept in across restarts ("" when not kept)
+        self.history_file = ""
+        self._saving: defer.Deferred | None = None
+        self._unsaved = 0
+        #: save after this many new samples (about every 30 s)
+        self.save_every = max(1, round(30.0 / options.history_interval))
+        if options.history_path:
+            self.history_file = os.path.join(options.history_path, HISTORY_FILE)
+            self._load_history()
+
+    # --- the history on disk (--history-path) --------------------------------------------
+
+    def _load_history(self) -> None:
+        path = self.options.history_path
+        if not os.path.isdir(path):
+            raise OptionError(f"--history-path {path}: not a directory")
+        if not os.access(path, os.W_OK):
+            raise OptionError(f"--history-path {path}: not writable")
+        try:
+            with open(self.history_file, encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warn("--history-path: could not read {file} ({error}); starting with an empty history",
+                     file=self.history_file, error=e)
+            return
+        try:
+            n = self.history.load_doc(doc, float(self.clock.seconds()))
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            log.warn("--history-path: {file} is not a history nsqadmin can read ({error}); starting empty",
+                     file=self.history_file, error=e)
+            return
+        log.info("history: {n} samples read from {file}", n=n, file=self.history_file)
+
+    def recorded(self) -> None:
+        """A sample was recorded: save every ``save_every`` of them."""
+        self._unsaved += 1
+        if self.history_file and self._unsaved >= self.save_every:
+            self.save_history()
+
+    def save_history(self) -> defer.Deferred:
+        """Write the history to ``--history-path`` in a thread (the reactor only takes the snapshot);
+        one write at a time.  Fires when written (errors are logged, never raised)."""
+        if not self.history_file:
+            return defer.succeed(None)
+        if self._saving is not None:
+            return self._saving
+        self._unsaved = 0
+        snapshot = self.history.snapshot()
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), _write_history,
+                                      self.history_file, self.history, snapshot)
+
+        def done(result: Any) -> None:
+            self._saving = None
+            if isinstance(result, Failure):
+                log.warn("--history-path: could not write {file} ({error})", file=self.history_file,
+                         error=result.getErrorMessage())
+        d.addBoth(done)
+        self._saving = d
+        return d
 
     def _addresses(self) -> tuple[list[str], list[str]]:
         return list(self.options.lookupd_http_addresses), list(self.options.nsqd_http_addresses)
@@ -353,7 +417,28 @@ class AdminService(MultiService):
     def stopService(self) -> defer.Deferred:
         for d in list(self._notifications):
             d.cancel()
-        return defer.maybeDeferred(super().stopService)
+        d = defer.maybeDeferred(super().stopService)
+        if self.history_file:
+            # the newest samples too: a restart goes on where this one stopped
+            async def last_save(_: Any) -> None:
+                if self._saving is not None:
+                    await self._saving
+                await self.save_history()
+            d.addCallback(lambda r: defer.ensureDeferred(last_save(r)))
+        return d
+
+
+#: the file under ``--history-path``
+HISTORY_FILE = "nsqadmin.history.json"
+
+
+def _write_history(path: str, history: History, snapshot: Any) -> None:
+    """(In a thread.) The history as JSON, replacing ``path`` in one rename."""
+    data = json.dumps(history.to_doc(snapshot), separators=(",", ":"))
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 def build_admin(options: AdminOptions, reactor: Any, **kwargs: Any) -> AdminService:

@@ -17,6 +17,7 @@ from .. import NSQ_VERSION, version_line
 from ..nsqd.broker import Broker
 from ..nsqd.channel import Channel
 from ..nsqd.client import ClientState
+from ..nsqd.peek import oldest_timestamp
 from ..nsqd.quantile import merge_quantiles
 from ..nsqd.topic import Topic
 from ..protocol.gojson import go_json
@@ -87,6 +88,12 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
     held = ch.broker.backlog.held_count(ch)
     if held:
         out["held_count"] = held
+    # nsqtw only, and only while something is queued: when the oldest queued message was published
+    # (unix seconds; the memory queue's head or the disk queue's, whichever is older)
+    if out["depth"]:
+        oldest = oldest_timestamp(ch.mem, ch.backend)
+        if oldest is not None:
+            out["oldest_message_ts"] = oldest // 1_000_000_000
     return out
 
 

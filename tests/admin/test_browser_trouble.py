@@ -66,14 +66,16 @@ async def test_topics_list_shows_backlog_badges_and_sorts(admin, nsqds, browser)
         await browser.get(admin.url + "topics/refunds/audit")
         await browser.click('button[data-action="empty"]')
         await browser.until("return document.getElementById('confirm').open", "the confirmation")
-        assert "Empty channel refunds/audit: discard 9,000 messages on 2 nodes?" in await browser.text("#confirm-text")
+        assert "Empty channel refunds/audit: discard all 9,000 messages on 2 nodes (9,000 queued, 0 in flight, " \
+               "0 deferred)?" in await browser.text("#confirm-text")
         await browser.screenshot("channel-confirm-empty")
         await browser.click("#confirm-no")
 
         # after Delete Channel the page moves to the topic, and the outcome is still said there
         await browser.click('button[data-action="delete"]')
         await browser.until("return document.getElementById('confirm').open", "the confirmation")
-        assert "its 9,000 queued messages on 2 nodes are discarded" in await browser.text("#confirm-text")
+        assert "all 9,000 messages on 2 nodes (9,000 queued, 0 in flight, 0 deferred) are discarded and its " \
+               "0 consumers disconnected" in await browser.text("#confirm-text")
         await browser.click("#confirm-yes")
         await browser.until("return location.pathname === '/topics/refunds' && "
                             "!document.getElementById('flash').hidden", "the topic page with the outcome")

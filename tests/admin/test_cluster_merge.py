@@ -256,3 +256,34 @@ def test_cluster_actions_collect_errors_as_warnings() -> None:
     (errors,) = results
     assert fake.posts == [b"/topic/pause?topic=t"]
     assert len(errors) == 1 and "TOPIC_NOT_FOUND" in errors[0]
+
+
+def test_concurrent_identical_gets_share_one_request() -> None:
+    """Open tabs and the history poller asking one nsqd the same thing at once cost it one request
+    (issue 27 item 9); a caller that goes away only stops waiting, and when the last one goes the
+    request is cancelled."""
+    calls: list[tuple[str, defer.Deferred]] = []
+    cancelled: list[str] = []
+    up = Upstream(object(), Clock(), 1.0, "test")
+
+    async def request(method: str, url: str, body: Any = None, headers: Any = None) -> bytes:
+        d: defer.Deferred = defer.Deferred(lambda _: cancelled.append(url))
+        calls.append((url, d))
+        return await d
+    up.request = request  # type: ignore[method-assign]  # the one call every GET goes through
+    a, b = [], []
+    defer.ensureDeferred(up.get_json("http://x/stats")).addCallback(a.append)
+    defer.ensureDeferred(up.get_json("http://x/stats")).addCallback(b.append)
+    assert len(calls) == 1
+    calls[0][1].callback(b'{"n": 1}')
+    assert a == b == [{"n": 1}] and a[0] is not b[0]  # each caller gets its own document
+    # a new GET after the answer is a new request
+    c = defer.ensureDeferred(up.get_json("http://x/stats"))
+    d = defer.ensureDeferred(up.get_json("http://x/stats"))
+    assert len(calls) == 2
+    c.cancel()
+    c.addErrback(lambda f: f.trap(defer.CancelledError))
+    assert cancelled == []  # d still waits
+    d.cancel()
+    d.addErrback(lambda f: f.trap(defer.CancelledError))
+    assert cancelled == ["http://x/stats"]

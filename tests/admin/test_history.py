@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+import pytest_twisted
+
 from klein import Klein
 from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
@@ -153,3 +156,47 @@ def test_poller_records_upstream_errors_as_message() -> None:
         assert service.history.overview()["message"].startswith("UPSTREAM_ERROR: failed to query any nsqd: ")
     finally:
         service.stopService()
+
+
+# --- --history-path: the history survives a restart of nsqadmin (issue 27) ------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_path_keeps_the_charts_across_a_restart(nsqds, start_admin, tmp_path) -> None:
+    import json as _json
+
+    from admin_helpers import call, create_channel, publish
+
+    await create_channel(nsqds[0], "kept", "c")
+    await publish(nsqds[0], "kept", [b"k"] * 42)
+    first = await start_admin(nsqd_http_addresses=[n.http_address for n in nsqds], history_interval=3600.0,
+                              history_path=str(tmp_path))
+    for _ in range(3):
+        await first.poll()
+    before = first.history.charts(topic="kept", channel="c")
+    assert before["series"]["memory_depth"][-1] == 42
+    await first.stop()  # writes the file (off the reactor) before it is done
+    saved = _json.loads((tmp_path / "nsqadmin.history.json").read_text())
+    assert saved["format"] == 1 and len(saved["samples"]) == len(before["timestamps"]) >= 3
+
+    again = await start_admin(nsqd_http_addresses=[n.http_address for n in nsqds], history_interval=3600.0,
+                              history_path=str(tmp_path))
+    after = again.history.charts(topic="kept", channel="c")
+    assert after["timestamps"] == before["timestamps"]
+    assert after["series"]["memory_depth"] == before["series"]["memory_depth"]
+    code, doc, _ = await call("GET", again.url + "api/charts/topics/kept/c?range=3600")
+    assert code == 200 and doc["series"]["memory_depth"][-1] == 42
+    assert again.history.overview()["topics"]["kept"]["depth"][-1] == 0  # the topic's own queue: all in c
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_path_must_be_a_directory(nsqds, start_admin, tmp_path) -> None:
+    from nsqtw.options import OptionError
+
+    with pytest.raises(OptionError, match="--history-path .*: not a directory"):
+        await start_admin(nsqd_http_addresses=[nsqds[0].http_address], history_path=str(tmp_path / "missing"))
+    # an unreadable file is not fatal: nsqadmin starts with an empty history and says so
+    (tmp_path / "nsqadmin.history.json").write_text("{not json")
+    admin = await start_admin(nsqd_http_addresses=[nsqds[0].http_address], history_path=str(tmp_path),
+                              history_interval=3600.0)
+    assert admin.history.timestamps() == [] or len(admin.history.timestamps()) <= 1

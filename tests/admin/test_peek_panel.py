@@ -62,8 +62,10 @@ async def test_admin_peek_api_merges_nodes_and_says_why_one_has_none(peek_nodes,
         assert nodes[peek_nodes[0].http_address]["in_flight_count"] == 1
         bad = nodes[peek_nodes[1].http_address]
         assert bad["ok"] is False and "--peek-enabled" in bad["error"]
+        # n is per node and per state: a backlog never hides what is in flight
         code, doc = await _get(admin.url + "api/topics/orders/billing/peek?n=2")
-        assert len(doc["messages"]) == 2 and doc["truncated"] is True
+        assert [m["state"] for m in doc["messages"]] == ["queued", "queued", "in_flight"]
+        assert doc["truncated"] is True and nodes[peek_nodes[0].http_address]["depth"] == 4
         assert (await _get(admin.url + "api/topics/orders/billing/peek?n=0"))[1]["message"] == "INVALID_N"
     finally:
         await sub.close()

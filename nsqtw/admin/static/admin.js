@@ -88,6 +88,45 @@
       });
   }
 
+  // ---- one poll per interval across tabs: a tab that finds what another tab of this nsqadmin fetched
+  // less than 80% of an interval ago uses that instead of asking again (localStorage is shared by every
+  // tab of the origin; nothing is kept longer than a minute) ----------------------------------------
+
+  var SHARE = 'nsqadmin.poll:';
+  var bypassShare = false;  // right after an action: ask nsqadmin itself, never an older answer
+  stats.fetched = 0;
+  stats.shared = 0;
+
+  function sharedGet(url) {
+    var key = SHARE + url;
+    if (!bypassShare) {
+      try {
+        var rec = JSON.parse(localStorage.getItem(key) || 'null');
+        if (rec && Date.now() - rec.t >= 0 && Date.now() - rec.t < refreshMs * 0.8) {
+          stats.shared++;
+          return Promise.resolve(rec.doc);
+        }
+      } catch (e) { /* no storage (private mode): just ask */ }
+    }
+    return getJSON(url).then(function (doc) {
+      stats.fetched++;
+      try { localStorage.setItem(key, JSON.stringify({t: Date.now(), doc: doc})); } catch (e) { /* full: fine */ }
+      return doc;
+    });
+  }
+
+  (function pruneShared() {
+    try {
+      for (var i = localStorage.length - 1; i >= 0; i--) {
+        var k = localStorage.key(i);
+        if (k && k.indexOf(SHARE) === 0) {
+          var rec = JSON.parse(localStorage.getItem(k) || 'null');
+          if (!rec || Date.now() - rec.t > 60000) { localStorage.removeItem(k); }
+        }
+      }
+    } catch (e) { /* no storage */ }
+  }());
+
   function send(method, url, payload) {
     return fetch(url, {
       method: method,
@@ -149,6 +188,16 @@
   }
 
   // ---- times: "10:21:03 (2m ago)" in the browser's time zone ---------------------------
+
+  // a duration in whole seconds as 3d4h, 2h5m, 4m10s or 12s (html.fmt_seconds)
+  function fmtSeconds(seconds) {
+    var n = Math.max(0, Math.floor(seconds));
+    var d = Math.floor(n / 86400), h = Math.floor((n % 86400) / 3600), m = Math.floor((n % 3600) / 60);
+    if (d) { return d + 'd' + h + 'h'; }
+    if (h) { return h + 'h' + m + 'm'; }
+    if (m) { return m + 'm' + (n % 60) + 's'; }
+    return n + 's';
+  }
 
   function age(seconds) {
     seconds = Math.max(0, Math.round(seconds));
@@ -220,8 +269,10 @@
           });
         }
       }
-      rows.total = {obj: {topic_count: topics.length, channel_count: nch, total_clients: data.total_clients,
-                          total_messages: data.total_messages}, paused: false};
+      // a node that does not answer has no current numbers: its cards keep the last ones, marked
+      var down = data.status && data.status.status !== 'ok' && !topics.length;
+      rows.total = {obj: down ? {} : {topic_count: topics.length, channel_count: nch, total_clients: data.total_clients,
+                                      total_messages: data.total_messages}, paused: false};
       if (data.status) { rows.status = {obj: data.status, paused: data.status.status !== 'ok'}; }
     } else if (page === 'lookup') {
       var map = data.topics || {};
@@ -236,8 +287,23 @@
   }
 
   // the marks a channel gets (the same rules as pages.channel_trouble)
+  var GROWING_POLLS = 3;  // history.GROWING_POLLS
+
+  function growing(series) {
+    if (!series || series.length < GROWING_POLLS + 1) { return false; }
+    var tail = series.slice(-(GROWING_POLLS + 1));
+    for (var i = 0; i < tail.length; i++) {
+      if (tail[i] === null || tail[i] === undefined) { return false; }
+      if (i && !(tail[i] > tail[i - 1])) { return false; }
+    }
+    return true;
+  }
+
   function troubles(c, h, prefix, rows) {
     if ((c.depth || 0) > 0 && !(c.client_count) && !c.paused) { rows[prefix + ':backlog'] = {obj: {}, paused: false}; }
+    if ((c.client_count || 0) > 0 && !c.paused && growing(h && h.depth)) {
+      rows[prefix + ':growing'] = {obj: {}, paused: false};
+    }
     var tc = h && h.timeout_count;
     if (tc && tc.length > 1 && tc[tc.length - 1] !== null && tc[tc.length - 2] !== null &&
         tc[tc.length - 1] > tc[tc.length - 2]) {
@@ -304,6 +370,10 @@
         }
       }
       return '';
+    }
+    if (field === 'oldest') {
+      var ts = obj.oldest_message_ts;
+      return (ts === null || ts === undefined) ? '\u2013' : fmtSeconds(Date.now() / 1000 - ts);
     }
     if (field === 'connected') { return nanotohuman(obj.connected); }
     if (field === 'state') { return obj.state === undefined ? '\u2013' : (STATES[obj.state] || String(obj.state)); }
@@ -377,7 +447,12 @@
     title.textContent = seen ? ('now ' + (Math.round(lv * 100) / 100) + ', max ' + (Math.round(max * 100) / 100) +
                                 ' over ' + n + ' samples') : 'no samples yet';
     svg.appendChild(title);
-    if (seen < 1 || n < 2) { svg.classList.add('empty'); return; }
+    var caption0 = svg.nextElementSibling;
+    if (seen < 1 || n < 2) {
+      svg.classList.add('empty');
+      if (caption0 && caption0.classList.contains('spark-caption')) { caption0.textContent = emptyWhy(n); }
+      return;
+    }
     svg.classList.remove('empty');
     var pad = 2;
     var scale = max > 0 ? (h - 2 * pad) / max : 0;
@@ -419,15 +494,41 @@
     var caption = svg.nextElementSibling;
     if (caption && caption.classList.contains('spark-caption')) {
       var span = (timestamps && timestamps.length > 1) ? (timestamps[timestamps.length - 1] - timestamps[0]) : 0;
-      caption.textContent = 'peak ' + fmtRate(max) + ', now ' + fmtRate(lv) +
+      var newest = values[n - 1];
+      caption.textContent = 'peak ' + fmtRate(max) + ', now ' +
+        (newest === null || newest === undefined ? '\u2013 (' + emptyWhy(n).replace(/^No rate/, 'no rate')
+          .replace(/\.$/, '') + ')' : fmtRate(lv)) +
         (span ? ' \u00b7 last ' + (span >= 120 ? Math.round(span / 60) + ' min' : span + ' s') : '');
     }
+  }
+
+  // a series with its partial samples (a node of its scope did not answer: the "gaps" beside it) left out,
+  // so a hang breaks the line instead of dipping it
+  function withGaps(hist, path) {
+    var values = resolve(hist, path);
+    var gaps = resolve(hist, path.replace(/[^\/]*$/, 'gaps'));
+    if (!values || !gaps || !gaps.length) { return values; }
+    return values.map(function (v, i) { return gaps[i] ? null : v; });
+  }
+
+  // why the cluster's rate chart is blank (the Counter page)
+  function emptyWhy(n) {
+    var h = lastHist || {};
+    var gaps = (h.total && h.total.gaps) || [];
+    if (n < 2) { return 'No rate yet: it needs two samples of the history (one every ' + (h.interval || '?') + 's).'; }
+    if (gaps.length && gaps[gaps.length - 1]) {
+      return 'No rate while a node does not answer: a sum over the others would look like a drop (see the nodes above).';
+    }
+    if (lastData && lastData.stats && !Object.keys(lastData.stats).length) {
+      return 'No rate: the cluster has no channels yet (messages are counted as channels deliver them).';
+    }
+    return 'No rate yet: no channel counted a message in the samples so far.';
   }
 
   function drawSparks(hist) {
     if (!hist) { return; }
     main.querySelectorAll('svg[data-spark]').forEach(function (svg) {
-      drawSpark(svg, resolve(hist, svg.dataset.spark), hist.timestamps);
+      drawSpark(svg, withGaps(hist, svg.dataset.spark), hist.timestamps);
     });
   }
 
@@ -533,13 +634,30 @@
     });
     // gaps: shade every sample in which a node of this chart did not answer (a rate that merely has no
     // previous sample yet is left blank, not shaded)
+    // partial samples (a node of this chart had left nsqlookupd: the line is what the others hold) are
+    // shaded in another colour, so a killed node's share dropping out does not read as a drain
     var gaps = doc.gaps || [];
+    var partial = doc.partial || [];
     for (var g = 0; g < ts.length; g++) {
-      if (gaps[g]) {
+      if (gaps[g] || partial[g]) {
         var gx0 = x(g > 0 ? (ts[g - 1] + ts[g]) / 2 : ts[g]);
         var gx1 = x(g < ts.length - 1 ? (ts[g] + ts[g + 1]) / 2 : ts[g]);
-        svg.appendChild(svgEl('rect', {x: gx0, y: T, width: Math.max(1, gx1 - gx0), height: H - T - B, 'class': 'gap'}));
+        svg.appendChild(svgEl('rect', {x: gx0, y: T, width: Math.max(1, gx1 - gx0), height: H - T - B,
+                                       'class': gaps[g] ? 'gap' : 'partial'}));
       }
+    }
+    var note = fig.querySelector('.chart-note');
+    if (note) {
+      var why = [];
+      if (partial.some(Boolean)) {
+        why.push('shaded amber: partial, ' + (doc.gone || []).join(', ') + ' left nsqlookupd (its share is missing)');
+      }
+      if (doc.created && ts.length && doc.created > ts[0]) {
+        why.push((chartsUrl() || '').indexOf('/api/charts/nodes/') >= 0 ? 'first seen ' + hhmm(doc.created, 0)
+          : 'created ' + hhmm(doc.created, 0));
+        svg.appendChild(svgEl('line', {x1: x(doc.created), x2: x(doc.created), y1: T, y2: H - B, 'class': 'created'}));
+      }
+      note.textContent = why.join(' \u00b7 ');
     }
     names.forEach(function (n, i) {
       svg.appendChild(svgEl('path', {d: chartPath(ts, series[n] || [], x, y), 'class': 'series s' + i,
@@ -588,7 +706,7 @@
   function pollCharts() {
     var url = chartsUrl();
     if (!url) { return Promise.resolve(null); }
-    return getJSON(url).then(function (doc) { stats.charts = (stats.charts || 0) + 1; drawCharts(doc); });
+    return sharedGet(url).then(function (doc) { stats.charts = (stats.charts || 0) + 1; drawCharts(doc); });
   }
 
   document.addEventListener('click', function (ev) {
@@ -634,6 +752,7 @@
   function update(data, hist) {
     if (page === 'error') { window.location.reload(); return null; }
     if (hist) { lastHist = hist; }
+    if (data) { lastData = data; }
     var trouble = upstreamTrouble(data, hist);
     setLive(trouble ? 'warn' : true, trouble);
     localTimes();
@@ -653,11 +772,14 @@
   function poll() {
     clearTimeout(timer);
     if (acting) { timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
-    var wants = [cfg.api ? getJSON(cfg.api) : Promise.resolve(null),
-                 cfg.history ? getJSON(cfg.history) : Promise.resolve(null),
+    // a tab nobody looks at does not poll (it polls at once when shown again): many open tabs cost
+    // nsqadmin, and through it every nsqd, what the visible ones cost
+    if (document.hidden) { stats.skipped = (stats.skipped || 0) + 1; timer = setTimeout(poll, refreshMs); return Promise.resolve(); }
+    var wants = [cfg.api ? sharedGet(cfg.api) : Promise.resolve(null),
+                 cfg.history ? sharedGet(cfg.history) : Promise.resolve(null),
                  pollCharts().catch(function () { return null; })];
     return Promise.all(wants)
-      .then(function (res) { stats.polls++; return update(res[0], res[1]); })
+      .then(function (res) { stats.polls++; bypassShare = false; return update(res[0], res[1]); })
       .catch(function (err) { stats.errors++; setLive(false, err.message); })
       .finally(function () { timer = setTimeout(poll, refreshMs); });
   }
@@ -779,6 +901,73 @@
 
   // ---- actions ------------------------------------------------------------------------------
 
+  // ---- confirmations: the same text as pages.confirm_text, from the newest live refresh -----------------
+
+  var lastData = null;  // the page's newest API answer (what the table shows)
+
+  function plural(n, word) { return commafy(n) + ' ' + word + (n === 1 ? '' : 's'); }
+  function onNodes(n) { return 'on ' + n + ' node' + (n === 1 ? '' : 's'); }
+  function num(doc, key) { return Math.trunc(Number(doc[key]) || 0); }
+
+  function missingNote(doc) {
+    var missing = doc.nodes_missing || [];
+    if (!missing.length) { return ''; }
+    var one = missing.length === 1;
+    var names = missing.map(function (m) { return (m.node || '') + ' ' + (m.status || ''); }).join(', ');
+    return ' ' + plural(missing.length, 'more node') + ' holding it ' + (one ? 'does' : 'do') + ' not answer (' +
+      names + '): ' + (one ? 'its' : 'their') + ' messages are not counted here and this does not reach ' +
+      (one ? 'it' : 'them') + '.';
+  }
+
+  function confirmText(action, topic, channel, doc) {
+    var where = onNodes((doc.nodes || []).length);
+    var note = missingNote(doc);
+    if (channel) {
+      var label = topic + '/' + channel;
+      var q = num(doc, 'depth'), f = num(doc, 'in_flight_count'), d = num(doc, 'deferred_count');
+      var held = commafy(q) + ' queued, ' + commafy(f) + ' in flight, ' + commafy(d) + ' deferred';
+      if (action === 'empty') {
+        return 'Empty channel ' + label + ': discard all ' + commafy(q + f + d) + ' messages ' + where + ' (' + held +
+          ')? In-flight and deferred messages are dropped too; consumers cannot finish the ones they hold.' + note;
+      }
+      if (action === 'delete') {
+        return 'Delete channel ' + label + ' everywhere: all ' + commafy(q + f + d) + ' messages ' + where + ' (' +
+          held + ') are discarded and its ' + plural(num(doc, 'client_count'), 'consumer') + ' disconnected.' + note;
+      }
+      if (action === 'pause') {
+        return 'Pause channel ' + label + ' ' + where + '? Consumers get no messages until it is unpaused; ' +
+          'messages keep queueing.' + note;
+      }
+      return 'Unpause channel ' + label + ' ' + where + '? Consumers get messages again.' + note;
+    }
+    var channels = doc.channels || [];
+    if (action === 'empty') {
+      return 'Empty topic ' + topic + ': discard the ' + commafy(num(doc, 'depth')) + ' messages queued at the topic ' +
+        where + '? Its channels keep theirs.' + note;
+    }
+    if (action === 'delete') {
+      var everything = num(doc, 'depth');
+      channels.forEach(function (c) { everything += num(c, 'depth') + num(c, 'in_flight_count') + num(c, 'deferred_count'); });
+      return 'Delete topic ' + topic + ' everywhere: its ' + plural(channels.length, 'channel') + ' and all ' +
+        commafy(everything) + ' messages ' + where + ' (at the topic and in its channels: queued, in flight ' +
+        'and deferred) are discarded, and nsqlookupd forgets it.' + note;
+    }
+    if (action === 'pause') {
+      return 'Pause topic ' + topic + ' ' + where + '? New messages queue at the topic and its channels get nothing ' +
+        'until it is unpaused.' + note;
+    }
+    return 'Unpause topic ' + topic + ' ' + where + '? Messages flow to its channels again.' + note;
+  }
+  stats.confirmText = confirmText;
+
+  function confirmFor(btn) {
+    var d = btn.dataset;
+    var live = (page === 'topic' || page === 'channel') && lastData && d.topic &&
+      ['empty', 'delete', 'pause', 'unpause'].indexOf(d.action) >= 0 && !!d.channel === (page === 'channel');
+    if (live) { return confirmText(d.action, d.topic, d.channel || '', lastData); }
+    return d.confirm || ('Really ' + d.action + '?');
+  }
+
   function confirmAction(text) {
     var dlg = document.getElementById('confirm');
     if (!dlg || typeof dlg.showModal !== 'function') { return Promise.resolve(window.confirm(text)); }
@@ -792,7 +981,7 @@
   }
 
   var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
-              tombstone: 'tombstoned'};
+              tombstone: 'tombstoned', forget: 'forgotten'};
 
   function runAction(btn) {
     var d = btn.dataset;
@@ -804,6 +993,9 @@
     if (action === 'tombstone') {
       what = 'topic ' + topic + ' on ' + d.node;
       req = send('DELETE', base + '/api/nodes/' + enc(d.node), {topic: topic});
+    } else if (action === 'forget') {
+      what = 'node ' + d.node;
+      req = send('POST', base + '/api/nodes/' + enc(d.node), {action: 'forget'});
     } else {
       var url = base + '/api/topics/' + enc(topic) + (channel ? '/' + enc(channel) : '');
       req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});
@@ -813,6 +1005,7 @@
     return req.then(function (res) {
       btn.disabled = false;
       acting = false;
+      bypassShare = true;
       if (!res.ok) {
         flash('error', 'Could not ' + action + ' ' + what + ': ' + (res.message || res.status));
         return null;
@@ -841,7 +1034,7 @@
     var btn = ev.target.closest('button[data-action]');
     if (!btn || !main.contains(btn)) { return; }
     ev.preventDefault();
-    confirmAction(btn.dataset.confirm || ('Really ' + btn.dataset.action + '?')).then(function (yes) {
+    confirmAction(confirmFor(btn)).then(function (yes) {
       if (yes) { runAction(btn); }
     });
   });
@@ -856,6 +1049,7 @@
     confirmAction('Create ' + what + '?').then(function (yes) {
       if (!yes) { return null; }
       return send('POST', base + '/api/topics', {topic: topic, channel: channel}).then(function (res) {
+        bypassShare = true;
         if (!res.ok) { flash('error', 'Could not create ' + what + ': ' + (res.message || res.status)); return null; }
         flash(res.message ? 'warning' : 'ok', 'Created ' + what + (res.message ? ' \u2013 ' + res.message : '.'));
         form.reset();
