@@ -3,8 +3,8 @@ Running nsqadmin inside an application's or a test's reactor.
 
 ::
 
-    from nsqtw.embed import start_nsqd
-    from nsqtw.embed_admin import start_nsqadmin
+    from nsqtw.nsqd.embed import start_nsqd
+    from nsqtw.admin.embed import start_nsqadmin
 
     nsqd = await start_nsqd()
     admin = await start_nsqadmin(nsqd_http_addresses=[nsqd.http_address])
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, cast
 import attr
 from twisted.internet import defer
 
-from .admin.options import AdminOptions
-from .options import with_embedding_defaults
-from .reactor import resolve_reactor
+from .options import AdminOptions
+from ..options import with_embedding_defaults
+from ..runtime.reactor import resolve_reactor
 
 if TYPE_CHECKING:
-    from .service.admin import AdminService
+    from .service import AdminService
 
 __all__ = ["start_nsqadmin", "AdminHandle", "EMBEDDED_ADMIN_DEFAULTS"]
 
@@ -93,7 +93,7 @@ def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
 
     ``http_client`` replaces the treq client used for nsqd, nsqlookupd and
     notifications (e.g. a ``treq.testing.StubTreq``)."""
-    from .service.admin import build_admin
+    from .service import build_admin
 
     reactor = resolve_reactor(reactor)
     options = with_embedding_defaults(AdminOptions, EMBEDDED_ADMIN_DEFAULTS, options, kwargs)  # a bad option raises here

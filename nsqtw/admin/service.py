@@ -2,7 +2,7 @@
 nsqadmin's service tree: the HTTP listener, the ``/stats`` history poller and the action notifier.
 
 :class:`AdminService` is the one composition root used by ``twistd nsqadmin``,
-embedding (:func:`nsqtw.embed_admin.start_nsqadmin`) and tests.  It owns the
+embedding (:func:`nsqtw.embed.start_nsqadmin`) and tests.  It owns the
 current options (``PUT /config`` swaps them), the outgoing HTTP client (treq
 over an ``Agent`` with nsqadmin's connect timeout and TLS settings; it can be
 injected), the :class:`~nsqtw.admin.cluster.ClusterInfo` and the
@@ -22,13 +22,13 @@ from twisted.python.failure import Failure
 from typing import Any as HTTPRequest  # an IRequest (zope interfaces do not type-check without a mypy plugin)
 
 from .. import NSQ_VERSION, __version__
-from ..admin.app import AdminHTTPAPI
-from ..admin.cluster import ClusterInfo, UpstreamError, Upstream, join_host_port, warning_message
-from ..admin.history import History
-from ..admin.nodes import NodeBook
-from ..admin.options import AdminOptions, split_upstream
+from .app import AdminHTTPAPI
+from .cluster import ClusterInfo, UpstreamError, Upstream, join_host_port, warning_message
+from .history import History
+from .nodes import NodeBook
+from .options import AdminOptions, split_upstream
 from ..options import OptionError, option_fields
-from .listen import ListeningService
+from ..runtime.listen import ListeningService
 
 __all__ = ["AdminService", "build_admin", "make_http_client", "HistoryPoller"]
 

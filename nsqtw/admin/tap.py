@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from twisted.application.service import IService
 
-from ..admin.options import AdminOptions
-from ._base import GoFlagOptions, build_or_exit
+from .options import AdminOptions
+from ..runtime.tap import GoFlagOptions, build_or_exit
 
 __all__ = ["Options", "makeService"]
 
@@ -16,9 +16,9 @@ class Options(GoFlagOptions):
 
 
 def makeService(options: Options) -> IService:
-    from ..reactor import resolve_reactor
-    from ..service.admin import build_admin
-    from ..process import apply_daemon_policy
+    from ..runtime.reactor import resolve_reactor
+    from .service import build_admin
+    from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
     service = build_or_exit("nsqadmin", lambda: build_admin(options.config, reactor))
     apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree

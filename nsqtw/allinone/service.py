@@ -40,7 +40,7 @@ class AllInOneService(MultiService):
         lookupd_http = ""
         if lookupd_tcp_address:
             from ..lookupd.options import LookupdOptions
-            from .lookupd import build_lookupd
+            from ..lookupd.service import build_lookupd
             if not lookupd_http_address:
                 raise OptionError("--lookupd-http-listen must be <addr>:<port> (nsqlookupd needs its "
                                   "HTTP API; an empty --lookupd-tcp-listen leaves nsqlookupd out)")
@@ -59,12 +59,12 @@ class AllInOneService(MultiService):
         peers: list[str] = list(nsqd_options.lookupd_tcp_addresses)
         if lookupd_tcp and lookupd_tcp not in peers:
             peers.insert(0, lookupd_tcp)
-        from .nsqd import build_nsqd
+        from ..nsqd.service import build_nsqd
         self.nsqd = build_nsqd(nsqd_options.replace(lookupd_tcp_addresses=peers), reactor)
         self.nsqd.setServiceParent(self)
         if admin_http_address:
             from ..admin.options import AdminOptions
-            from .admin import build_admin
+            from ..admin.service import build_admin
             if lookupd_http:
                 admin_options = AdminOptions(http_address=admin_http_address,
                                              lookupd_http_addresses=[lookupd_http])

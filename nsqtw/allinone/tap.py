@@ -17,7 +17,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from ..options import NsqdOptions
-from ._base import GoFlagOptions, build_or_exit, exit_1_on_loss
+from ..runtime.tap import GoFlagOptions, build_or_exit, exit_1_on_loss
 
 __all__ = ["Options", "makeService", "split_extra_flags", "EXTRA_FLAGS"]
 
@@ -70,9 +70,9 @@ class Options(GoFlagOptions):
 
 
 def makeService(options: Options) -> IService:
-    from ..reactor import resolve_reactor
-    from ..service.allinone import build_allinone
-    from ..process import apply_daemon_policy
+    from ..runtime.reactor import resolve_reactor
+    from .service import build_allinone
+    from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
     service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses))
     exit_1_on_loss(reactor, lambda: service.nsqd.lost_at_shutdown)

@@ -88,7 +88,7 @@ class NSQConnection(Protocol):
         self.host = host or address.rpartition(":")[0].strip("[]")
         self.delegate = delegate or ConnectionDelegate()
         if clock is None:
-            from ..reactor import resolve_reactor
+            from ..runtime.reactor import resolve_reactor
             clock = resolve_reactor()
         self.clock = clock
         self.core = ClientCore(config)
@@ -466,7 +466,7 @@ def connect(address: Any, config: Config, delegate: ConnectionDelegate | None = 
 def new_connection(address: Any, config: Config, delegate: ConnectionDelegate | None = None,
                    reactor: Any = None) -> NSQConnection:
     """A not yet dialed connection for ``address`` (any address form)."""
-    from ..reactor import resolve_reactor
+    from ..runtime.reactor import resolve_reactor
     from .addresses import address_key, tls_host
 
     return NSQConnection(config, address_key(address), delegate, resolve_reactor(reactor),

@@ -43,7 +43,7 @@ from twisted.python.failure import Failure
 from ..errors import NSQError
 from ..protocol.frames import CLOSE_WAIT
 from ..protocol.names import is_valid_name
-from ..reactor import resolve_reactor
+from ..runtime.reactor import resolve_reactor
 from . import commands
 from .addresses import address_key
 from .config import Config

@@ -20,8 +20,8 @@ from urllib.parse import urlencode
 from twisted.internet import defer
 
 from ..errors import HTTPAPIError
-from ..reactor import resolve_reactor
-from ..upstream import Upstream, UpstreamResponse
+from ..runtime.reactor import resolve_reactor
+from ..runtime.upstream import Upstream, UpstreamResponse
 from .commands import Body, ms, to_bytes
 
 __all__ = ["HTTPProducer"]

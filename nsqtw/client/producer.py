@@ -27,7 +27,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..reactor import resolve_reactor
+from ..runtime.reactor import resolve_reactor
 from . import commands
 from .addresses import address_key
 from .config import Config

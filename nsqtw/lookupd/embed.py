@@ -3,7 +3,7 @@ Running nsqlookupd inside an application's or a test's reactor.
 
 ::
 
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.lookupd.embed import start_nsqlookupd
 
     lookupd = await start_nsqlookupd()        # 127.0.0.1, ports chosen by the OS
     nsqd = await start_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address])
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, cast
 import attr
 from twisted.internet import defer
 
-from .lookupd.options import LookupdOptions
-from .options import with_embedding_defaults
-from .reactor import resolve_reactor
+from .options import LookupdOptions
+from ..options import with_embedding_defaults
+from ..runtime.reactor import resolve_reactor
 
 if TYPE_CHECKING:
-    from .service.lookupd import LookupdService
+    from .service import LookupdService
 
 __all__ = ["start_nsqlookupd", "LookupdHandle", "EMBEDDED_LOOKUPD_DEFAULTS"]
 
@@ -91,7 +91,7 @@ def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None,
 
     ``clock`` (an IReactorTime, e.g. ``task.Clock``) replaces the reactor as the
     time source for activity and tombstones, so tests can age producers."""
-    from .service.lookupd import build_lookupd
+    from .service import build_lookupd
 
     reactor = resolve_reactor(reactor)
     options = with_embedding_defaults(LookupdOptions, EMBEDDED_LOOKUPD_DEFAULTS, options, kwargs)  # a bad option raises here

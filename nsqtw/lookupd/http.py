@@ -23,13 +23,13 @@ from twisted.web.iweb import IRequest
 
 from .. import NSQ_VERSION
 from ..errors import HTTPAPIError
-from ..lookupd.peers import GO_ZERO_TIME_NS
+from .core.peers import GO_ZERO_TIME_NS
 from ..protocol.names import is_valid_topic_name
-from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
+from ..runtime.responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
-    from ..lookupd.options import LookupdOptions
-    from ..lookupd.registry import RegistrationDB
+    from .options import LookupdOptions
+    from .core.registry import RegistrationDB
 
 
 class LookupdNode(Protocol):

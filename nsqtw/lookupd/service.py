@@ -19,10 +19,10 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from .. import version_line
-from ..lookupd.options import LookupdOptions
-from ..lookupd.registry import RegistrationDB
-from ..tcp.lookupd import LookupdFactory
-from .listen import ListeningService
+from .options import LookupdOptions
+from .core.registry import RegistrationDB
+from .tcp import LookupdFactory
+from ..runtime.listen import ListeningService
 
 __all__ = ["LookupdService", "build_lookupd"]
 
@@ -36,7 +36,7 @@ class LookupdService(MultiService):
         super().__init__()
         from twisted.web.server import Site
 
-        from ..http.lookupd_api import LookupdHTTPAPI
+        from .http import LookupdHTTPAPI
 
         self.options = options
         self.reactor = reactor

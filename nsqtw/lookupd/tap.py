@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from twisted.application.service import IService
 
-from ..lookupd.options import LookupdOptions
-from ._base import GoFlagOptions, build_or_exit
+from .options import LookupdOptions
+from ..runtime.tap import GoFlagOptions, build_or_exit
 
 __all__ = ["Options", "makeService"]
 
@@ -16,9 +16,9 @@ class Options(GoFlagOptions):
 
 
 def makeService(options: Options) -> IService:
-    from ..reactor import resolve_reactor
-    from ..service.lookupd import build_lookupd
-    from ..process import apply_daemon_policy
+    from ..runtime.reactor import resolve_reactor
+    from .service import build_lookupd
+    from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
     service = build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, reactor))
     apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree

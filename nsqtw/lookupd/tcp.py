@@ -1,5 +1,5 @@
 """
-The nsqlookupd TCP listener: Twisted glue around :class:`~nsqtw.lookupd.v1.LookupSession`.
+The nsqlookupd TCP listener: Twisted glue around :class:`~nsqtw.lookupd.core.v1.LookupSession`.
 
 Per read the session runs every complete command and returns the answers;
 the glue writes them and closes the connection after a fatal error.  When a
@@ -17,9 +17,9 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..lookupd.registry import RegistrationDB
-from ..lookupd.v1 import LookupSession, ServerInfo
-from .address import format_peer
+from .core.registry import RegistrationDB
+from .core.v1 import LookupSession, ServerInfo
+from ..runtime.address import format_peer
 
 __all__ = ["LookupdProtocol", "LookupdFactory", "format_peer"]
 

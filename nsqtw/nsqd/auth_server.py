@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 
-from ..nsqd.auth import AuthState, parse_auth_response
-from ..upstream import Upstream
+from .core.auth import AuthState, parse_auth_response
+from ..runtime.upstream import Upstream
 
 __all__ = ["AuthServerClient", "auth_endpoint"]
 

@@ -19,7 +19,7 @@ leaves nothing behind.
 
 Starting one changes nothing in the host's process: no collector, allocator or
 ``gc.callbacks`` setting, no trim loop, no thread (that is the daemons' process
-policy, :mod:`nsqtw.process`).
+policy, :mod:`nsqtw.runtime.process`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any, cast
 import attr
 from twisted.internet import defer
 
-from .options import NsqdOptions, with_embedding_defaults
-from .reactor import resolve_reactor
+from ..options import NsqdOptions, with_embedding_defaults
+from ..runtime.reactor import resolve_reactor
 
 if TYPE_CHECKING:
-    from .service.nsqd import NsqdService
+    from .service import NsqdService
 
-__all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "LookupdHandle", "EMBEDDED_NSQD_DEFAULTS",
+__all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "EMBEDDED_NSQD_DEFAULTS",
            "embedded_nsqd_options"]
 
 
@@ -152,7 +152,7 @@ def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
     With ``inprocess_name``, clients in the same reactor also reach it at
     ``"inprocess:<name>"`` (no socket; see :mod:`nsqtw.client.inprocess`).
     """
-    from .service.nsqd import build_nsqd
+    from .service import build_nsqd
 
     reactor = resolve_reactor(reactor)
     tempdir = None
@@ -178,11 +178,10 @@ def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
 
     def started(_: Any) -> NsqdHandle:
         if inprocess_name is not None:
-            from .client.inprocess import register
+            from ..client.inprocess import register
             handle._unregister = register(handle, inprocess_name)
         return handle
 
     return d.addCallbacks(started, failed)
 
 
-from .embed_lookupd import LookupdHandle, start_nsqlookupd  # noqa: E402  (re-exported)

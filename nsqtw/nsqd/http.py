@@ -21,16 +21,16 @@ from twisted.web.iweb import IRequest
 from .. import NSQ_VERSION
 from ..errors import BrokerError, ChannelNotFound, HTTPAPIError, TopicNotFound
 from ..options import LOG_LEVELS, config_value
-from ..nsqd.peek import DEFAULT_N, MAX_N, peek_channel, peek_topic
-from ..nsqd.peek import STATES as PEEK_STATES
+from .core.peek import DEFAULT_N, MAX_N, peek_channel, peek_topic
+from .core.peek import STATES as PEEK_STATES
 from ..protocol.names import is_valid_name
-from ..stats.snapshot import broker_stats, render_text
-from .responses import first, install_error_handlers, plain, query, topic_channel_args, v1
+from .stats.snapshot import broker_stats, render_text
+from ..runtime.responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
-    from ..nsqd.broker import Broker
+    from .core.broker import Broker
     from ..options import NsqdOptions
 
 
@@ -269,7 +269,7 @@ class NsqdHTTPAPI:
     @app.route("/metrics", methods=["GET"])
     def metrics(self, request: IRequest) -> bytes:
         """nsqtw addition: /stats in Prometheus' text format (nsqio/nsq#732)."""
-        from ..stats.prometheus import CONTENT_TYPE, render_metrics
+        from .stats.prometheus import CONTENT_TYPE, render_metrics
 
         self._guard(request)
         params = query(request)

@@ -2,7 +2,7 @@
 nsqd's connection to one nsqlookupd (``nsqd/lookup_peer.go``): the magic, IDENTIFY, the
 replay of the broker's registrations, then commands answered in order, each within
 :data:`COMMAND_TIMEOUT`.  The peer it serves (a :class:`PeerOwner`'s
-:class:`~nsqtw.service.lookup_peers.LookupPeer`) decides what to send and what a lost
+:class:`~nsqtw.nsqd.lookup_peers.LookupPeer`) decides what to send and what a lost
 connection means; this module only speaks the protocol.
 """
 
@@ -20,7 +20,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..lookupd.v1 import ResponseDecoder, ResponseTooBig, identify_command
+from ..lookupd.core.v1 import ResponseDecoder, ResponseTooBig, identify_command
 from ..protocol.frames import MAGIC_V1
 
 __all__ = ["COMMAND_TIMEOUT", "LookupdInfo", "LookupPeerProtocol", "PeerFactory", "PeerOwner", "Peer"]

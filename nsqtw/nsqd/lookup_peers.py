@@ -49,14 +49,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from .. import NSQ_VERSION
-from ..lookupd.v1 import (
+from ..lookupd.core.v1 import (
     PING_COMMAND, register_command,
     unregister_command,
 )
-from ..nsqd.broker import Event
+from .core.broker import Event
 from ..options import split_host_port
-from ..tcp.lookup_peer import COMMAND_TIMEOUT, LookupdInfo, LookupPeerProtocol, PeerFactory
-from ..upstream import Upstream, UpstreamResponse
+from .lookup_peer import COMMAND_TIMEOUT, LookupdInfo, LookupPeerProtocol, PeerFactory
+from ..runtime.upstream import Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
     from ..options import NsqdOptions

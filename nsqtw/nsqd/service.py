@@ -4,7 +4,7 @@ nsqd's service tree: the one composition root used by twistd, the CLIs and embed
 :class:`NsqdService` is a ``MultiService`` whose children listen on the TCP,
 HTTP and HTTPS addresses, run the queue scan on a ``LoopingCall``, and (when
 configured) keep the disk queues synced, talk to nsqlookupd and export stats.
-It owns the :class:`~nsqtw.nsqd.broker.Broker` and is the "node" the HTTP API
+It owns the :class:`~nsqtw.nsqd.core.broker.Broker` and is the "node" the HTTP API
 and TCP glue ask for the time, the current options and to settle work.
 """
 
@@ -20,26 +20,26 @@ from twisted.application.service import MultiService, Service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from ..nsqd.broker import Broker, Event
-from ..nsqd.scan import ChannelSampler, scan_channels
-from ..nsqd.v2 import Features
+from .core.broker import Broker, Event
+from .core.scan import ChannelSampler, scan_channels
+from .core.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError
-from ..tcp.nsqd import NsqdFactory
-from ..turn import TurnBatcher
-from .listen import LazyFactory, ListeningService
+from .tcp import NsqdFactory
+from ..runtime.turn import TurnBatcher
+from ..runtime.listen import LazyFactory, ListeningService
 
 __all__ = ["NsqdService", "build_nsqd"]
 
 log = Logger(namespace="nsqtw.nsqd")
 
-#: seconds between attempts to write messages the disk refused (see nsqtw.nsqd.backlog)
+#: seconds between attempts to write messages the disk refused (see nsqtw.nsqd.core.backlog)
 HELD_RETRY_INTERVAL = 1.0
 
 
 def _import_http_api() -> None:
     """The HTTP API's imports (klein, werkzeug, twisted.web): the slow part of building it."""
-    import nsqtw.http.nsqd_api  # noqa: F401
-    import nsqtw.http.responses  # noqa: F401
+    import nsqtw.nsqd.http  # noqa: F401
+    import nsqtw.runtime.responses  # noqa: F401
 
 
 class _LoopService(Service):
@@ -104,7 +104,7 @@ class NsqdService(MultiService):
         self.metadata_writer = MetadataWriter(self.metadata_fragments,
                                               partial(write_fragments, self.data_path),
                                               self.sync_worker.submit, clock=reactor)
-        from ..tcp.tls import server_context
+        from ..runtime.tls import server_context
         try:
             self.tls_context = server_context(options)
         except ValueError as e:
@@ -113,7 +113,7 @@ class NsqdService(MultiService):
                                  deflate=options.deflate)
         self.authorizer = None
         if options.auth_http_addresses:
-            from ..tcp.auth import AuthServerClient
+            from .auth_server import AuthServerClient
             self.authorizer = AuthServerClient(
                 options.auth_http_addresses, options.auth_http_request_method, reactor,
                 connect_timeout=options.http_client_connect_timeout,
@@ -139,7 +139,7 @@ class NsqdService(MultiService):
             self.http_listener.setServiceParent(self)
         if self.tls_context is not None and options.https_address:
             from twisted.internet.endpoints import SSL4ServerEndpoint
-            from .listen import split_host_port
+            from ..runtime.listen import split_host_port
             host, port = split_host_port(options.https_address, "https-address")
             endpoint = SSL4ServerEndpoint(reactor, port, self.tls_context, interface=host or "0.0.0.0")
             self.https_listener = ListeningService(reactor, options.https_address,
@@ -152,10 +152,10 @@ class NsqdService(MultiService):
         self.lost_at_shutdown = 0
         _LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
         if options.stats_export_path:
-            from ..stats.export import StatsExportService
+            from .stats.export import StatsExportService
             StatsExportService(self).setServiceParent(self)
         if options.statsd_address:
-            from ..stats.statsd import StatsdService
+            from .stats.statsd import StatsdService
             StatsdService(self).setServiceParent(self)
         # built only when there is an nsqlookupd to talk to (now, or after PUT /config)
         self.lookup_peers: Any = None
@@ -164,8 +164,8 @@ class NsqdService(MultiService):
         self._stopping: defer.Deferred | None = None
 
     def _http_site(self, tls_only_http: bool) -> Any:
-        from ..http.nsqd_api import NsqdHTTPAPI
-        from ..http.responses import RouterResource, limited_site
+        from .http import NsqdHTTPAPI
+        from ..runtime.responses import RouterResource, limited_site
         api = NsqdHTTPAPI(self, tls_only_http=tls_only_http)
         return limited_site(RouterResource(api.app), self._body_limit)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from twisted.application.service import IService
 
 from ..options import NsqdOptions
-from ._base import GoFlagOptions, build_or_exit, exit_1_on_loss
+from ..runtime.tap import GoFlagOptions, build_or_exit, exit_1_on_loss
 
 __all__ = ["Options", "makeService"]
 
@@ -17,9 +17,9 @@ class Options(GoFlagOptions):
 
 
 def makeService(options: Options) -> IService:
-    from ..reactor import resolve_reactor
-    from ..service.nsqd import build_nsqd
-    from ..process import apply_daemon_policy
+    from ..runtime.reactor import resolve_reactor
+    from .service import build_nsqd
+    from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
     service = build_or_exit("nsqd", lambda: build_nsqd(options.config, reactor))
     exit_1_on_loss(reactor, lambda: service.lost_at_shutdown)

@@ -23,15 +23,15 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from ..nsqd.broker import Broker
-from ..nsqd.client import ClientState
-from ..nsqd.v2 import Features, V2Session
+from .core.broker import Broker
+from .core.client import ClientState
+from .core.v2 import Features, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
-from .. import seam
-from ..turn import TurnBatcher
-from .address import format_peer
-from .tls import tls_details
+from ..runtime import seam
+from ..runtime.turn import TurnBatcher
+from ..runtime.address import format_peer
+from ..runtime.tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
 
@@ -67,7 +67,7 @@ class NsqdProtocol(Protocol):
         self._write_deadline: Any = None
         self._auth_pending = False
         self._eof_pending = False
-        #: the eager write and reused-buffer read, on a plain TCP connection (see nsqtw.seam)
+        #: the eager write and reused-buffer read, on a plain TCP connection (see nsqtw.runtime.seam)
         self._seam: seam.SocketSeam | None = None
 
     # --- connection lifecycle ------------------------------------------------
@@ -390,7 +390,7 @@ class NsqdFactory(Factory):
                  fast_io: bool = True) -> None:
         """``turn`` runs the end-of-turn work (a batcher of its own on ``clock`` when not
         given); ``fast_io=False`` keeps every connection on Twisted's own reads and writes
-        (see :mod:`nsqtw.seam`)."""
+        (see :mod:`nsqtw.runtime.seam`)."""
         self.broker = broker
         self.sync_barrier = sync_barrier
         self.tls_context = tls_context

@@ -1,1 +1,2 @@
-"""Wire codecs of NSQ's TCP protocols: frames, messages, names, IDENTIFY (sans-IO)."""
+"""Wire codecs of NSQ's TCP protocols: frames, messages, names, IDENTIFY (sans-IO).
+"""

@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import split_host_port
-from ..tcp.address import format_peer
+from .address import format_peer
 
 __all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads",
            "endpoint_description", "format_address", "format_peer", "split_host_port"]
@@ -51,7 +51,7 @@ _WARM_UP_THREADS = False
 
 
 def enable_warm_up_threads() -> None:
-    """Part of the daemons' process policy (:func:`nsqtw.process.apply_daemon_policy`)."""
+    """Part of the daemons' process policy (:func:`nsqtw.runtime.process.apply_daemon_policy`)."""
     global _WARM_UP_THREADS
     _WARM_UP_THREADS = True
 

@@ -43,7 +43,7 @@ def _gc_callback(phase: str, info: dict[str, int]) -> None:
 def install_gc_timing() -> None:
     """Time the collector's pauses for ``gc_pause_usec_*`` (a ``gc.callbacks`` entry).
 
-    Process-wide state: only a daemon of nsqtw's own installs it (:mod:`nsqtw.process`); an
+    Process-wide state: only a daemon of nsqtw's own installs it (:mod:`nsqtw.runtime.process`); an
     embedded broker's ``/stats`` reports its pause percentiles as 0."""
     if _gc_callback not in gc.callbacks:
         gc.callbacks.append(_gc_callback)

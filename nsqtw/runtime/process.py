@@ -6,7 +6,7 @@ plugins (``twistd nsqd``, ``nsqlookupd``, ``nsqadmin``, ``nsqtw``: :mod:`nsqtw.t
 process, so each applies :func:`apply_daemon_policy` once, to the service tree it built, before
 that tree starts (before any listener opens):
 
-* glibc's mmap threshold pinned at 128 KiB (:func:`~nsqtw.stats.memory.tune_allocator`), so
+* glibc's mmap threshold pinned at 128 KiB (:func:`~nsqtw.runtime.memory.tune_allocator`), so
   read buffers never leave holes between long-lived message blobs in the heap;
 * a memory-trim loop (:class:`MemoryTrimService`, ``malloc_trim(0)`` once a second) added to
   the daemon's tree;
@@ -59,7 +59,7 @@ class MemoryTrimService(Service):
         self._loop: task.LoopingCall | None = None
 
     def _step(self) -> None:
-        from .stats.memory import release_free_memory
+        from .memory import release_free_memory
         try:
             release_free_memory()
         except Exception:  # pragma: no cover - never a reason to stop the daemon
@@ -105,10 +105,10 @@ def apply_daemon_policy(service: Any, reactor: Any) -> None:
     if getattr(service, "running", False):
         raise RuntimeError("apply_daemon_policy: the service tree is running already (apply it before start)")
     try:
-        from .stats.memory import install_gc_timing, tune_allocator
+        from .memory import install_gc_timing, tune_allocator
         tune_allocator()  # keep read buffers out of the heap
         install_gc_timing()  # /stats' gc_pause_usec_* figures
-        from .service.listen import enable_warm_up_threads
+        from .listen import enable_warm_up_threads
         enable_warm_up_threads()  # slow imports may run in a thread after the first accept
     except Exception:  # pragma: no cover - never a reason not to start
         log.failure("process policy: tuning failed (the daemon starts untuned)")

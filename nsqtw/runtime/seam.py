@@ -130,7 +130,7 @@ def attach(transport: Any, protocol: Any, data_received: Callable[[bytes], None]
     return SocketSeam(transport, data_received)
 
 
-# --- the epoll reactor's poll (for nsqtw.spinreactor) ------------------------------------------
+# --- the epoll reactor's poll (for nsqtw.runtime.spinreactor) ------------------------------------------
 
 def epoll_parts(reactor: Any) -> tuple[Callable[..., Any], dict[int, Any], Callable[[Any, int, int], None]]:
     """``(poll, selectables by fd, handle one event)`` of an ``EPollReactor``: what a

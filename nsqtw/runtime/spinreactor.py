@@ -56,7 +56,7 @@ from .turn import IReactorTurnHooks
 
 __all__ = ["SpinningEPollReactor", "SpinPolicy", "install", "install_if_unset", "DEFAULT_SPIN_US"]
 
-_log = Logger(namespace="nsqtw.reactor")
+_log = Logger(namespace="nsqtw.runtime.reactor")
 
 #: microseconds to keep polling after activity before blocking
 DEFAULT_SPIN_US = 50
@@ -135,8 +135,8 @@ class SpinningEPollReactor(EPollReactor):
     Each event is handled in isolation, as ``EPollReactor`` handles it: an
     exception escaping one connection's handlers (its ``connectionLost``, say)
     is logged and the poll's other events are still handled.  It declares
-    :class:`~nsqtw.turn.IReactorTurnHooks`: hooks run after each poll's events
-    (also when one failed), which lets :class:`~nsqtw.turn.TurnBatcher` run its
+    :class:`~nsqtw.runtime.turn.IReactorTurnHooks`: hooks run after each poll's events
+    (also when one failed), which lets :class:`~nsqtw.runtime.turn.TurnBatcher` run its
     end-of-turn work without scheduling a call; the work and its timing are
     the same on every reactor."""
 

@@ -23,7 +23,7 @@ def build_or_exit(prog: str, build: Callable[[], _T]) -> _T:
     """Build a daemon's service tree for twistd; a configuration it refuses (a TLS file that is
     missing, an address it cannot use) ends twistd with the drop-in command's one FATAL line
     and status 1, never a traceback."""
-    from ..golog import go_log_line
+    from .golog import go_log_line
 
     try:
         return build()
@@ -47,7 +47,7 @@ def exit_1_on_loss(reactor: Any, lost: Callable[[], int]) -> None:
     def check() -> None:
         if not lost():
             return
-        from ..seam import clear_exit_signal
+        from .seam import clear_exit_signal
         clear_exit_signal(reactor)
 
         def exit_1() -> None:

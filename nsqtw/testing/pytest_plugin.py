@@ -84,13 +84,13 @@ def _pytest_twisted() -> Any:
 
 
 def _reactor() -> Any:
-    from nsqtw.reactor import resolve_reactor
+    from nsqtw.runtime.reactor import resolve_reactor
     return resolve_reactor()
 
 
 def fast_data_dir() -> str:
-    """A fresh data directory on tmpfs when there is one (see :func:`nsqtw.embed.scratch_dir`)."""
-    from nsqtw.embed import scratch_dir
+    """A fresh data directory on tmpfs when there is one (see :func:`nsqtw.nsqd.embed.scratch_dir`)."""
+    from nsqtw.nsqd.embed import scratch_dir
 
     return scratch_dir()
 
@@ -232,7 +232,7 @@ class NsqdFixture:
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """The ``/stats?format=json`` document, computed in-process."""
-        from nsqtw.stats.snapshot import broker_stats
+        from nsqtw.nsqd.stats.snapshot import broker_stats
 
         return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
 
@@ -271,7 +271,7 @@ def start_nsqd_fixture(**options: Any) -> Deferred:
     from twisted.internet import defer
 
     from nsqtw.embed import NsqdHandle, embedded_nsqd_options
-    from nsqtw.service.nsqd import build_nsqd
+    from nsqtw.nsqd.service import build_nsqd
 
     data_dir = None
     if not options.get("data_path"):
@@ -389,7 +389,7 @@ class LookupdFixture:
 
 
 def start_lookupd_fixture(**options: Any) -> Deferred:
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     return start_nsqlookupd(_reactor(), **options).addCallback(LookupdFixture)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import attr
 
-from ..errors import BadBody
+from ...errors import BadBody
 
 __all__ = ["PeerInfo", "peer_from_identify", "GO_ZERO_TIME_NS"]
 

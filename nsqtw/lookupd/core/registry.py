@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 import attr
 from twisted.logger import Logger
 
-from ..protocol.names import is_ephemeral
+from ...protocol.names import is_ephemeral
 from .peers import PeerInfo
 
 __all__ = [

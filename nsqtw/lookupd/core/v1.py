@@ -30,12 +30,12 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from .. import NSQ_VERSION
-from ..errors import BadBody, BadChannel, BadProtocol, BadTopic, Invalid, NSQError
-from ..protocol.frames import MAGIC_V1
-from ..protocol.names import is_valid_channel_name, is_valid_topic_name
-from ..protocol.text import b2s
-from ..protocol.gojson import go_json
+from ... import NSQ_VERSION
+from ...errors import BadBody, BadChannel, BadProtocol, BadTopic, Invalid, NSQError
+from ...protocol.frames import MAGIC_V1
+from ...protocol.names import is_valid_channel_name, is_valid_topic_name
+from ...protocol.text import b2s
+from ...protocol.gojson import go_json
 from .peers import PeerInfo, peer_from_identify
 from .registry import RegistrationDB
 

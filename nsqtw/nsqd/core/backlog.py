@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from ..backend.runs import Run, split_run
-from ..errors import BackendError
+from ...backend.runs import Run, split_run
+from ...errors import BackendError
 
 if TYPE_CHECKING:
     from .channel import Channel

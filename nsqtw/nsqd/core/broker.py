@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 
 from twisted.logger import Logger
 
-from ..backend.dummy import DummyQueue
-from ..backend.runs import Run, run_of_frame, run_of_frames
-from ..errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
-from ..options import NsqdOptions
-from ..protocol.names import is_ephemeral
+from ...backend.dummy import DummyQueue
+from ...backend.runs import Run, run_of_frame, run_of_frames
+from ...errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
+from ...options import NsqdOptions
+from ...protocol.names import is_ephemeral
 from .backlog import HeldBacklog
 from .channel import Channel
 from .client import ClientState
@@ -35,7 +35,7 @@ from .guid import GUIDFactory
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from ..backend import IBackendQueue
+    from ...backend import IBackendQueue
 
 log = Logger(namespace="nsqtw.nsqd")
 

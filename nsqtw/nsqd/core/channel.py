@@ -21,16 +21,16 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
-from ..backend.memory import MemoryQueue
-from ..backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
-from ..errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
-from ..protocol.message import requeue_frame
-from ..protocol.names import is_ephemeral
+from ...backend.memory import MemoryQueue
+from ...backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
+from ...errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
+from ...protocol.message import requeue_frame
+from ...protocol.names import is_ephemeral
 from .client import EPOCH_SPAN, STATE_SUBSCRIBED, ClientState, Epoch
 from .quantile import Quantile
 
 if TYPE_CHECKING:
-    from ..backend import IBackendQueue
+    from ...backend import IBackendQueue
     from .broker import Broker
     from .topic import Topic
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..backend.memory import MemoryQueue
-from ..backend.runs import Run, run_count
-from ..errors import Exiting, QueueFull
-from ..protocol.names import is_ephemeral
+from ...backend.memory import MemoryQueue
+from ...backend.runs import Run, run_count
+from ...errors import Exiting, QueueFull
+from ...protocol.names import is_ephemeral
 from .channel import Channel
 
 if TYPE_CHECKING:
-    from ..backend import IBackendQueue
+    from ...backend import IBackendQueue
     from .broker import Broker
 
 __all__ = ["Topic"]

@@ -4,7 +4,7 @@ TCP protocol V2, server side, without I/O.
 :class:`V2Session` takes the bytes one connection sent, parses every complete
 command in them with a moving offset (no re-slicing of the tail), runs each
 against the broker, and queues the answers on the client's output; the glue
-in :mod:`nsqtw.tcp.nsqd` writes them once per read.  A run of back-to-back
+in :mod:`nsqtw.nsqd.tcp` writes them once per read.  A run of back-to-back
 ``FIN <id>\\n`` lines (a consumer acknowledging a batch) is recognised by one
 regular expression and finished as a batch, even when the run was cut across
 two reads.
@@ -26,18 +26,18 @@ from collections.abc import Callable, Sequence
 
 import attr
 
-from .. import NSQ_VERSION
-from ..errors import (
+from ... import NSQ_VERSION
+from ...errors import (
     AuthDisabled, AuthFailed, AuthFirst, Unauthorized, BadBody, BadChannel, BadMessage, BadProtocol, BadTopic, BrokerError, DPubFailed,
     Exiting, IdentifyFailed, Invalid, MPubFailed, NSQError, PubFailed, SubFailed,
 )
-from ..options import TLS_NOT_REQUIRED
-from ..protocol.frames import (
+from ...options import TLS_NOT_REQUIRED
+from ...protocol.frames import (
     CLOSE_WAIT_FRAME, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2, OK_FRAME, encode_frame,
 )
-from ..protocol.identify import IdentifyDecodeError, parse_identify
-from ..protocol.names import is_valid_name
-from ..protocol.text import b2s, go_quote
+from ...protocol.identify import IdentifyDecodeError, parse_identify
+from ...protocol.names import is_valid_name
+from ...protocol.text import b2s, go_quote
 from .broker import Broker
 from .client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, ClientState
 

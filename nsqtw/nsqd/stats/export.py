@@ -34,7 +34,7 @@ from .snapshot import broker_stats, go_json
 __all__ = ["StatsExportService", "node_identity", "host_key", "export_filename", "snapshot_line",
            "FILE_PREFIX", "FILE_SUFFIX"]
 
-log = Logger(namespace="nsqtw.stats.export")
+log = Logger(namespace="nsqtw.nsqd.stats.export")
 
 FILE_PREFIX = "nsqd-stats."
 FILE_SUFFIX = ".jsonl"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..nsqd.broker import Broker
-    from ..options import NsqdOptions
+    from ..core.broker import Broker
+    from ...options import NsqdOptions
 
 __all__ = ["StatsNode"]
 

@@ -13,14 +13,14 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import NSQ_VERSION, version_line
-from ..nsqd.broker import Broker
-from ..nsqd.channel import Channel
-from ..nsqd.client import ClientState
-from ..nsqd.quantile import merge_quantiles
-from ..nsqd.topic import Topic
-from ..protocol.gojson import go_json
-from .memory import mem_stats
+from ... import NSQ_VERSION, version_line
+from ..core.broker import Broker
+from ..core.channel import Channel
+from ..core.client import ClientState
+from ..core.quantile import merge_quantiles
+from ..core.topic import Topic
+from ...protocol.gojson import go_json
+from ...runtime.memory import mem_stats
 
 __all__ = ["broker_stats", "client_stats", "render_text", "go_json", "nanoseconds_to_human", "go_duration_text"]
 
@@ -83,7 +83,7 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
         "e2e_processing_latency": ch.e2e_result(now),
     }
     # nsqtw only, and only while it is not zero (so the document keeps Go's shape otherwise):
-    # messages held in memory because the disk refused them (see nsqtw.nsqd.backlog)
+    # messages held in memory because the disk refused them (see nsqtw.nsqd.core.backlog)
     held = ch.broker.backlog.held_count(ch)
     if held:
         out["held_count"] = held
@@ -160,7 +160,7 @@ def nanoseconds_to_human(v: float) -> str:
 
 def go_duration_text(seconds: float, truncate: bool = False) -> str:
     """A duration as Go prints ``time.Duration`` (``2.610752112s``, ``1h2m3s``)."""
-    from ..options import format_duration
+    from ...options import format_duration
     if truncate:
         seconds = float(int(seconds))
     return format_duration(seconds)

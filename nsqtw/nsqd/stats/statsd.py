@@ -22,16 +22,16 @@ from twisted.internet import defer, task
 from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger
 
-from ..options import split_host_port
+from ...options import split_host_port
 from .export import host_key
-from .memory import mem_stats
+from ...runtime.memory import mem_stats
 from .node import StatsNode
 from .snapshot import broker_stats
 
 __all__ = ["StatsdService", "statsd_prefix", "statsd_lines", "mem_lines", "pack_datagrams",
            "spread_delays"]
 
-log = Logger(namespace="nsqtw.stats.statsd")
+log = Logger(namespace="nsqtw.nsqd.stats.statsd")
 
 EPHEMERAL_SUFFIX = "#ephemeral"
 
