@@ -24,6 +24,8 @@ Scripts and test harnesses that start NSQ's binaries can start these instead:
 
 ``python -m nsqtw.cli [nsqd|nsqlookupd|nsqadmin] [flags]`` runs one (nsqd when
 no name is given); ``python -m nsqtw.tools.nsqd`` and friends do the same.
+
+Internal: applications import the public face (``nsqtw.embed``, ``nsqtw.client``, ``nsqtw.testing``, ``nsqtw.options``, ``nsqtw.errors``).
 """
 
 from __future__ import annotations

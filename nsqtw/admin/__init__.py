@@ -9,4 +9,6 @@ nsqadmin on Twisted: the cluster web UI and its JSON API.
 * ``static/`` and ``templates/`` - the page script, stylesheet and layout (package data).
 
 The service tree is :mod:`nsqtw.admin.service`; embedding is :func:`nsqtw.embed.start_nsqadmin`.
+
+Internal: applications import the public face (``nsqtw.embed``, ``nsqtw.client``, ``nsqtw.testing``, ``nsqtw.options``, ``nsqtw.errors``).
 """
