@@ -476,8 +476,8 @@ def new_connection(address: Any, config: Config, delegate: ConnectionDelegate | 
 def dial(proto: NSQConnection, address: Any, *, connector: Connector | None = None) -> defer.Deferred[Any]:
     """Connect ``proto`` to ``address``; fires with it once the handshake is done.
 
-    Dial failures become :class:`NotConnected`; handshake failures keep their
-    type (:class:`IdentifyError`, a typed AUTH error ...).
+    Dial failures become :class:`~nsqtw.client.errors.NotConnected`; handshake failures keep their
+    type (:class:`~nsqtw.client.errors.IdentifyError`, a typed AUTH error ...).
     """
     from .addresses import default_connector
 

@@ -86,7 +86,7 @@ def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None,
     """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
 
     Every field left at NSQ's default (keyword arguments or ``options=``; keyword arguments
-    win) gets the embedding default (:data:`EMBEDDED_LOOKUPD_DEFAULTS`).  The start changes
+    win) gets the embedding default (:data:`~nsqtw.embed.EMBEDDED_LOOKUPD_DEFAULTS`).  The start changes
     nothing in the host's process (no collector or allocator setting, no thread).
 
     ``clock`` (an IReactorTime, e.g. ``task.Clock``) replaces the reactor as the

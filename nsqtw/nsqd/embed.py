@@ -13,7 +13,7 @@ Running nsqd (and nsqlookupd) inside an application's or a test's reactor.
 Options are NSQ's, by attribute name (``mem_queue_size=100``,
 ``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`; either way
 the fields left at NSQ's default get the embedding defaults
-(:data:`EMBEDDED_NSQD_DEFAULTS`).  Unless a ``data_path`` is given, a temporary
+(:data:`~nsqtw.embed.EMBEDDED_NSQD_DEFAULTS`).  Unless a ``data_path`` is given, a temporary
 directory is used (never fsynced) and deleted on stop, so an embedded broker
 leaves nothing behind.
 
@@ -141,7 +141,7 @@ def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
 
     Options are NSQ's, as keyword arguments or ``options=`` (keyword arguments win); either
     way every field left at NSQ's default gets the embedding default
-    (:data:`EMBEDDED_NSQD_DEFAULTS`: 127.0.0.1, port 0, no HTTPS, broadcast 127.0.0.1), and
+    (:data:`~nsqtw.embed.EMBEDDED_NSQD_DEFAULTS`: 127.0.0.1, port 0, no HTTPS, broadcast 127.0.0.1), and
     an empty ``data_path`` a temporary directory removed on stop.  A throwaway directory
     needs no durability: its disk work runs inline, without fsync and without a thread.
 
