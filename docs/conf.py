@@ -59,7 +59,7 @@ nitpick_ignore_regex = [
     # the components' internals, which the public face re-exports but the reference does not
     # document (type hints name them by their defining module)
     (r"py:.*", r"nsqtw\.(nsqd|lookupd|admin|allinone|runtime|backend|protocol|tools|cli|spark)(\..*)?"),
-    (r"py:.*", r"(NsqdService|LookupdService|AdminService|Broker|RegistrationDB|History|Topic|Channel|"
+    (r"py:.*", r"(defer\.Deferred|Body|Registration|NsqdAddress|NsqdService|LookupdService|AdminService|Broker|RegistrationDB|History|Topic|Channel|"
                r"ClusterInfo|ListeningService|IBackendQueue|Upstream|PeerInfo|InProcessTransport)"),
 ]
 

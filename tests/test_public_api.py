@@ -11,6 +11,7 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+import pytest_twisted
 
 import nsqtw
 
@@ -100,3 +101,23 @@ def test_entry_points_are_pinned() -> None:
     for target in ENTRY_POINTS.values():
         module, _, name = target.partition(":")
         assert callable(getattr(importlib.import_module(module), name))
+
+
+@pytest.mark.e2e
+@pytest_twisted.ensureDeferred
+async def test_an_embedded_nsqd_handle_gives_addresses_stats_and_stop() -> None:
+    """What the embedding snippet uses: the addresses, stats() of a topic, stop()."""
+    from nsqtw.client import Producer
+    from nsqtw.embed import start_nsqd
+
+    nsqd = await start_nsqd()
+    try:
+        assert nsqd.tcp_address.startswith("127.0.0.1:") and (nsqd.http_address or "").startswith("127.0.0.1:")
+        producer = Producer(nsqd.tcp_address)
+        await producer.multi_publish("orders", [b"a", b"b"])
+        await producer.stop()
+        [topic] = nsqd.stats(topic="orders")["topics"]
+        assert topic["topic_name"] == "orders" and topic["depth"] == 2 and topic["message_count"] == 2
+        assert not nsqd.stats(topic="nothing")["topics"]  # null, as Go's nsqd answers
+    finally:
+        await nsqd.stop()

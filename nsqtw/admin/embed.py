@@ -30,6 +30,7 @@ from ..options import with_embedding_defaults
 from ..runtime.reactor import resolve_reactor
 
 if TYPE_CHECKING:
+    from .history import History
     from .service import AdminService
 
 __all__ = ["start_nsqadmin", "AdminHandle", "EMBEDDED_ADMIN_DEFAULTS"]
@@ -64,14 +65,14 @@ class AdminHandle:
         return f"http://{self.http_address}{base}/"
 
     @property
-    def history(self) -> Any:
+    def history(self) -> History:
         return self.service.history
 
-    def poll(self) -> defer.Deferred[Any]:
+    def poll(self) -> defer.Deferred[None]:
         """Take one /stats sample for the graphs now (tests use this instead of waiting)."""
         return self.service.poller.poll_once()
 
-    def stop(self) -> defer.Deferred[Any]:
+    def stop(self) -> defer.Deferred[None]:
         """Stop listening and polling; fires once the listener is closed."""
         if not self.service.running:
             return defer.succeed(None)
@@ -84,7 +85,7 @@ EMBEDDED_ADMIN_DEFAULTS: dict[str, Any] = {"http_address": "127.0.0.1:0"}
 
 
 def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
-                   http_client: Any = None, **kwargs: Any) -> defer.Deferred[AdminHandle]:
+                   http_client: Any = None, **kwargs: object) -> defer.Deferred[AdminHandle]:
     """Start an nsqadmin in the running reactor; fires with an :class:`AdminHandle`.
 
     An HTTP address left at NSQ's default (keyword arguments or ``options=``; keyword

@@ -28,6 +28,7 @@ from ..options import with_embedding_defaults
 from ..runtime.reactor import resolve_reactor
 
 if TYPE_CHECKING:
+    from .core.registry import RegistrationDB
     from .service import LookupdService
 
 __all__ = ["start_nsqlookupd", "LookupdHandle", "EMBEDDED_LOOKUPD_DEFAULTS"]
@@ -50,7 +51,7 @@ class LookupdHandle:
                    service.tcp_listener.bound_host, service.http_listener.bound_host)
 
     @property
-    def db(self) -> Any:
+    def db(self) -> RegistrationDB:
         return self.service.db
 
     @property
@@ -65,7 +66,7 @@ class LookupdHandle:
     def http_address(self) -> str:
         return f"{self.http_host}:{self.http_port}"
 
-    def stop(self) -> defer.Deferred[Any]:
+    def stop(self) -> defer.Deferred[None]:
         """Stop; fires once every connection is closed and both listeners are gone."""
         if not self.service.running:
             return defer.succeed(None)
@@ -82,7 +83,7 @@ EMBEDDED_LOOKUPD_DEFAULTS: dict[str, Any] = {
 
 
 def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None, *,
-                     clock: Any = None, **kwargs: Any) -> defer.Deferred[LookupdHandle]:
+                     clock: Any = None, **kwargs: object) -> defer.Deferred[LookupdHandle]:
     """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
 
     Every field left at NSQ's default (keyword arguments or ``options=``; keyword arguments

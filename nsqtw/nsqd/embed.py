@@ -36,6 +36,7 @@ from ..options import NsqdOptions, with_embedding_defaults
 from ..runtime.reactor import resolve_reactor
 
 if TYPE_CHECKING:
+    from .core.broker import Broker
     from .service import NsqdService
 
 __all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "EMBEDDED_NSQD_DEFAULTS",
@@ -44,14 +45,17 @@ __all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "EMBEDDED_NSQD_DEFAULTS",
 
 @attr.s(eq=False)
 class NsqdHandle:
-    """A running embedded nsqd."""
+    """A running embedded nsqd: its addresses, :meth:`stats` and :meth:`stop`.
+
+    ``service`` and ``broker`` are the daemon's internals, for nsqtw's own tests; they may change
+    without notice."""
 
     service: NsqdService = attr.ib()
     _tempdir: str | None = attr.ib(default=None)
     _unregister: Any = attr.ib(default=None)
 
     @property
-    def broker(self) -> Any:
+    def broker(self) -> Broker:
         return self.service.broker
 
     @property
@@ -87,7 +91,13 @@ class NsqdHandle:
         http: Any = self.service.http_listener
         return f"{http.bound_host}:{self.http_port}"
 
-    def stop(self) -> defer.Deferred[Any]:
+    def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
+        """The ``/stats?format=json`` document (optionally of one topic or channel), computed in-process."""
+        from .stats.snapshot import broker_stats
+
+        return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
+
+    def stop(self) -> defer.Deferred[None]:
         """Stop the broker; fires once every listener and connection is closed."""
         if self._unregister is not None:
             self._unregister()
@@ -130,13 +140,13 @@ EMBEDDED_NSQD_DEFAULTS: dict[str, Any] = {
 }
 
 
-def embedded_nsqd_options(options: NsqdOptions | None = None, **kwargs: Any) -> NsqdOptions:
+def embedded_nsqd_options(options: NsqdOptions | None = None, **kwargs: object) -> NsqdOptions:
     """The options :func:`start_nsqd` runs with (before the temporary ``data_path``)."""
     return with_embedding_defaults(NsqdOptions, EMBEDDED_NSQD_DEFAULTS, options, kwargs)
 
 
 def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
-               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred[NsqdHandle]:
+               inprocess_name: str | None = None, **kwargs: object) -> defer.Deferred[NsqdHandle]:
     """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
 
     Options are NSQ's, as keyword arguments or ``options=`` (keyword arguments win); either
