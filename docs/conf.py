@@ -42,7 +42,7 @@ autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "separated"
-autodoc_default_options = {"members": True, "show-inheritance": True, "exclude-members": "__init__"}
+autodoc_default_options = {"members": True, "show-inheritance": True, "exclude-members": "__init__, __new__"}
 
 # --- the link check of internal references -------------------------------------------------------
 nitpicky = True
