@@ -60,32 +60,39 @@ class NsqdHandle:
 
     @property
     def options(self) -> NsqdOptions:
+        """The options it runs with (the embedding defaults and the temporary ``data_path`` filled in)."""
         return self.service.options
 
     # the ports below are bound: a handle is made once its service listens
 
     @property
     def tcp_port(self) -> int:
+        """The bound TCP port (protocol V2)."""
         return cast(int, self.service.tcp_port)
 
     @property
     def http_port(self) -> int | None:
+        """The bound HTTP port, or None when HTTP is off (``http_address=""``)."""
         return self.service.http_port
 
     @property
     def https_port(self) -> int | None:
+        """The bound HTTPS port, or None when HTTPS is off (the embedding default)."""
         return self.service.https_port
 
     @property
     def host(self) -> str:
+        """The host the TCP listener is bound to (``127.0.0.1`` by default)."""
         return self.service.tcp_listener.bound_host
 
     @property
     def tcp_address(self) -> str:
+        """``"host:port"`` of protocol V2, for producers and consumers (``Producer(handle.tcp_address)``)."""
         return f"{self.host}:{self.tcp_port}"
 
     @property
     def http_address(self) -> str | None:
+        """``"host:port"`` of the HTTP API (``/pub``, ``/stats``...), or None when HTTP is off."""
         if self.http_port is None:
             return None
         http: Any = self.service.http_listener
