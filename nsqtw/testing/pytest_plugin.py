@@ -224,7 +224,7 @@ class NsqdFixture:
         _timeout(done, timeout, lambda: f"got {len(got)} of {n} messages on {topic}/{channel} within {timeout}s")
 
         def finish(result: object) -> Deferred[object]:
-            stopping: Deferred[object] = consumer.stop()
+            stopping = consumer.stop()
 
             def forget(_: object) -> object:
                 if consumer in self._consumers:
