@@ -39,7 +39,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def start(broker: str) -> list[Any]:
     from nsqtw.embed import start_nsqd, start_nsqlookupd
-    from nsqtw.embed_admin import start_nsqadmin
+    from nsqtw.embed import start_nsqadmin
 
     handles: list[Any] = []
     if broker in ("nsqd", "all"):

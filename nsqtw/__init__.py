@@ -5,6 +5,18 @@ A wire-compatible nsqd and nsqlookupd (TCP protocol V2 and V1, the HTTP APIs,
 the on-disk formats), an nsqadmin-style web UI, a Twisted client library and
 NSQ's utilities, running in one reactor: under ``twistd``, or embedded in any
 Twisted application or test suite.
+
+The public face, what applications and test suites import:
+
+* :mod:`nsqtw.embed` -- ``start_nsqd``, ``start_nsqlookupd``, ``start_nsqadmin`` and their handles;
+* :mod:`nsqtw.client` -- the Twisted client library (``Producer``, ``Consumer``, ``Config``...);
+* :mod:`nsqtw.testing` -- raw protocol helpers and the pytest plugin's fixtures;
+* :mod:`nsqtw.options` -- ``NsqdOptions`` and NSQ's duration syntax;
+* :mod:`nsqtw.errors` -- NSQ's ``E_*`` errors as values;
+* the Spark jobs, through their commands (``nsqtw-stats``, ``nsqtw-replay``).
+
+Everything else (each daemon's package ``nsqd``, ``lookupd``, ``admin``, the all-in-one, the shared
+``runtime``, ``protocol`` and ``backend``) is internal and may change without notice.
 """
 
 __version__ = "0.1.0"

@@ -24,6 +24,8 @@ Scripts and test harnesses that start NSQ's binaries can start these instead:
 
 ``python -m nsqtw.cli [nsqd|nsqlookupd|nsqadmin] [flags]`` runs one (nsqd when
 no name is given); ``python -m nsqtw.tools.nsqd`` and friends do the same.
+
+Internal: applications import the public face (``nsqtw.embed``, ``nsqtw.client``, ``nsqtw.testing``, ``nsqtw.options``, ``nsqtw.errors``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Callable
 
 from . import version_line as _version_line
 from .options import OptionError
-from .reactor import resolve_reactor
+from .runtime.reactor import resolve_reactor
 
 __all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
 
@@ -54,8 +56,8 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
                after_build: Callable[[Any], None] | None = None,
                startup_lines: Callable[[Any], list[str]] | None = None) -> int:
     """Parse Go-style flags, start the service tree, run the reactor until a signal."""
-    from .tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
-    from .golog import go_log_line
+    from .runtime.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
+    from .runtime.golog import go_log_line
 
     def fatal(text: str, at: str = prefix) -> None:
         sys.stderr.write(go_log_line(at, 5, text))
@@ -82,12 +84,12 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
         fatal(f"failed to instantiate {prog} - {e}")
         return 1
 
-    from .spinreactor import install_if_unset
+    from .runtime.spinreactor import install_if_unset
     install_if_unset()  # the epoll reactor that polls briefly before sleeping (NSQTW_SPIN_US)
     reactor = resolve_reactor()
 
-    from .service.listen import format_address
-    from .golog import begin_logging
+    from .runtime.listen import format_address
+    from .runtime.golog import begin_logging
 
     log_prefix = getattr(options, "log_prefix", prefix)
     announced: set[str] = set()
@@ -109,7 +111,7 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
         fatal(f"failed to instantiate {prog} - {e}", log_prefix)
         return 1
     # a process of nsqtw's own: allocator, trim loop, collector, warm-up thread; before any listener
-    from .process import apply_daemon_policy
+    from .runtime.process import apply_daemon_policy
     apply_daemon_policy(service, reactor)
     status = {"code": 0, "signals": 0}
 
@@ -160,7 +162,7 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
 def nsqd_main(argv: list[str] | None = None) -> int:
     """The ``nsqd`` command."""
     from .options import NsqdOptions
-    from .service.nsqd import build_nsqd
+    from .nsqd.service import build_nsqd
 
     args = sys.argv[1:] if argv is None else argv
     return run_daemon("nsqd", args, NsqdOptions, build_nsqd, "[nsqd] ",
@@ -170,7 +172,7 @@ def nsqd_main(argv: list[str] | None = None) -> int:
 def nsqlookupd_main(argv: list[str] | None = None) -> int:
     """The ``nsqlookupd`` command."""
     from .lookupd.options import LookupdOptions
-    from .service.lookupd import build_lookupd
+    from .lookupd.service import build_lookupd
 
     args = sys.argv[1:] if argv is None else argv
     return run_daemon("nsqlookupd", args, LookupdOptions, build_lookupd, "[nsqlookupd] ")
@@ -179,7 +181,7 @@ def nsqlookupd_main(argv: list[str] | None = None) -> int:
 def nsqadmin_main(argv: list[str] | None = None) -> int:
     """The ``nsqadmin`` command."""
     from .admin.options import AdminOptions
-    from .service.admin import build_admin
+    from .admin.service import build_admin
 
     args = sys.argv[1:] if argv is None else argv
     return run_daemon("nsqadmin", args, AdminOptions, build_admin, "[nsqadmin] ",

@@ -1,5 +1,5 @@
 """
-Running nsqd (and nsqlookupd) inside an application's or a test's reactor.
+Running nsqd, nsqlookupd and nsqadmin inside an application's or a test's reactor (public API).
 
 ::
 
@@ -10,179 +10,38 @@ Running nsqd (and nsqlookupd) inside an application's or a test's reactor.
     ...
     await nsqd.stop()                         # listeners closed, temp data removed
 
-Options are NSQ's, by attribute name (``mem_queue_size=100``,
-``msg_timeout=5.0``) or as an :class:`~nsqtw.options.NsqdOptions`; either way
-the fields left at NSQ's default get the embedding defaults
-(:data:`EMBEDDED_NSQD_DEFAULTS`).  Unless a ``data_path`` is given, a temporary
-directory is used (never fsynced) and deleted on stop, so an embedded broker
-leaves nothing behind.
+Each ``start_*`` returns a Deferred that fires with a handle once the daemon listens; a handle
+exposes its addresses, ``stats()`` (nsqd) and ``stop()``.  Options are NSQ's, by attribute name or as
+an options object (:class:`~nsqtw.options.NsqdOptions`, :class:`LookupdOptions`,
+:class:`AdminOptions`); the fields left at NSQ's default get the embedding defaults.  Starting one
+changes nothing in the host's process (no collector, allocator or signal setting, no thread).
 
-Starting one changes nothing in the host's process: no collector, allocator or
-``gc.callbacks`` setting, no trim loop, no thread (that is the daemons' process
-policy, :mod:`nsqtw.process`).
+The implementations live in each daemon's package (``nsqtw.nsqd.embed``, ``nsqtw.lookupd.embed``,
+``nsqtw.admin.embed``); import them from here.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from typing import TYPE_CHECKING, Any, cast
+from .admin.embed import EMBEDDED_ADMIN_DEFAULTS, AdminHandle, start_nsqadmin
+from .admin.options import AdminOptions
+from .lookupd.embed import EMBEDDED_LOOKUPD_DEFAULTS, LookupdHandle, start_nsqlookupd
+from .lookupd.options import LookupdOptions
+from .nsqd.embed import EMBEDDED_NSQD_DEFAULTS, MessagesLost, NsqdHandle, embedded_nsqd_options, start_nsqd
+from .options import NsqdOptions
 
-import attr
-from twisted.internet import defer
-
-from .options import NsqdOptions, with_embedding_defaults
-from .reactor import resolve_reactor
-
-if TYPE_CHECKING:
-    from .service.nsqd import NsqdService
-
-__all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "start_nsqlookupd", "LookupdHandle", "EMBEDDED_NSQD_DEFAULTS",
-           "embedded_nsqd_options"]
-
-
-@attr.s(eq=False)
-class NsqdHandle:
-    """A running embedded nsqd."""
-
-    service: NsqdService = attr.ib()
-    _tempdir: str | None = attr.ib(default=None)
-    _unregister: Any = attr.ib(default=None)
-
-    @property
-    def broker(self) -> Any:
-        return self.service.broker
-
-    @property
-    def options(self) -> NsqdOptions:
-        return self.service.options
-
-    # the ports below are bound: a handle is made once its service listens
-
-    @property
-    def tcp_port(self) -> int:
-        return cast(int, self.service.tcp_port)
-
-    @property
-    def http_port(self) -> int | None:
-        return self.service.http_port
-
-    @property
-    def https_port(self) -> int | None:
-        return self.service.https_port
-
-    @property
-    def host(self) -> str:
-        return self.service.tcp_listener.bound_host
-
-    @property
-    def tcp_address(self) -> str:
-        return f"{self.host}:{self.tcp_port}"
-
-    @property
-    def http_address(self) -> str | None:
-        if self.http_port is None:
-            return None
-        http: Any = self.service.http_listener
-        return f"{http.bound_host}:{self.http_port}"
-
-    def stop(self) -> defer.Deferred[Any]:
-        """Stop the broker; fires once every listener and connection is closed."""
-        if self._unregister is not None:
-            self._unregister()
-            self._unregister = None
-        d = defer.maybeDeferred(self.service.stopService)
-
-        def cleanup(result: Any) -> Any:
-            if self._tempdir:
-                shutil.rmtree(self._tempdir, ignore_errors=True)
-            return result
-
-        def lost(result: Any) -> Any:
-            n = getattr(self.service, "lost_at_shutdown", 0)
-            if n:  # the disk refused them (full): never a silent success
-                raise MessagesLost(f"{n} messages could not be written to disk at shutdown and are lost")
-            return result
-
-        return d.addBoth(cleanup).addCallback(lost)
-
-
-class MessagesLost(Exception):
-    """A clean stop could not write everything it held to disk (see README: when the disk fills)."""
-
-
-def scratch_dir() -> str:
-    """A fresh directory for a throwaway broker: on tmpfs (``/dev/shm``) when there is one."""
-    shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-    return tempfile.mkdtemp(prefix="nsqtw-", dir=base)
-
-
-#: what an embedded nsqd uses for every field left at NSQ's default (keyword arguments or
-#: ``options=``): loopback only, ports chosen by the OS, no HTTPS; ``data_path`` left empty
-#: means a temporary directory, removed on stop
-EMBEDDED_NSQD_DEFAULTS: dict[str, Any] = {
-    "tcp_address": "127.0.0.1:0",
-    "http_address": "127.0.0.1:0",
-    "https_address": "",
-    "broadcast_address": "127.0.0.1",
-}
-
-
-def embedded_nsqd_options(options: NsqdOptions | None = None, **kwargs: Any) -> NsqdOptions:
-    """The options :func:`start_nsqd` runs with (before the temporary ``data_path``)."""
-    return with_embedding_defaults(NsqdOptions, EMBEDDED_NSQD_DEFAULTS, options, kwargs)
-
-
-def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
-               inprocess_name: str | None = None, **kwargs: Any) -> defer.Deferred[NsqdHandle]:
-    """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
-
-    Options are NSQ's, as keyword arguments or ``options=`` (keyword arguments win); either
-    way every field left at NSQ's default gets the embedding default
-    (:data:`EMBEDDED_NSQD_DEFAULTS`: 127.0.0.1, port 0, no HTTPS, broadcast 127.0.0.1), and
-    an empty ``data_path`` a temporary directory removed on stop.  A throwaway directory
-    needs no durability: its disk work runs inline, without fsync and without a thread.
-
-    The start changes nothing in the host's process (no collector setting, no allocator
-    setting, no thread, no trim loop) and builds everything it serves, the HTTP API included,
-    before the Deferred fires.
-
-    With ``inprocess_name``, clients in the same reactor also reach it at
-    ``"inprocess:<name>"`` (no socket; see :mod:`nsqtw.client.inprocess`).
-    """
-    from .service.nsqd import build_nsqd
-
-    reactor = resolve_reactor(reactor)
-    tempdir = None
-    options = embedded_nsqd_options(options, **kwargs)  # a bad option raises here, as NsqdOptions does
-    if not options.data_path:
-        tempdir = scratch_dir()
-        options = options.replace(data_path=tempdir)
-    try:
-        # a throwaway data directory: no fsync thread, no fsync (it is deleted on stop)
-        service = build_nsqd(options, reactor, throwaway=tempdir is not None)
-        service.startService()
-    except Exception:
-        if tempdir:
-            shutil.rmtree(tempdir, ignore_errors=True)
-        return defer.fail()
-    handle = NsqdHandle(service, tempdir)
-    d: defer.Deferred[Any] = service.ready()
-
-    def failed(f: Any) -> Any:
-        d2 = handle.stop()
-        d2.addBoth(lambda _: f)
-        return d2
-
-    def started(_: Any) -> NsqdHandle:
-        if inprocess_name is not None:
-            from .client.inprocess import register
-            handle._unregister = register(handle, inprocess_name)
-        return handle
-
-    return d.addCallbacks(started, failed)
-
-
-from .embed_lookupd import LookupdHandle, start_nsqlookupd  # noqa: E402  (re-exported)
+__all__ = [
+    "start_nsqd",
+    "NsqdHandle",
+    "MessagesLost",
+    "NsqdOptions",
+    "EMBEDDED_NSQD_DEFAULTS",
+    "embedded_nsqd_options",
+    "start_nsqlookupd",
+    "LookupdHandle",
+    "LookupdOptions",
+    "EMBEDDED_LOOKUPD_DEFAULTS",
+    "start_nsqadmin",
+    "AdminHandle",
+    "AdminOptions",
+    "EMBEDDED_ADMIN_DEFAULTS",
+]

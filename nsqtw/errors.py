@@ -4,15 +4,46 @@ NSQ's two error vocabularies as Python values.
 TCP errors are one class per ``E_*`` code; each knows whether NSQ treats it as
 fatal (error frame, then close) or not (error frame, connection stays).  HTTP
 errors carry a status and NSQ's upper-case text, rendered as
-``{"message": TEXT}``.  Domain code raises these; the glue in ``nsqtw.tcp``
-and ``nsqtw.http`` turns them into bytes, and so does the V2 session
-(:mod:`nsqtw.nsqd.v2`), which writes its error frames to the client's output
+``{"message": TEXT}``.  Domain code raises these; each daemon's TCP and HTTP glue
+(``nsqtw.nsqd.tcp``, ``nsqtw.nsqd.http``...) turns them into bytes, and so does the V2 session
+(:mod:`nsqtw.nsqd.core.v2`), which writes its error frames to the client's output
 itself.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
+
+__all__ = [
+    "NSQError",
+    "Invalid",
+    "BadProtocol",
+    "BadBody",
+    "BadTopic",
+    "BadChannel",
+    "BadMessage",
+    "PubFailed",
+    "MPubFailed",
+    "DPubFailed",
+    "FinFailed",
+    "ReqFailed",
+    "TouchFailed",
+    "SubFailed",
+    "IdentifyFailed",
+    "AuthFirst",
+    "AuthFailed",
+    "Unauthorized",
+    "AuthDisabled",
+    "AuthError",
+    "from_wire",
+    "BrokerError",
+    "TopicNotFound",
+    "ChannelNotFound",
+    "Exiting",
+    "QueueFull",
+    "BackendError",
+    "HTTPAPIError",
+]
 
 
 class NSQError(Exception):

@@ -9,7 +9,7 @@ import pytest_twisted
 import treq
 from twisted.internet import reactor, task
 
-from nsqtw.tap.allinone import Options, makeService, split_extra_flags
+from nsqtw.allinone.tap import Options, makeService, split_extra_flags
 
 
 def test_extra_flags_in_every_go_form():
@@ -34,10 +34,10 @@ async def _eventually(check, timeout: float = 10.0):
 async def test_allinone_serves_a_registered_cluster(tmp_path, monkeypatch):
     """nsqd publishes, nsqlookupd lists it as the topic's producer, nsqadmin shows the topic.
     (The daemons' process policy is recorded, not applied: this is pytest's process.)"""
-    import nsqtw.process
+    import nsqtw.runtime.process
 
     applied: list = []
-    monkeypatch.setattr(nsqtw.process, "apply_daemon_policy", lambda service, reactor: applied.append(service))
+    monkeypatch.setattr(nsqtw.runtime.process, "apply_daemon_policy", lambda service, reactor: applied.append(service))
     opts = Options()
     opts.parseOptions(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--https-address=",
                        f"--data-path={tmp_path}", "--broadcast-address=127.0.0.1",

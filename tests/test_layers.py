@@ -1,19 +1,27 @@
-"""One-way layers: nsqtw's packages import downwards only, and no modules import each other in a
-circle.  Read from the source (no module is imported), so a new upward import or circle fails here
-with the file and line that made it.
+"""One-way layers: nsqtw is laid out by component (``nsqd``, ``lookupd``, ``admin``), each one package
+holding its sans-IO core, its glue, its service, its twistd plugin and its embedding, on shared runtime
+and codecs; imports point downwards only, and no modules import each other in a circle.  Read from the
+source (no module is imported), so a new upward import or circle fails here with the file and line that
+made it.
 
-The layers, bottom to top:
+The floors, bottom to top:
 
-0. ``errors``, ``options``, ``protocol``, ``reactor``, ``turn``, ``seam``, ``golog``, ``spinreactor``, ``upstream`` and the package root
-1. ``backend`` (where queued messages live)
-2. ``nsqd``, ``lookupd`` (the sans-IO cores) and ``client``
-3. ``tcp``, ``http``, ``stats``, ``admin`` (transport glue, the HTTP applications, the stats documents)
-4. ``service`` (the composition roots: Twisted services wiring the layers below)
-5. ``embed*``, ``tap``, ``cli``, ``process``, ``tools``, ``testing``, ``spark`` (entry points and
-   applications; ``process`` is the daemons' process policy, which only entry points apply)
+0. ``errors``, ``options``, ``protocol`` (shared codecs) and the package root
+1. ``runtime`` (shared runtime: reactor resolution, spin reactor, turn batcher, socket seam, process
+   policy, listening, Go-style flags and logging, TLS, HTTP responses, the upstream HTTP client)
+2. ``backend`` (where queued messages live)
+3. the components ``nsqd``, ``lookupd``, ``admin``, and ``client``, ``spark``
+4. ``allinone``, ``embed`` (the public face), ``cli``, ``tools``, ``testing`` (above every component)
 
-A package may use its own layer and the layers below; it reaches what sits above it through
-a protocol declared beside it (e.g. ``http.nsqd_api.NsqdNode``, which the NsqdService provides).
+Inside a component the same rule holds, per module (``COMPONENT_RANKS``):
+``core`` (sans-IO) < glue (TCP, HTTP, stats, peers) < ``service`` < ``tap`` (twistd plugin) and ``embed``.
+A component may use another component's ``core`` (nsqd speaks nsqlookupd's protocol V1 to its peers),
+never its glue, service or plugin; components never use each other both ways round.
+``runtime.process`` (the daemons' process policy) is applied by entry points only: the twistd plugins
+and the CLI.
+
+A module reaches what sits above it through a protocol declared beside it (e.g.
+``nsqd.http.NsqdNode``, which the NsqdService provides).
 Type-only imports (``if TYPE_CHECKING:``) count for the layers, not for the run-time circles.
 """
 
@@ -27,19 +35,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "nsqtw"
 
 LAYERS = {
-    "nsqtw": 0, "nsqtw.errors": 0, "nsqtw.options": 0, "nsqtw.protocol": 0, "nsqtw.reactor": 0,
-    "nsqtw.golog": 0, "nsqtw.spinreactor": 0, "nsqtw.upstream": 0, "nsqtw.turn": 0, "nsqtw.seam": 0,
-    "nsqtw.backend": 1,
-    "nsqtw.nsqd": 2, "nsqtw.lookupd": 2, "nsqtw.client": 2,
-    "nsqtw.tcp": 3, "nsqtw.http": 3, "nsqtw.stats": 3, "nsqtw.admin": 3,
-    "nsqtw.service": 4,
-    "nsqtw.embed": 5, "nsqtw.embed_admin": 5, "nsqtw.embed_lookupd": 5, "nsqtw.tap": 5, "nsqtw.cli": 5,
-    "nsqtw.process": 5,
-    "nsqtw.tools": 5, "nsqtw.testing": 5, "nsqtw.spark": 5,
+    "nsqtw": 0, "nsqtw.errors": 0, "nsqtw.options": 0, "nsqtw.protocol": 0,
+    "nsqtw.runtime": 1,
+    "nsqtw.backend": 2,
+    "nsqtw.nsqd": 3, "nsqtw.lookupd": 3, "nsqtw.admin": 3, "nsqtw.client": 3, "nsqtw.spark": 3,
+    "nsqtw.allinone": 4, "nsqtw.embed": 4, "nsqtw.cli": 4, "nsqtw.tools": 4, "nsqtw.testing": 4,
 }
 
-#: exceptions: none (admin's app takes an AdminNode protocol, spark's report no longer imports
-#: stats); nothing may be added here without a reason
+#: the daemons' packages, and the rank of each module inside one (the first dotted name below the
+#: component); a module not named here is glue (rank 1)
+COMPONENTS = ("nsqtw.nsqd", "nsqtw.lookupd", "nsqtw.admin")
+COMPONENT_RANKS = {"core": 0, "options": 0, "service": 2, "tap": 3, "embed": 3}
+GLUE = 1
+
+#: who may apply the daemons' process policy
+PROCESS_POLICY = "nsqtw.runtime.process"
+ENTRY_POINTS = ("nsqtw.nsqd.tap", "nsqtw.lookupd.tap", "nsqtw.admin.tap", "nsqtw.allinone.tap", "nsqtw.cli")
+
+#: exceptions: none; nothing may be added here without a reason
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_CIRCLES: list[set[str]] = []
 
@@ -131,6 +144,55 @@ def test_no_circles_between_packages() -> None:
     assert both_ways == []
 
 
+def _component_rank(module: str) -> tuple[str, int] | None:
+    """``(component, rank)`` of a module inside a daemon's package, or None outside them."""
+    for component in COMPONENTS:
+        if module.startswith(component + "."):
+            return component, COMPONENT_RANKS.get(module[len(component) + 1:].split(".")[0], GLUE)
+    return None
+
+
+def test_inside_a_component_core_glue_service_plugin() -> None:
+    """core < glue < service < tap/embed inside each component (type-only imports included); a
+    component uses another one's core only."""
+    wrong = []
+    for module, imports in _graph().items():
+        here = _component_rank(module)
+        for target, line, _ in imports:
+            there = _component_rank(target)
+            if here is None or there is None:
+                continue
+            if here[0] == there[0] and there[1] > here[1]:
+                wrong.append(f"{module}:{line} imports {target} (rank {there[1]} > {here[1]} in {here[0]})")
+            elif here[0] != there[0] and there[1] != 0:
+                wrong.append(f"{module}:{line} imports {target}: another component's non-core module")
+    assert wrong == []
+
+
+def test_the_sans_io_cores_import_only_codecs() -> None:
+    """A component's core imports its own core, the shared codecs (errors, options, protocol, backend)
+    and the package root: no runtime, glue or Twisted transport code."""
+    allowed = ("nsqtw.errors", "nsqtw.options", "nsqtw.protocol", "nsqtw.backend")
+    wrong = []
+    for module, imports in _graph().items():
+        here = _component_rank(module)
+        if here is None or here[1] != 0:
+            continue
+        for target, line, _ in imports:
+            there = _component_rank(target)
+            if target == "nsqtw" or target.startswith(allowed) or (there is not None and there[1] == 0):
+                continue
+            wrong.append(f"{module}:{line} imports {target}")
+    assert wrong == []
+
+
+def test_process_policy_is_applied_by_entry_points_only() -> None:
+    """Library code sets no process-wide state: only the twistd plugins and the CLI import the policy."""
+    users = sorted({module for module, imports in _graph().items()
+                    for target, _, _ in imports if target == PROCESS_POLICY})
+    assert users and set(users) <= set(ENTRY_POINTS), users
+
+
 def test_no_import_circles_at_run_time() -> None:
     """No modules import each other in a circle when the program runs (Tarjan's strongly connected
     components of the run-time imports)."""
@@ -171,8 +233,11 @@ def test_no_import_circles_at_run_time() -> None:
 def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     """The reader finds imports inside functions and under TYPE_CHECKING (what the rules rely on)."""
     src = tmp_path / "m.py"
-    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nsqtw.service.nsqd import x\n"
-                   "def f():\n    from nsqtw.tcp import nsqd\n")
-    modules = {"nsqtw.service.nsqd": src, "nsqtw.tcp.nsqd": src, "nsqtw.tcp": src, "nsqtw.nsqd.m": src}
-    assert sorted(_imports("nsqtw.nsqd.m", src, modules)) == [("nsqtw.service.nsqd", 3, True),
-                                                              ("nsqtw.tcp.nsqd", 5, False)]
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nsqtw.nsqd.service import x\n"
+                   "def f():\n    from nsqtw.nsqd import tcp\n")
+    modules = {"nsqtw.nsqd.service": src, "nsqtw.nsqd.tcp": src, "nsqtw.nsqd": src, "nsqtw.nsqd.core.m": src}
+    assert sorted(_imports("nsqtw.nsqd.core.m", src, modules)) == [("nsqtw.nsqd.service", 3, True),
+                                                                   ("nsqtw.nsqd.tcp", 5, False)]
+    assert _component_rank("nsqtw.nsqd.core.m") == ("nsqtw.nsqd", 0)
+    assert _component_rank("nsqtw.nsqd.service") == ("nsqtw.nsqd", 2)
+    assert _component_rank("nsqtw.nsqd.tcp") == ("nsqtw.nsqd", GLUE)

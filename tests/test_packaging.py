@@ -70,21 +70,21 @@ def test_twistd_discovers_installed_nsqd_tap(tmp_path):
     """getPlugins(IServiceMaker) lists the installed 'nsqd' tap, whose options and makeService work."""
     result = run_probe("-", str(tmp_path))
     assert "nsqd" in result["tapnames"]
-    assert result["module"] == "nsqtw.tap.nsqd"
+    assert result["module"] == "nsqtw.nsqd.tap"
     assert (result["mem_queue_size"], result["node_id"]) == (123, 5)
     assert result["is_service"] is True and result["running"] is False
 
 
 def test_plugin_file_declares_the_taps(tmp_path):
     """plugins/nsqtw_plugins.py, loaded by Twisted's plugin scanner from a copy, yields the nsqd
-    IServiceMaker (tapname nsqd, module nsqtw.tap.nsqd) that builds a service from NSQ flags."""
+    IServiceMaker (tapname nsqd, module nsqtw.nsqd.tap) that builds a service from NSQ flags."""
     pkg = tmp_path / "nsqtw_probe_plugins"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     shutil.copy(PLUGIN_FILE, pkg / "nsqtw_plugins.py")
     result = run_probe("nsqtw_probe_plugins", str(tmp_path / "data"), extra_path=str(tmp_path))
     assert "nsqd" in result["tapnames"]
-    assert result["module"] == "nsqtw.tap.nsqd"
+    assert result["module"] == "nsqtw.nsqd.tap"
     assert (result["mem_queue_size"], result["node_id"]) == (123, 5)
     assert result["is_service"] is True and result["running"] is False
 

@@ -1,5 +1,7 @@
-"""The sans-IO core imports no reactor: importing it in a fresh interpreter leaves
-``twisted.internet.reactor`` out of ``sys.modules`` (design rule: the reactor is resolved lazily)."""
+"""The sans-IO cores import no reactor: importing each component's ``core`` (``nsqtw.nsqd.core``,
+``nsqtw.lookupd.core``) and the shared codecs (``protocol``, ``backend``, ``options``) in a fresh
+interpreter leaves ``twisted.internet.reactor`` out of ``sys.modules`` (design rule: the reactor is
+resolved lazily)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SANS_IO = ["nsqtw.protocol", "nsqtw.nsqd", "nsqtw.backend", "nsqtw.options"]
+SANS_IO = ["nsqtw.protocol", "nsqtw.nsqd.core", "nsqtw.lookupd.core", "nsqtw.backend", "nsqtw.options"]
 
 PROBE = r"""
 import importlib, json, pkgutil, sys
@@ -49,7 +51,7 @@ def probe(roots, walk: bool):
 
 
 def test_sans_io_packages_import_no_reactor():
-    """import nsqtw.protocol, nsqtw.nsqd, nsqtw.backend, nsqtw.options in a fresh process: no reactor."""
+    """import the codecs and each component's core in a fresh process: no reactor."""
     result = probe(SANS_IO, walk=False)
     assert result["imported"] == SANS_IO
     assert result["reactor"] is False, result
@@ -59,7 +61,8 @@ def test_every_sans_io_module_imports_no_reactor():
     """Every submodule of the sans-IO packages imports without installing the reactor."""
     result = probe(SANS_IO, walk=True)
     assert len(result["imported"]) > len(SANS_IO)
-    assert "nsqtw.nsqd.v2" in result["imported"] and "nsqtw.nsqd.broker" in result["imported"]
+    assert "nsqtw.nsqd.core.v2" in result["imported"] and "nsqtw.nsqd.core.broker" in result["imported"]
+    assert "nsqtw.lookupd.core.registry" in result["imported"]
     assert result["failed"] == {}, result["failed"]
     assert result["offenders"] == [] and result["reactor"] is False, result
 
@@ -113,5 +116,5 @@ def test_no_nsqtw_module_imports_the_reactor_at_import_time():
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(result["imported"]) > 20
-    assert "nsqtw.http.nsqd_api" in result["imported"] and "nsqtw.service.nsqd" in result["imported"]
+    assert "nsqtw.nsqd.http" in result["imported"] and "nsqtw.nsqd.service" in result["imported"]
     assert result["offenders"] == {}, result["offenders"]

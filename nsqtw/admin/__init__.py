@@ -8,5 +8,7 @@ nsqadmin on Twisted: the cluster web UI and its JSON API.
 * :mod:`nsqtw.admin.pages`, :mod:`nsqtw.admin.html` - server-rendered, escaped HTML;
 * ``static/`` and ``templates/`` - the page script, stylesheet and layout (package data).
 
-The service tree is :mod:`nsqtw.service.admin`; embedding is :func:`nsqtw.embed_admin.start_nsqadmin`.
+The service tree is :mod:`nsqtw.admin.service`; embedding is :func:`nsqtw.embed.start_nsqadmin`.
+
+Internal: applications import the public face (``nsqtw.embed``, ``nsqtw.client``, ``nsqtw.testing``, ``nsqtw.options``, ``nsqtw.errors``).
 """

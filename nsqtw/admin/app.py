@@ -10,7 +10,7 @@ the series the pages draw their graphs from.
 
 Path parameters arrive percent-decoded (twisted.web unquotes each segment), so
 ``/api/topics/tmp%23ephemeral`` names ``tmp#ephemeral``.  The app holds an
-:class:`AdminNode` (the running service, an :class:`~nsqtw.service.admin.AdminService`): the current options,
+:class:`AdminNode` (the running service, an :class:`~nsqtw.admin.service.AdminService`): the current options,
 the :class:`~nsqtw.admin.cluster.ClusterInfo`, the history and the notifier.
 """
 
@@ -35,7 +35,7 @@ from twisted.web.resource import EncodingResourceWrapper
 from ..errors import HTTPAPIError
 from ..options import LOG_LEVELS, OptionError, config_value
 from ..protocol.names import is_valid_name
-from ..http.responses import first, install_error_handlers, plain, query, v1, v1_error
+from ..runtime.responses import first, install_error_handlers, plain, query, v1, v1_error
 from werkzeug.exceptions import NotFound
 
 from . import pages
@@ -47,7 +47,7 @@ from .options import AdminOptions
 
 
 class AdminNode(Protocol):
-    """What the app needs of the running nsqadmin (``nsqtw.service.admin.AdminService`` is one), so
+    """What the app needs of the running nsqadmin (``nsqtw.admin.service.AdminService`` is one), so
     this module does not import the service layer that builds it."""
 
     options: AdminOptions

@@ -30,10 +30,10 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..upstream import Upstream as SharedUpstream
-from ..upstream import https_retry_url
+from ..runtime.upstream import Upstream as SharedUpstream
+from ..runtime.upstream import https_retry_url
 
-from ..stats.channels import ChannelCounts
+from ..protocol.channels import ChannelCounts
 from .nodes import NodeBook
 
 __all__ = [
@@ -638,7 +638,7 @@ def upstream_base(address: str) -> str:
 
 class Upstream:
     """One HTTP call to nsqd or nsqlookupd the way nsqadmin's ``http_api.Client`` makes it: the
-    shared :class:`nsqtw.upstream.Upstream` (NSQ's Accept header, the whole call within
+    shared :class:`nsqtw.runtime.upstream.Upstream` (NSQ's Accept header, the whole call within
     ``request_timeout`` seconds on ``clock``) with nsqadmin's error texts.
 
     ``client`` is a treq ``HTTPClient`` (its agent carries the connect timeout and TLS policy).

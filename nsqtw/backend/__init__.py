@@ -7,6 +7,8 @@ ordinary names, the :class:`~nsqtw.backend.dummy.DummyQueue` for ``#ephemeral``
 ones, which stores nothing.  All of them speak :class:`IBackendQueue` in runs of
 wire-ready frames (see :mod:`nsqtw.backend.runs`), so the broker never knows
 which one it talks to.
+
+Internal: applications import the public face (``nsqtw.embed``, ``nsqtw.client``, ``nsqtw.testing``, ``nsqtw.options``, ``nsqtw.errors``).
 """
 
 from __future__ import annotations

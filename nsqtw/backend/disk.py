@@ -196,7 +196,7 @@ class DiskQueue(RecordWriter, RecordReader):
     @property
     def put_count(self) -> int:
         """Messages written since the queue was opened (tells how much of a failed ``put``
-        was stored, see :mod:`nsqtw.nsqd.backlog`)."""
+        was stored, see :mod:`nsqtw.nsqd.core.backlog`)."""
         return self._put_seq
 
     @property

@@ -105,7 +105,7 @@ def encode_metadata(md: Metadata) -> bytes:
 
 
 def metadata_from_broker(broker: Any) -> Metadata:
-    """What ``PersistMetadata`` would write for a :class:`~nsqtw.nsqd.broker.Broker`.
+    """What ``PersistMetadata`` would write for a :class:`~nsqtw.nsqd.core.broker.Broker`.
 
     Reads ``broker.topics`` (name -> topic with ``name``, ``paused``, ``channels``);
     ephemeral names are recognised by their ``#ephemeral`` suffix.

@@ -39,12 +39,12 @@ class SyncWorker(Service):
     def __init__(self, reactor: Any = None, *, clock: Any = None, threaded: bool = True,
                  fsync: bool = True, name: str = "nsqtw-diskqueue-sync", turn: Any = None) -> None:
         """``fsync=False``: a throwaway data directory (see :mod:`.durability`); every job runs
-        without its fsyncs.  ``turn`` (a :class:`~nsqtw.turn.TurnBatcher`) runs the end-of-turn
+        without its fsyncs.  ``turn`` (a :class:`~nsqtw.runtime.turn.TurnBatcher`) runs the end-of-turn
         sync submission with the broker's other end-of-turn work; without it, one of its own."""
         self.reactor = reactor
         self.clock = clock if clock is not None else reactor
         if turn is None and self.clock is not None:
-            from ..turn import TurnBatcher
+            from ..runtime.turn import TurnBatcher
             turn = TurnBatcher(self.clock)
         self._turn = turn
         self.threaded = threaded and reactor is not None

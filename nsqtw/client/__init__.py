@@ -6,12 +6,12 @@ the same reactor over the in-process bus (``"inprocess:"`` addresses or the
 handle of :func:`nsqtw.embed.start_nsqd`).  Everything returns Deferreds;
 every timer runs on an injected clock.
 
-* :class:`Config`: go-nsq's options (``Config.set`` / ``set_flag`` for strings).
-* :class:`Producer`: pipelined ``publish`` / ``multi_publish`` / ``deferred_publish``.
-* :class:`HTTPProducer`: the same over nsqd's HTTP ``/pub`` and ``/mpub``.
-* :class:`Consumer`: handlers, RDY control, backoff, lookupd discovery, graceful stop.
-* :class:`Message`: ``finish`` / ``requeue`` / ``touch`` / ``disable_auto_response``.
-* :class:`NSQConnection` / :func:`connect`: one raw V2 connection, for tools.
+* :class:`~nsqtw.client.config.Config`: go-nsq's options (``Config.set`` / ``set_flag`` for strings).
+* :class:`~nsqtw.client.producer.Producer`: pipelined ``publish`` / ``multi_publish`` / ``deferred_publish``.
+* :class:`~nsqtw.client.http.HTTPProducer`: the same over nsqd's HTTP ``/pub`` and ``/mpub``.
+* :class:`~nsqtw.client.consumer.Consumer`: handlers, RDY control, backoff, lookupd discovery, graceful stop.
+* :class:`~nsqtw.client.message.Message`: ``finish`` / ``requeue`` / ``touch`` / ``disable_auto_response``.
+* :class:`~nsqtw.client.connection.NSQConnection` / :func:`~nsqtw.client.connection.connect`: one raw V2 connection, for tools.
 """
 
 from ..errors import NSQError

@@ -21,7 +21,13 @@ from .config import Config
 from .errors import ConfigError
 from .inprocess import PREFIX, address_name, connect_inprocess, is_inprocess
 
-__all__ = ["address_key", "split_address", "join_host_port", "tls_host", "default_connector"]
+__all__ = ["NsqdAddress", "address_key", "split_address", "join_host_port", "tls_host", "default_connector"]
+
+
+#: where a client finds an nsqd: ``"host:port"`` (``"[v6]:port"``), ``"inprocess:"`` /
+#: ``"inprocess:<name>"``, or an in-process broker object (the handle of
+#: ``nsqtw.embed.start_nsqd``); anything else is refused when dialed
+NsqdAddress = object
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -44,7 +50,7 @@ def join_host_port(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def address_key(address: Any) -> str:
+def address_key(address: NsqdAddress) -> str:
     """The string an address is known by (connection maps, logs, ``Message.nsqd_address``)."""
     if isinstance(address, str):
         if not address.startswith(PREFIX):
@@ -53,7 +59,7 @@ def address_key(address: Any) -> str:
     return address_name(address)
 
 
-def tls_host(address: Any) -> str:
+def tls_host(address: NsqdAddress) -> str:
     """The host name TLS verifies (go-nsq sets ``ServerName`` to it)."""
     if isinstance(address, str) and not address.startswith(PREFIX):
         return split_address(address)[0]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from twisted.internet import defer, error as ierror
@@ -38,6 +38,9 @@ from .config import Config
 from .core import EV_FAILED, EV_READY, EV_START_TLS, EV_WRITE, ClientCore
 from .errors import ClientError, IdentifyError, NotConnected, ProtocolError
 from .message import Message
+
+if TYPE_CHECKING:
+    from .addresses import NsqdAddress
 
 __all__ = ["NSQConnection", "ConnectionDelegate", "connect", "dial", "new_connection", "Connector"]
 
@@ -88,21 +91,21 @@ class NSQConnection(Protocol):
         self.host = host or address.rpartition(":")[0].strip("[]")
         self.delegate = delegate or ConnectionDelegate()
         if clock is None:
-            from ..reactor import resolve_reactor
+            from ..runtime.reactor import resolve_reactor
             clock = resolve_reactor()
         self.clock = clock
         self.core = ClientCore(config)
         #: fires with this connection once IDENTIFY (and any upgrade, AUTH) is done
-        self.handshake: defer.Deferred[Any] = defer.Deferred(lambda _: self.abort())
+        self.handshake: defer.Deferred[NSQConnection] = defer.Deferred(lambda _: self.abort())
         #: fires (with None; see ``close_reason``) when the connection is gone
-        self.closed: defer.Deferred[Any] = defer.Deferred()
+        self.closed: defer.Deferred[None] = defer.Deferred()
         self._open = False
         self.ready = False
         self.closing = False
         self.lost = False
         self.close_reason: Failure | None = None
-        self._pending: deque[defer.Deferred[Any]] = deque()
-        self._idle_waiters: list[Any] = []
+        self._pending: deque[defer.Deferred[bytes]] = deque()
+        self._idle_waiters: list[defer.Deferred[None]] = []
         self._last_read = 0.0
         self._timeout = 0.0
         self._deadline: Any = None
@@ -258,11 +261,11 @@ class NSQConnection(Protocol):
             raise NotConnected(f"not connected to {self.address}")
         self._write(data)
 
-    def command(self, data: bytes) -> defer.Deferred[Any]:
+    def command(self, data: bytes) -> defer.Deferred[bytes]:
         """Write a command that expects a response; fires with it (FIFO matching)."""
         if not self.ready or not self._open:
             return defer.fail(NotConnected(f"not connected to {self.address}"))
-        d: defer.Deferred[Any] = defer.Deferred()
+        d: defer.Deferred[bytes] = defer.Deferred()
         self._pending.append(d)
         self._write(data)
         return d
@@ -272,11 +275,11 @@ class NSQConnection(Protocol):
         """Commands written and not answered yet."""
         return len(self._pending)
 
-    def when_idle(self) -> defer.Deferred[Any]:
+    def when_idle(self) -> defer.Deferred[None]:
         """Fires once no command awaits its answer."""
         if not self._pending:
             return defer.succeed(None)
-        d: defer.Deferred[Any] = defer.Deferred()
+        d: defer.Deferred[None] = defer.Deferred()
         self._idle_waiters.append(d)
         return d
 
@@ -457,34 +460,34 @@ class NSQConnection(Protocol):
         return f"<NSQConnection {self.address} rdy={self.rdy} in_flight={self.in_flight}>"
 
 
-def connect(address: Any, config: Config, delegate: ConnectionDelegate | None = None, *,
-            reactor: Any = None, connector: Connector | None = None) -> defer.Deferred[Any]:
+def connect(address: NsqdAddress, config: Config, delegate: ConnectionDelegate | None = None, *,
+            reactor: Any = None, connector: Connector | None = None) -> defer.Deferred[NSQConnection]:
     """Dial ``address`` and run the handshake; fires with the ready :class:`NSQConnection`."""
     return dial(new_connection(address, config, delegate, reactor), address, connector=connector)
 
 
-def new_connection(address: Any, config: Config, delegate: ConnectionDelegate | None = None,
+def new_connection(address: NsqdAddress, config: Config, delegate: ConnectionDelegate | None = None,
                    reactor: Any = None) -> NSQConnection:
     """A not yet dialed connection for ``address`` (any address form)."""
-    from ..reactor import resolve_reactor
+    from ..runtime.reactor import resolve_reactor
     from .addresses import address_key, tls_host
 
     return NSQConnection(config, address_key(address), delegate, resolve_reactor(reactor),
                          host=tls_host(address))
 
 
-def dial(proto: NSQConnection, address: Any, *, connector: Connector | None = None) -> defer.Deferred[Any]:
+def dial(proto: NSQConnection, address: NsqdAddress, *, connector: Connector | None = None) -> defer.Deferred[NSQConnection]:
     """Connect ``proto`` to ``address``; fires with it once the handshake is done.
 
-    Dial failures become :class:`NotConnected`; handshake failures keep their
-    type (:class:`IdentifyError`, a typed AUTH error ...).
+    Dial failures become :class:`~nsqtw.client.errors.NotConnected`; handshake failures keep their
+    type (:class:`~nsqtw.client.errors.IdentifyError`, a typed AUTH error ...).
     """
     from .addresses import default_connector
 
     do_dial = connector or default_connector(proto.clock, proto.config)
     d = defer.maybeDeferred(do_dial, address, proto)
 
-    def dialed(_: Any) -> defer.Deferred[Any]:
+    def dialed(_: object) -> defer.Deferred[NSQConnection]:
         return proto.handshake
 
     def failed(f: Failure) -> Failure:

@@ -43,9 +43,9 @@ from twisted.python.failure import Failure
 from ..errors import NSQError
 from ..protocol.frames import CLOSE_WAIT
 from ..protocol.names import is_valid_name
-from ..reactor import resolve_reactor
+from ..runtime.reactor import resolve_reactor
 from . import commands
-from .addresses import address_key
+from .addresses import NsqdAddress, address_key
 from .config import Config
 from .connection import ConnectionDelegate, Connector, NSQConnection, dial, new_connection
 from .discovery import build_lookup_url, query_lookupd
@@ -158,7 +158,7 @@ class Consumer(ConnectionDelegate):
 
     # --- nsqd -------------------------------------------------------------------------------
 
-    def connect_to_nsqd(self, address: Any) -> defer.Deferred[Any]:
+    def connect_to_nsqd(self, address: NsqdAddress) -> defer.Deferred[NSQConnection]:
         """Connect and SUB; fires with the connection once nsqd answered the SUB.
 
         While the address stays configured (no ``disconnect_from_nsqd``) and no
@@ -182,7 +182,7 @@ class Consumer(ConnectionDelegate):
         self.pending_connections[key] = conn
         d = dial(conn, address, connector=self._connector)
 
-        def connected(conn: NSQConnection) -> defer.Deferred[Any]:
+        def connected(conn: NSQConnection) -> defer.Deferred[NSQConnection]:
             if self.pending_connections.get(key) is conn:
                 del self.pending_connections[key]
             if self._stopping:
@@ -201,13 +201,13 @@ class Consumer(ConnectionDelegate):
             log.warn("({addr}) error connecting to nsqd - {err}", addr=key, err=f.getErrorMessage())
             return f
 
-        d.addCallbacks(connected, failed)
-        return d
+        subscribed: defer.Deferred[NSQConnection] = d.addCallbacks(connected, failed)
+        return subscribed
 
-    def connect_to_nsqds(self, addresses: list[Any]) -> defer.Deferred[Any]:
+    def connect_to_nsqds(self, addresses: list[NsqdAddress]) -> defer.Deferred[list[NSQConnection]]:
         return defer.gatherResults([self.connect_to_nsqd(a) for a in addresses], consumeErrors=True)
 
-    def disconnect_from_nsqd(self, address: Any) -> None:
+    def disconnect_from_nsqd(self, address: NsqdAddress) -> None:
         """Forget the address and close its connection (gracefully)."""
         key = address_key(address)
         if key not in self.nsqd_addresses:
@@ -250,7 +250,7 @@ class Consumer(ConnectionDelegate):
 
     # --- nsqlookupd ----------------------------------------------------------------------------
 
-    def connect_to_nsqlookupd(self, address: str) -> defer.Deferred[Any]:
+    def connect_to_nsqlookupd(self, address: str) -> defer.Deferred[None]:
         """Add a lookupd (``host:port`` or a URL); the first one starts polling.
 
         Fires once the first query has been answered (or has failed: a lookupd
@@ -273,7 +273,7 @@ class Consumer(ConnectionDelegate):
         self._jitter_call = self.reactor.callLater(jitter, self._start_lookupd_loop)
         return d
 
-    def connect_to_nsqlookupds(self, addresses: list[str]) -> defer.Deferred[Any]:
+    def connect_to_nsqlookupds(self, addresses: list[str]) -> defer.Deferred[list[None]]:
         return defer.gatherResults([self.connect_to_nsqlookupd(a) for a in addresses], consumeErrors=True)
 
     def disconnect_from_nsqlookupd(self, address: str) -> None:
@@ -506,7 +506,7 @@ class Consumer(ConnectionDelegate):
 
     _handlers_stopping = False
 
-    def stop(self) -> defer.Deferred[Any]:
+    def stop(self) -> defer.Deferred[None]:
         """Graceful stop; fires once every connection is closed and every handler done."""
         if self._stop_done is not None:
             return self._stop_done.when()

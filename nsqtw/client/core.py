@@ -5,7 +5,7 @@ The client side of one TCP protocol V2 connection, without I/O.
 the feature negotiation that follows IDENTIFY's JSON answer (TLS, then
 snappy or deflate, each confirmed by an ``OK``; then AUTH when nsqd says
 ``auth_required``), and afterwards splits the (decompressed) stream into
-frames.  :meth:`ClientCore.receive` returns ``(kind, data)`` pairs: the three
+frames.  ``ClientCore.receive`` returns ``(kind, data)`` pairs: the three
 frame types of the protocol (0 response, 1 error, 2 message) and the
 handshake events below, which the Twisted glue in
 :mod:`nsqtw.client.connection` acts on.

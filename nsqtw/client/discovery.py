@@ -4,7 +4,7 @@ Finding the nsqd instances of a topic through nsqlookupd's ``/lookup``.
 The pure parts (building the URL as go-nsq does, reading both the 1.x JSON
 shape and the pre-1.0 ``{"status_code", "status_txt", "data"}`` wrapper) are
 functions; :func:`query_lookupd` does one request through
-:class:`nsqtw.upstream.Upstream` with any treq-compatible client (``treq``
+:class:`nsqtw.runtime.upstream.Upstream` with any treq-compatible client (``treq``
 itself, an ``HTTPClient``, ``treq.testing.StubTreq``) and a timeout on the
 injected clock.
 """
@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from twisted.internet import defer
 
-from ..upstream import Upstream, UpstreamResponse
+from ..runtime.upstream import Upstream, UpstreamResponse
 from .addresses import join_host_port
 from .errors import ConfigError
 

@@ -20,8 +20,8 @@ from urllib.parse import urlencode
 from twisted.internet import defer
 
 from ..errors import HTTPAPIError
-from ..reactor import resolve_reactor
-from ..upstream import Upstream, UpstreamResponse
+from ..runtime.reactor import resolve_reactor
+from ..runtime.upstream import Upstream, UpstreamResponse
 from .commands import Body, ms, to_bytes
 
 __all__ = ["HTTPProducer"]
@@ -48,14 +48,14 @@ class HTTPProducer:
             self._http_client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor)))
         return self._http_client
 
-    def publish(self, topic: str, body: Body) -> defer.Deferred[Any]:
+    def publish(self, topic: str, body: Body) -> defer.Deferred[None]:
         return self._post("/pub", {"topic": topic}, to_bytes(body))
 
-    def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred[Any]:
+    def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred[None]:
         """``/pub?defer=<ms>``: delivered after ``delay`` seconds."""
         return self._post("/pub", {"topic": topic, "defer": str(ms(delay))}, to_bytes(body))
 
-    def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred[Any]:
+    def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred[None]:
         data = [to_bytes(b) for b in bodies]
         if binary:
             payload = _I32(len(data)) + b"".join(_I32(len(b)) + b for b in data)
@@ -65,14 +65,15 @@ class HTTPProducer:
                 return defer.fail(ValueError("newline mode cannot carry a body containing '\\n'; use binary=True"))
         return self._post("/mpub", {"topic": topic}, b"\n".join(data))
 
-    def ping(self) -> defer.Deferred[Any]:
+    def ping(self) -> defer.Deferred[None]:
         """``GET /ping``: fires with None when nsqd is healthy."""
         return self._request("GET", "/ping", None, None)
 
-    def _post(self, path: str, params: dict[str, Any], body: bytes) -> defer.Deferred[Any]:
+    def _post(self, path: str, params: dict[str, Any], body: bytes) -> defer.Deferred[None]:
         return self._request("POST", path, params, body)
 
-    def _request(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | None) -> defer.Deferred[Any]:
+    def _request(self, method: str, path: str, params: dict[str, Any] | None,
+                 body: bytes | None) -> defer.Deferred[None]:
         url = self.base_url + path
         if params:
             url += "?" + urlencode(params)

@@ -281,7 +281,7 @@ def connect_inprocess(target: Any, protocol: Protocol, reactor: Any = None) -> d
     ``NsqdService`` or a protocol factory.  Fails with ``ConnectionRefusedError``
     when no such broker runs.
     """
-    from ..reactor import resolve_reactor
+    from ..runtime.reactor import resolve_reactor
     reactor = resolve_reactor(reactor)
     try:
         factory = broker_factory(target)

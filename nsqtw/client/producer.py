@@ -27,9 +27,9 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..reactor import resolve_reactor
+from ..runtime.reactor import resolve_reactor
 from . import commands
-from .addresses import address_key
+from .addresses import NsqdAddress, address_key
 from .config import Config
 from .connection import ConnectionDelegate, Connector, NSQConnection, connect
 from ._once import Once
@@ -43,7 +43,7 @@ log = Logger(namespace="nsqtw.client")
 class Producer(ConnectionDelegate):
     """Pipelined PUB / MPUB / DPUB to one nsqd (TCP or the in-process bus)."""
 
-    def __init__(self, address: Any, config: Config | None = None, *, reactor: Any = None,
+    def __init__(self, address: NsqdAddress, config: Config | None = None, *, reactor: Any = None,
                  connector: Connector | None = None) -> None:
         config = (config or Config()).copy()
         config.validate()
@@ -53,26 +53,26 @@ class Producer(ConnectionDelegate):
         self.reactor = resolve_reactor(reactor)
         self._connector = connector
         self.conn: NSQConnection | None = None
-        self._connecting: defer.Deferred[Any] | None = None
+        self._connecting: defer.Deferred[NSQConnection] | None = None
         self._queue: deque[tuple[bytes, defer.Deferred[Any]]] = deque()
         self._stopped = False
         self._stop_done: Once | None = None
 
     # --- the API ----------------------------------------------------------------------
 
-    def publish(self, topic: str, body: commands.Body) -> defer.Deferred[Any]:
+    def publish(self, topic: str, body: commands.Body) -> defer.Deferred[None]:
         """PUB; fires with None on OK."""
         return self._send(commands.pub(topic, body))
 
-    def multi_publish(self, topic: str, bodies: Iterable[commands.Body]) -> defer.Deferred[Any]:
+    def multi_publish(self, topic: str, bodies: Iterable[commands.Body]) -> defer.Deferred[None]:
         """MPUB (atomic on nsqd: all or none)."""
         return self._send(commands.mpub(topic, bodies))
 
-    def deferred_publish(self, topic: str, delay: float, body: commands.Body) -> defer.Deferred[Any]:
+    def deferred_publish(self, topic: str, delay: float, body: commands.Body) -> defer.Deferred[None]:
         """DPUB: delivered after ``delay`` seconds."""
         return self._send(commands.dpub(topic, delay, body))
 
-    def ping(self) -> defer.Deferred[Any]:
+    def ping(self) -> defer.Deferred[None]:
         """Connect if needed and write NOP (go-nsq ``Ping``); fires once the NOP is written."""
         if self._stopped:
             return defer.fail(Stopped())
@@ -91,7 +91,7 @@ class Producer(ConnectionDelegate):
     def stopped(self) -> bool:
         return self._stopped
 
-    def stop(self, timeout: float | None = None) -> defer.Deferred[Any]:
+    def stop(self, timeout: float | None = None) -> defer.Deferred[None]:
         """Refuse new commands, wait for the answers of those sent (up to ``timeout``,
         default ``read_timeout``), then close.  Unsent ones fail with ``Stopped``."""
         if self._stop_done is not None:
@@ -129,7 +129,7 @@ class Producer(ConnectionDelegate):
 
     # --- sending ---------------------------------------------------------------------------
 
-    def _send(self, cmd: bytes) -> defer.Deferred[Any]:
+    def _send(self, cmd: bytes) -> defer.Deferred[None]:
         if self._stopped:
             return defer.fail(Stopped())
         conn = self.conn
@@ -140,7 +140,7 @@ class Producer(ConnectionDelegate):
         self._dial()
         return d.addCallback(_ok)
 
-    def _ready(self) -> defer.Deferred[Any]:
+    def _ready(self) -> defer.Deferred[NSQConnection]:
         conn = self.conn
         if conn is not None and conn.ready and not conn.closing:
             return defer.succeed(conn)

@@ -142,7 +142,7 @@ class RdyController:
             log.debug("({addr}) error sending RDY {n}: {e}", addr=conn.address, n=count, e=e)
 
     def update_rdy(self, conn: Any, count: int) -> None:
-        """Raises :class:`Closing` or :class:`OverMaxInFlight` as go-nsq returns them."""
+        """Raises :class:`~nsqtw.client.errors.Closing` or :class:`~nsqtw.client.errors.OverMaxInFlight` as go-nsq returns them."""
         if conn.is_closing():
             raise Closing("closing")
         if count > conn.max_rdy_count:

@@ -2,8 +2,8 @@
 nsqlookupd's options with NSQ's flag names, defaults and help texts.
 
 Built like :class:`~nsqtw.options.NsqdOptions` (one attrs field per flag,
-parsed by :mod:`nsqtw.tap.flags`), so ``twistd nsqlookupd``, the drop-in CLI
-and :func:`~nsqtw.embed_lookupd.start_nsqlookupd` all accept nsqlookupd's
+parsed by :mod:`nsqtw.runtime.flags`), so ``twistd nsqlookupd``, the drop-in CLI
+and :func:`~nsqtw.embed.start_nsqlookupd` all accept nsqlookupd's
 command line as written.
 """
 

@@ -10,7 +10,7 @@ The stream compressions TCP protocol V2 can negotiate, as stateful codecs (no I/
   its framed encoder computes the CRCs Go's snappy reader verifies.  Chunks
   arriving split across reads are reassembled here before decoding.
 
-Both sides of the wire use these: nsqd's glue in :mod:`nsqtw.tcp.nsqd` and the
+Both sides of the wire use these: nsqd's glue in :mod:`nsqtw.nsqd.tcp` and the
 client library.
 """
 

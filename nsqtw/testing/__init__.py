@@ -1,11 +1,11 @@
 """
 Test helpers for code that talks to NSQ, modelled on ``treq.testing``.
 
-* :class:`RawV2Client` / :func:`connect_raw` speak TCP protocol V2 byte by byte
+* :class:`~nsqtw.testing.raw.RawV2Client` / :func:`~nsqtw.testing.raw.connect_raw` speak TCP protocol V2 byte by byte
   over a real connection and let a test await the next frame.
-* :func:`command`, :func:`body_command`, :func:`identify_command`,
-  :func:`mpub_command` encode commands; :func:`decode_frames` splits captured bytes.
-* :mod:`nsqtw.testing.certs` makes throwaway TLS certificates;
+* :func:`~nsqtw.testing.raw.command`, :func:`~nsqtw.testing.raw.body_command`, :func:`~nsqtw.testing.raw.identify_command`,
+  :func:`~nsqtw.testing.raw.mpub_command` encode commands; :func:`~nsqtw.testing.raw.decode_frames` splits captured bytes.
+* ``nsqtw.testing.certs`` makes throwaway TLS certificates;
   :mod:`nsqtw.testing.pytest_plugin` gives pytest fixtures for real brokers.
 
 Names are imported on first use, so loading this package (pytest loads the

@@ -33,13 +33,25 @@ message saying so.
 from __future__ import annotations
 
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
 if TYPE_CHECKING:  # pragma: no cover
     from twisted.internet.defer import Deferred
+    from twisted.python.failure import Failure
+
+    from nsqtw.client import Consumer, Message, Producer
+    from nsqtw.lookupd.core.registry import Producer as Registration, RegistrationDB
+    from nsqtw.lookupd.embed import LookupdHandle
+    from nsqtw.nsqd.core.broker import Broker
+    from nsqtw.nsqd.embed import NsqdHandle
+    from nsqtw.nsqd.service import NsqdService
+    from nsqtw.options import NsqdOptions
+
+    #: what a test may publish: bytes, or text (sent as UTF-8)
+    Body = bytes | str
 
 __all__ = [
     "NsqdFixture",
@@ -53,13 +65,15 @@ __all__ = [
     "fast_data_dir",
 ]
 
+T = TypeVar("T")
+
 _SKIP_NO_PT = ("nsqtw's fixtures run nsqd inside pytest-twisted's reactor: "
                "install pytest-twisted (pip install pytest-twisted)")
 _SKIP_INACTIVE = ("nsqtw's fixtures need pytest-twisted's reactor, but the plugin is not active "
                   "(was it disabled with -p no:twisted?)")
 
 
-def pytest_configure(config: Any) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     """Declare the markers (never fails: a broken plugin must not break someone's run)."""
     try:
         config.addinivalue_line("markers", "nsqtw_options(**kwargs): NsqdOptions for the nsqtw_nsqd fixture")
@@ -84,24 +98,24 @@ def _pytest_twisted() -> Any:
 
 
 def _reactor() -> Any:
-    from nsqtw.reactor import resolve_reactor
+    from nsqtw.runtime.reactor import resolve_reactor
     return resolve_reactor()
 
 
 def fast_data_dir() -> str:
-    """A fresh data directory on tmpfs when there is one (see :func:`nsqtw.embed.scratch_dir`)."""
-    from nsqtw.embed import scratch_dir
+    """A fresh data directory on tmpfs when there is one (see :func:`nsqtw.nsqd.embed.scratch_dir`)."""
+    from nsqtw.nsqd.embed import scratch_dir
 
     return scratch_dir()
 
-def _timeout(d: Deferred, seconds: float | None, what: Callable[[], str]) -> Deferred:
+def _timeout(d: Deferred[T], seconds: float | None, what: Callable[[], str]) -> Deferred[T]:
     """Fail ``d`` with a TimeoutError saying what was missing after ``seconds`` of reactor time."""
     from twisted.internet import defer
 
     if not seconds or seconds <= 0:
         return d
 
-    def timed_out(f: Any) -> Any:
+    def timed_out(f: Failure) -> Failure:
         if f.check(defer.CancelledError, defer.TimeoutError):
             raise TimeoutError(what())
         return f
@@ -116,11 +130,11 @@ def _timeout(d: Deferred, seconds: float | None, what: Callable[[], str]) -> Def
 class NsqdFixture:
     """A running in-process nsqd and helpers to talk to it (every helper returns a Deferred)."""
 
-    def __init__(self, handle: Any, data_dir: str | None) -> None:
+    def __init__(self, handle: NsqdHandle, data_dir: str | None) -> None:
         self.handle = handle
         self._data_dir = data_dir
-        self._producer: Any = None
-        self._consumers: list[Any] = []
+        self._producer: Producer | None = None
+        self._consumers: list[Consumer] = []
         self._stopped = False
 
     # addresses and internals
@@ -145,15 +159,17 @@ class NsqdFixture:
         return f"http://{self.http_address}"
 
     @property
-    def broker(self) -> Any:
+    def broker(self) -> Broker:
+        """The broker itself (nsqtw's internals: for white-box tests)."""
         return self.handle.broker
 
     @property
-    def service(self) -> Any:
+    def service(self) -> NsqdService:
+        """The daemon's service (nsqtw's internals: for white-box tests)."""
         return self.handle.service
 
     @property
-    def options(self) -> Any:
+    def options(self) -> NsqdOptions:
         return self.handle.options
 
     @property
@@ -161,35 +177,36 @@ class NsqdFixture:
         return self.handle.options.data_path
 
     # helpers
-    def _producer_for(self) -> Any:
+    def _producer_for(self) -> Producer:
         if self._producer is None:
             from nsqtw.client import Producer
             self._producer = Producer(self.handle)  # the in-process bus: real V2 protocol, no socket
         return self._producer
 
-    def publish(self, topic: str, body: Any) -> Deferred:
+    def publish(self, topic: str, body: Body) -> Deferred[None]:
         """PUB one message (``bytes`` or ``str``); fires once nsqd answered OK."""
         return self._producer_for().publish(topic, body)
 
-    def multi_publish(self, topic: str, bodies: Sequence[Any]) -> Deferred:
+    def multi_publish(self, topic: str, bodies: Sequence[Body]) -> Deferred[None]:
         """MPUB: all or nothing."""
         return self._producer_for().multi_publish(topic, list(bodies))
 
-    def deferred_publish(self, topic: str, delay: float, body: Any) -> Deferred:
+    def deferred_publish(self, topic: str, delay: float, body: Body) -> Deferred[None]:
         """DPUB: delivered after ``delay`` seconds."""
         return self._producer_for().deferred_publish(topic, delay, body)
 
-    def wait_for_messages(self, topic: str, channel: str, n: int, timeout: float | None = 5.0) -> Deferred:
+    def wait_for_messages(self, topic: str, channel: str, n: int,
+                          timeout: float | None = 5.0) -> Deferred[list[Message]]:
         """Subscribe ``topic``/``channel`` and fire with the first ``n`` messages (FINed);
         fail with TimeoutError after ``timeout`` seconds, naming how many came."""
         from twisted.internet import defer
 
         from nsqtw.client import Config, Consumer
 
-        got: list[Any] = []
-        done: defer.Deferred = defer.Deferred()
+        got: list[Message] = []
+        done: defer.Deferred[None] = defer.Deferred()
 
-        def handle(msg: Any) -> None:
+        def handle(msg: Message) -> None:
             if len(got) >= n:
                 msg.disable_auto_response()
                 msg.requeue_without_backoff(0)  # not ours: hand it back unharmed
@@ -206,19 +223,18 @@ class NsqdFixture:
             done.callback(None)
         _timeout(done, timeout, lambda: f"got {len(got)} of {n} messages on {topic}/{channel} within {timeout}s")
 
-        def finish(result: Any) -> Any:
+        def finish(result: object) -> Deferred[object]:
             stopping = consumer.stop()
 
-            def forget(_: Any) -> Any:
+            def forget(_: object) -> object:
                 if consumer in self._consumers:
                     self._consumers.remove(consumer)
                 return result
 
             return stopping.addBoth(forget)
 
-        done.addBoth(finish)
-        done.addCallback(lambda _: list(got))
-        return done
+        finished: Deferred[object] = done.addBoth(finish)
+        return finished.addCallback(lambda _: list(got))
 
     def depth(self, topic: str, channel: str | None = None) -> int:
         """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist)."""
@@ -232,24 +248,24 @@ class NsqdFixture:
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """The ``/stats?format=json`` document, computed in-process."""
-        from nsqtw.stats.snapshot import broker_stats
+        from nsqtw.nsqd.stats.snapshot import broker_stats
 
         return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         """Stop everything the fixture started, then the broker; delete its temporary data."""
         from twisted.internet import defer
 
         if self._stopped:
             return defer.succeed(None)
         self._stopped = True
-        waits = [c.stop() for c in self._consumers]
+        waits: list[Deferred[Any]] = [c.stop() for c in self._consumers]
         if self._producer is not None:
             waits.append(self._producer.stop(timeout=1.0))
-        d = defer.DeferredList(waits, consumeErrors=True)
+        d: Deferred[Any] = defer.DeferredList(waits, consumeErrors=True)
         d.addCallback(lambda _: self.handle.stop())
 
-        def cleanup(result: Any) -> Any:
+        def cleanup(result: object) -> object:
             if self._data_dir:
                 shutil.rmtree(self._data_dir, ignore_errors=True)
             return result
@@ -260,7 +276,7 @@ class NsqdFixture:
         return f"<nsqtw nsqd tcp={self.tcp_address} http={self.http_address}>"
 
 
-def start_nsqd_fixture(**options: Any) -> Deferred:
+def start_nsqd_fixture(**options: Any) -> Deferred[NsqdFixture]:
     """Start an nsqd for a test (127.0.0.1:0, no HTTPS, data in a fresh tmpfs directory).
 
     With the fixture's own throwaway directory, the disk sync worker runs its jobs
@@ -271,7 +287,7 @@ def start_nsqd_fixture(**options: Any) -> Deferred:
     from twisted.internet import defer
 
     from nsqtw.embed import NsqdHandle, embedded_nsqd_options
-    from nsqtw.service.nsqd import build_nsqd
+    from nsqtw.nsqd.service import build_nsqd
 
     data_dir = None
     if not options.get("data_path"):
@@ -291,19 +307,20 @@ def start_nsqd_fixture(**options: Any) -> Deferred:
     handle = NsqdHandle(service)
     fixture = NsqdFixture(handle, data_dir)
 
-    def failed(f: Any) -> Any:
-        return fixture.stop().addBoth(lambda _: f)
+    def failed(f: Failure) -> Deferred[NsqdFixture]:
+        stopping: Deferred[Any] = fixture.stop()
+        return stopping.addBoth(lambda _: f)
 
     return service.ready().addCallbacks(lambda _: fixture, failed)
 
 
-def _options_from_marker(request: Any, name: str) -> dict[str, Any]:
+def _options_from_marker(request: pytest.FixtureRequest, name: str) -> dict[str, Any]:
     marker = request.node.get_closest_marker(name)
     return dict(marker.kwargs) if marker else {}
 
 
 @pytest.fixture
-def nsqtw_nsqd(request: Any) -> Iterator[NsqdFixture]:
+def nsqtw_nsqd(request: pytest.FixtureRequest) -> Iterator[NsqdFixture]:
     """An in-process nsqd on 127.0.0.1 (ports chosen by the OS); ``@pytest.mark.nsqtw_options(...)``."""
     pt = _pytest_twisted()
     nsqd = pt.blockon(start_nsqd_fixture(**_options_from_marker(request, "nsqtw_options")))
@@ -314,12 +331,12 @@ def nsqtw_nsqd(request: Any) -> Iterator[NsqdFixture]:
 
 
 @pytest.fixture
-def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred]]:
+def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred[NsqdFixture]]]:
     """``await nsqtw_nsqd_factory(**options)``: more nsqd, all stopped after the test."""
     pt = _pytest_twisted()
     started: list[NsqdFixture] = []
 
-    def factory(**options: Any) -> Deferred:
+    def factory(**options: Any) -> Deferred[NsqdFixture]:
         d = start_nsqd_fixture(**options)
 
         def keep(n: NsqdFixture) -> NsqdFixture:
@@ -342,7 +359,7 @@ def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred]]:
 class LookupdFixture:
     """A running in-process nsqlookupd."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: LookupdHandle) -> None:
         self.handle = handle
 
     @property
@@ -358,20 +375,22 @@ class LookupdFixture:
         return f"http://{self.http_address}"
 
     @property
-    def db(self) -> Any:
+    def db(self) -> RegistrationDB:
+        """The registration DB itself (nsqtw's internals: for white-box tests)."""
         return self.handle.db
 
-    def producers(self, topic: str | None = None) -> list[Any]:
+    def producers(self, topic: str | None = None) -> list[Registration]:
         """Registered nsqd: all identified ones, or the producers of ``topic``."""
         if topic is None:
             return list(self.db.find_producers("client", "", ""))
         return list(self.db.find_producers("topic", topic, ""))
 
-    def wait_for_producers(self, n: int, topic: str | None = None, timeout: float | None = 5.0) -> Deferred:
+    def wait_for_producers(self, n: int, topic: str | None = None,
+                           timeout: float | None = 5.0) -> Deferred[list[Registration]]:
         """Fires once ``n`` nsqd are registered (for ``topic`` when given)."""
         from twisted.internet import defer, task
 
-        async def poll() -> list[Any]:
+        async def poll() -> list[Registration]:
             while len(self.producers(topic)) < n:
                 await task.deferLater(_reactor(), 0.002, lambda: None)
             return self.producers(topic)
@@ -381,15 +400,15 @@ class LookupdFixture:
         return _timeout(d, timeout,
                         lambda: f"{len(self.producers(topic))} of {n} nsqd registered for {what} within {timeout}s")
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         return self.handle.stop()
 
     def __repr__(self) -> str:
         return f"<nsqtw nsqlookupd tcp={self.tcp_address} http={self.http_address}>"
 
 
-def start_lookupd_fixture(**options: Any) -> Deferred:
-    from nsqtw.embed_lookupd import start_nsqlookupd
+def start_lookupd_fixture(**options: Any) -> Deferred[LookupdFixture]:
+    from nsqtw.embed import start_nsqlookupd
 
     return start_nsqlookupd(_reactor(), **options).addCallback(LookupdFixture)
 
@@ -427,17 +446,17 @@ class ClusterFixture:
     def lookupd_http_address(self) -> str:
         return self.lookupd.http_address
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         from twisted.internet import defer
 
-        d = defer.DeferredList([n.stop() for n in self.nsqds], consumeErrors=True)
+        d: Deferred[Any] = defer.DeferredList([n.stop() for n in self.nsqds], consumeErrors=True)
         return d.addBoth(lambda _: self.lookupd.stop())
 
     def __repr__(self) -> str:
         return f"<nsqtw cluster lookupd={self.lookupd.http_address} nsqd={self.nsqd_tcp_addresses}>"
 
 
-def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred:
+def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred[ClusterFixture]:
     """Start nsqlookupd, then ``n`` nsqd pointed at it; fires once all are registered."""
     from twisted.internet import defer
 
@@ -459,7 +478,7 @@ def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any)
 
 
 @pytest.fixture
-def nsqtw_cluster(request: Any) -> Iterator[ClusterFixture]:
+def nsqtw_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterFixture]:
     """nsqlookupd + N nsqd registered with it; ``@pytest.mark.nsqtw_cluster(nsqd=3, **nsqd_options)``."""
     pt = _pytest_twisted()
     options = _options_from_marker(request, "nsqtw_cluster")

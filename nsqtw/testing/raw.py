@@ -20,7 +20,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
 from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
 from ..protocol.message import Message, decode_message
-from ..reactor import resolve_reactor
+from ..runtime.reactor import resolve_reactor
 
 __all__ = [
     "mpub_command",

@@ -19,4 +19,6 @@ Each app takes NSQ's flags in Go's syntax and is an object with ``start()``,
 ``stop()`` and ``done`` (see :mod:`nsqtw.tools._runtime`), so tests run it in
 their own reactor; only ``main()`` runs a reactor.  Each is also
 ``python -m nsqtw.tools.<module>``.  This package imports nothing heavy.
+
+Internal: applications import the public face (``nsqtw.embed``, ``nsqtw.client``, ``nsqtw.testing``, ``nsqtw.options``, ``nsqtw.errors``).
 """

@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import OptionError
-from ..reactor import resolve_reactor
+from ..runtime.reactor import resolve_reactor
 
 __all__ = ["App", "ConsumerApp", "require_sources", "check_http_addresses"]
 

@@ -1,5 +1,5 @@
 """
-What every NSQ app shares: Go-style logs (from :mod:`nsqtw.golog`), the reactor main, signals.
+What every NSQ app shares: Go-style logs (from :mod:`nsqtw.runtime.golog`), the reactor main, signals.
 
 Each app is an object with ``start()`` (a Deferred: connected, or failed
 with the reason the app cannot run), ``stop()`` (graceful: what is in flight
@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 
 from .. import NSQ_VERSION, __version__, version_line
 from ..options import OptionError
-from ..golog import GoLogObserver, begin_logging, go_log_line
-from ..reactor import resolve_reactor
+from ..runtime.golog import GoLogObserver, begin_logging, go_log_line
+from ..runtime.reactor import resolve_reactor
 
 __all__ = [
     "GoLogObserver",
@@ -69,7 +69,7 @@ def client_config(prog: str, opts: Iterable[str], max_in_flight: int | None = No
 def parse_app_options(options_class: Any, argv: list[str], prog: str,
                       stdout: TextIO | None = None, stderr: TextIO | None = None) -> tuple[Any, int | None]:
     """Go's ``flag.Parse`` for an app: ``(options, None)`` or ``(None, exit code)``."""
-    from ..tap.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
+    from ..runtime.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
 
     out = stdout or sys.stdout
     err = stderr or sys.stderr

@@ -33,7 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import DURATION, INT, STR, STRLIST, OptionError, opt
-from ..stats.channels import ChannelCounts
+from ..protocol.channels import ChannelCounts
 from ._app import App, check_http_addresses, require_sources
 from ._runtime import run_app
 
@@ -78,7 +78,7 @@ class StatOptions:
         check_http_addresses("lookupd-http-address", self.lookupd_http_addresses)
 
 
-#: one channel summed over its nsqd (the shared :class:`~nsqtw.stats.channels.ChannelCounts`)
+#: one channel summed over its nsqd (the shared :class:`~nsqtw.protocol.channels.ChannelCounts`)
 ChannelTotals = ChannelCounts
 
 

@@ -66,7 +66,7 @@ async def create_channel(nsqd: Any, topic: str, channel: str) -> None:
 
 async def attach_lookupd(nsqd: Any, lookupd: Any) -> Any:
     """Make an embedded nsqd register with ``lookupd`` (unless its service already does)."""
-    from nsqtw.service.lookup_peers import LookupPeersService
+    from nsqtw.nsqd.lookup_peers import LookupPeersService
 
     peers = nsqd.service.namedServices.get(LookupPeersService.name)
     if peers is None:
@@ -78,7 +78,7 @@ async def attach_lookupd(nsqd: Any, lookupd: Any) -> Any:
 
 async def registered(peers: Any) -> None:
     """Every REGISTER/UNREGISTER the nsqd sent so far has been answered by every lookupd."""
-    from nsqtw.lookupd.v1 import PING_COMMAND
+    from nsqtw.lookupd.core.v1 import PING_COMMAND
 
     for peer in peers.peers.values():
         d = peer.command(PING_COMMAND)

@@ -21,7 +21,7 @@ async def nsqds():
 @pytest_twisted.async_yield_fixture
 async def start_admin():
     """``await start_admin(**AdminOptions)`` -> a running nsqadmin, stopped after the test."""
-    from nsqtw.embed_admin import start_nsqadmin
+    from nsqtw.embed import start_nsqadmin
 
     started: list[Any] = []
 
@@ -49,7 +49,7 @@ async def cluster(start_admin, request):
     """(nsqadmin in --lookupd-http-address mode, lookupd, [nsqd, nsqd], [peers, peers])."""
     from admin_helpers import attach_lookupd
     from nsqtw.embed import start_nsqd
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     lookupd = await start_nsqlookupd()
     nodes = [await start_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address]) for _ in range(2)]

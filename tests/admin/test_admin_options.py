@@ -7,7 +7,7 @@ from twisted.python import usage
 
 from nsqtw.admin.options import AdminOptions, normalize_base_path
 from nsqtw.options import OptionError
-from nsqtw.tap.flags import options_from_argv, usage_text
+from nsqtw.runtime.flags import options_from_argv, usage_text
 
 
 def test_defaults_are_nsqadmins() -> None:
@@ -36,7 +36,7 @@ def test_history_retention_flag_reaches_the_history() -> None:
     its book of failed nodes use it."""
     from twisted.internet.testing import MemoryReactorClock
 
-    from nsqtw.service.admin import AdminService
+    from nsqtw.admin.service import AdminService
 
     assert AdminOptions(nsqd_http_addresses=["a:1"]).history_retention == 21600.0
     o = options_from_argv(AdminOptions, ["--nsqd-http-address=127.0.0.1:4151", "--history-retention=24h",
@@ -123,12 +123,12 @@ def test_usage_lists_nsqadmins_flags() -> None:
 def test_twistd_options_and_make_service(monkeypatch) -> None:
     """``twistd nsqadmin`` parses Go-style flags and builds an AdminService (not started), to
     which it applies the daemons' process policy (recorded here: this is pytest's process)."""
-    import nsqtw.process
-    from nsqtw.service.admin import AdminService
-    from nsqtw.tap import nsqadmin as tap
+    import nsqtw.runtime.process
+    from nsqtw.admin.service import AdminService
+    from nsqtw.admin import tap
 
     applied: list = []
-    monkeypatch.setattr(nsqtw.process, "apply_daemon_policy", lambda service, reactor: applied.append(service))
+    monkeypatch.setattr(nsqtw.runtime.process, "apply_daemon_policy", lambda service, reactor: applied.append(service))
     opts = tap.Options()
     opts.parseOptions(["--nsqd-http-address=127.0.0.1:4151", "--http-address=127.0.0.1:0", "--admin-user=ops"])
     assert opts.config.admin_users == ["ops"]
@@ -145,7 +145,7 @@ def test_unresolvable_upstream_is_refused_at_build() -> None:
     """An address that does not resolve stops nsqadmin from starting (nsqadmin's ResolveTCPAddr check)."""
     from twisted.internet.testing import MemoryReactorClock
 
-    from nsqtw.service.admin import build_admin
+    from nsqtw.admin.service import build_admin
 
     with pytest.raises(OptionError) as e:
         build_admin(AdminOptions(lookupd_http_addresses=["no-such-host.invalid:4161"]), MemoryReactorClock())
@@ -156,7 +156,7 @@ def test_tls_files_are_checked_at_build(tmp_path) -> None:
     """A missing --http-client-tls-root-ca-file is refused with the flag and path in the message."""
     from twisted.internet.testing import MemoryReactorClock
 
-    from nsqtw.service.admin import build_admin
+    from nsqtw.admin.service import build_admin
 
     missing = tmp_path / "ca.pem"
     with pytest.raises(OptionError) as e:

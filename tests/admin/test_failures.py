@@ -113,8 +113,8 @@ async def until(check: Any, what: str, timeout: float = 30.0) -> Any:
 @pytest_twisted.async_yield_fixture
 async def processes(tmp_path):
     """An in-process nsqlookupd, three nsqd processes registered with it, and an nsqadmin over lookupd."""
-    from nsqtw.embed_admin import start_nsqadmin
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqadmin
+    from nsqtw.embed import start_nsqlookupd
 
     lookupd = await start_nsqlookupd()
     procs: list[NsqdProcess] = []

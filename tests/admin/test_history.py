@@ -16,7 +16,7 @@ from twisted.internet.testing import MemoryReactorClock
 from nsqtw.admin.cluster import ChannelStats, TopicStats
 from nsqtw.admin.history import History, last_value
 from nsqtw.admin.options import AdminOptions
-from nsqtw.service.admin import AdminService
+from nsqtw.admin.service import AdminService
 
 
 def row(topic: str, node: str, depth: int, count: int, channels: dict[str, tuple] = None) -> TopicStats:

@@ -16,7 +16,7 @@ from twisted.web.server import Site
 from admin_helpers import within
 from nsqtw.admin.cluster import FetchError, Upstream
 from nsqtw.admin.options import AdminOptions
-from nsqtw.service.admin import make_http_client
+from nsqtw.admin.service import make_http_client
 
 pytestmark = [
     pytest.mark.e2e,

@@ -8,7 +8,7 @@ from zope.interface.verify import verifyClass, verifyObject
 from nsqtw.backend import IBackendQueue
 from nsqtw.backend.dummy import DummyQueue
 from nsqtw.backend.memory import MemoryQueue
-from nsqtw.nsqd.broker import memory_only_backends
+from nsqtw.nsqd.core.broker import memory_only_backends
 
 from dq_helpers import open_queue
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from twisted.internet.defer import Deferred
 
 from nsqtw.backend.metadata import MetadataWriter, load_metadata, metadata_snapshot, write_snapshot
-from nsqtw.nsqd.broker import Broker
+from nsqtw.nsqd.core.broker import Broker
 from nsqtw.options import NsqdOptions
 
 

@@ -27,11 +27,11 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import LogLevel, globalLogPublisher
 
 from nsqtw.errors import BY_CODE
-from nsqtw.nsqd.broker import Broker, memory_only_backends
-from nsqtw.nsqd.v2 import Features, V2Session
+from nsqtw.nsqd.core.broker import Broker, memory_only_backends
+from nsqtw.nsqd.core.v2 import Features, V2Session
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameDecoder
-from nsqtw.stats.snapshot import broker_stats
+from nsqtw.nsqd.stats.snapshot import broker_stats
 
 Frame = tuple[int, bytes]
 

@@ -33,15 +33,15 @@ from hypothesis import strategies as st
 from nsqtw.client.config import Config
 from nsqtw.client.core import EV_FAILED, ClientCore
 from nsqtw.errors import NSQError, from_wire
-from nsqtw.http.responses import parse_query
-from nsqtw.lookupd.registry import RegistrationDB
-from nsqtw.lookupd.v1 import LookupSession, ResponseDecoder
-from nsqtw.nsqd.auth import Authorization, AuthState
-from nsqtw.nsqd.v2 import MAX_LINE
+from nsqtw.runtime.responses import parse_query
+from nsqtw.lookupd.core.registry import RegistrationDB
+from nsqtw.lookupd.core.v1 import LookupSession, ResponseDecoder
+from nsqtw.nsqd.core.auth import Authorization, AuthState
+from nsqtw.nsqd.core.v2 import MAX_LINE
 from nsqtw.protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from nsqtw.protocol.frames import MAGIC_V1, MAGIC_V2, FrameDecoder, FrameTooBig, encode_frame
 from nsqtw.protocol.identify import IdentifyDecodeError, IdentifyRequest, parse_identify
-from nsqtw.stats.snapshot import go_json
+from nsqtw.nsqd.stats.snapshot import go_json
 
 from hardening_support import (
     FATAL_CODES, T0, SansIOConn, body_cmd, cmd, errors_of, i32, small_options, wellformed,
@@ -715,7 +715,7 @@ def test_snappy_refuses_oversized_chunk_at_once():
 
 
 # ==========================================================================================
-# parse_query (nsqtw.http.responses)
+# parse_query (nsqtw.runtime.responses)
 # ==========================================================================================
 
 QUERY_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)

@@ -35,7 +35,7 @@ from twisted.internet import defer, task
 from nsqtw.client import Config, Consumer, Producer
 from nsqtw.embed import start_nsqd
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2
-from nsqtw.stats.snapshot import broker_stats
+from nsqtw.nsqd.stats.snapshot import broker_stats
 from nsqtw.testing import connect_raw
 
 from hardening_support import (

@@ -16,13 +16,13 @@ from twisted.internet import task
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
-from nsqtw.nsqd.auth import Authorization, AuthState
-from nsqtw.nsqd.broker import Broker, memory_only_backends
-from nsqtw.nsqd.v2 import MAX_LINE
+from nsqtw.nsqd.core.auth import Authorization, AuthState
+from nsqtw.nsqd.core.broker import Broker, memory_only_backends
+from nsqtw.nsqd.core.v2 import MAX_LINE
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
 from nsqtw.protocol.message import decode_message
-from nsqtw.tcp.nsqd import NsqdFactory
+from nsqtw.nsqd.tcp import NsqdFactory
 
 from hardening_support import T0, SansIOConn, body_cmd, cmd, errors_of, i32, small_options, wellformed
 

@@ -28,7 +28,7 @@ import treq
 from twisted.internet import task, threads
 
 from nsqtw.embed import start_nsqd
-from nsqtw.tcp import nsqd as nsqd_tcp
+from nsqtw.nsqd import tcp as nsqd_tcp
 from nsqtw.protocol.frames import FRAME_ERROR, MAGIC_V2
 from nsqtw.testing import connect_raw
 
@@ -81,7 +81,7 @@ async def _ok_round_trip(port: int, timeout: float = 5.0) -> float:
 @pytest_twisted.ensureDeferred
 async def test_line_over_16k_closes_without_reading_on():
     """1 MiB with no newline in one write: closed with no frame; the broker read at most one read
-    (nsqtw.tcp.nsqd.READ_SIZE) past the 16 KiB line limit and holds nothing of it."""
+    (nsqtw.nsqd.tcp.READ_SIZE) past the 16 KiB line limit and holds nothing of it."""
     nsqd = await start_nsqd()
     try:
         client, proto = await _connect_observed(nsqd)
@@ -423,7 +423,7 @@ async def test_consumer_that_never_reads_is_bounded():
         client.transport.pauseProducing()  # stop reading, keep writing
         nop = task.LoopingCall(lambda: client.send(cmd("NOP")) if client.connected_ else None)
         nop.start(0.2)
-        from nsqtw.stats.snapshot import broker_stats
+        from nsqtw.nsqd.stats.snapshot import broker_stats
 
         def timeouts() -> int:
             st = broker_stats(nsqd.broker, nsqd.service.now(), topic="slow", channel="c")
@@ -623,7 +623,7 @@ async def test_identify_lone_surrogate_does_not_break_http_stats():
 async def test_lookupd_lone_surrogate_does_not_break_lookup():
     """A peer registering with hostname "\\ud800": GET /lookup?topic=t still answers 200 valid JSON."""
     from nsqtw.embed import start_nsqlookupd
-    from nsqtw.lookupd.v1 import register_command
+    from nsqtw.lookupd.core.v1 import register_command
     from nsqtw.protocol.frames import MAGIC_V1
     lookupd = await start_nsqlookupd()
     try:

@@ -12,7 +12,7 @@ import pytest_twisted
 import treq
 from treq.testing import StubTreq
 
-from nsqtw.http.nsqd_api import NsqdHTTPAPI
+from nsqtw.nsqd.http import NsqdHTTPAPI
 from nsqtw.testing import command, connect_raw
 
 from nsqd_http_helpers import _Ordered, raw_http, shape_diff

@@ -69,7 +69,7 @@ async def test_nsqd_takes_a_raw_hash_as_part_of_the_query(nsqd: Any) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_nsqlookupd_takes_a_raw_hash_as_part_of_the_query() -> None:
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     lookupd = await start_nsqlookupd()
     try:
@@ -86,7 +86,7 @@ async def test_nsqlookupd_takes_a_raw_hash_as_part_of_the_query() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_nsqadmin_takes_a_raw_hash_in_its_paths(nsqd: Any) -> None:
-    from nsqtw.embed_admin import start_nsqadmin
+    from nsqtw.embed import start_nsqadmin
 
     await raw_http(nsqd.http_port, "POST", "/topic/create?topic=t#ephemeral")
     await raw_http(nsqd.http_port, "POST", "/channel/create?topic=t#ephemeral&channel=c")

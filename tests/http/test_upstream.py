@@ -1,4 +1,4 @@
-"""nsqtw.upstream: the one HTTP client for NSQ's JSON APIs (headers, deadline on the clock, statuses)."""
+"""nsqtw.runtime.upstream: the one HTTP client for NSQ's JSON APIs (headers, deadline on the clock, statuses)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from treq.testing import StubTreq
 from twisted.internet import defer, task
 from twisted.web.resource import Resource
 
-from nsqtw.upstream import NSQ_ACCEPT, Upstream, UpstreamStatusError, https_retry_url
+from nsqtw.runtime.upstream import NSQ_ACCEPT, Upstream, UpstreamStatusError, https_retry_url
 
 
 class Recorder(Resource):

@@ -23,16 +23,16 @@ def main(argv: list[str]) -> None:
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)], redirectStandardIO=False)
     prog, flags = argv[0], argv[1:]
     if prog == "nsqd":
-        from nsqtw.tap import nsqd as tap
+        from nsqtw.nsqd import tap
     elif prog == "nsqlookupd":
-        from nsqtw.tap import nsqlookupd as tap  # type: ignore[no-redef]  # one of the taps by name
+        from nsqtw.lookupd import tap  # type: ignore[no-redef]  # one of the taps by name
     else:
         raise SystemExit(f"unknown daemon {prog!r}")
     options = tap.Options()
     options.parseOptions(flags)
     service: Any = tap.makeService(options)
     if prog == "nsqd":
-        from nsqtw.service.lookup_peers import LookupPeersService
+        from nsqtw.nsqd.lookup_peers import LookupPeersService
 
         if LookupPeersService.name not in service.namedServices:
             LookupPeersService(service).setServiceParent(service)

@@ -8,7 +8,7 @@ import pytest_twisted
 @pytest_twisted.async_yield_fixture
 async def lookupd(request):
     """A fresh nsqlookupd on 127.0.0.1 port 0; options via ``@pytest.mark.lookupd_options(...)``."""
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     marker = request.node.get_closest_marker("lookupd_options")
     kwargs = dict(marker.kwargs) if marker else {}

@@ -11,7 +11,7 @@ import treq
 from twisted.internet import defer
 from twisted.internet.protocol import Protocol
 
-from nsqtw.lookupd.v1 import PING_COMMAND, ResponseDecoder, identify_command
+from nsqtw.lookupd.core.v1 import PING_COMMAND, ResponseDecoder, identify_command
 from nsqtw.protocol.frames import MAGIC_V1
 
 #: the longest any end-to-end wait may take before the test fails

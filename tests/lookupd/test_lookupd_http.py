@@ -11,8 +11,8 @@ import pytest_twisted
 from twisted.internet.task import Clock
 
 from lookupd_helpers import connect_v1, get, identified_v1, post, within
-from nsqtw.lookupd.peers import GO_ZERO_TIME_NS
-from nsqtw.lookupd.v1 import PING_COMMAND, register_command
+from nsqtw.lookupd.core.peers import GO_ZERO_TIME_NS
+from nsqtw.lookupd.core.v1 import PING_COMMAND, register_command
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 @pytest_twisted.async_yield_fixture
 async def clocked():
     """(lookupd, clock): an nsqlookupd whose time is a task.Clock starting at 1000 s."""
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     clock = Clock()
     clock.advance(1000)

@@ -11,7 +11,7 @@ from twisted.python import usage
 
 from nsqtw.lookupd.options import LookupdOptions
 from nsqtw.options import LOG_LEVELS, OptionError
-from nsqtw.tap.flags import options_from_argv, usage_text
+from nsqtw.runtime.flags import options_from_argv, usage_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def test_usage_lists_every_flag() -> None:
 
 def test_tap_options_parse_and_refuse() -> None:
     """The twistd adapter parses Go flags into LookupdOptions and turns errors into UsageError."""
-    from nsqtw.tap.nsqlookupd import Options
+    from nsqtw.lookupd.tap import Options
 
     opts = Options()
     opts.parseOptions(["--tcp-address=127.0.0.1:0", "--broadcast-address=b"])
@@ -87,7 +87,7 @@ def test_plugin_names_the_tap_module() -> None:
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
-    from nsqtw.tap import nsqlookupd as tap
+    from nsqtw.lookupd import tap
 
     maker = module.nsqlookupd
     assert maker.tapname == "nsqlookupd"
@@ -96,7 +96,7 @@ def test_plugin_names_the_tap_module() -> None:
 
 def test_service_tree_listens_on_both_addresses() -> None:
     """build_lookupd binds TCP and HTTP where told; the ports and ready() follow the listeners."""
-    from nsqtw.service.lookupd import build_lookupd
+    from nsqtw.lookupd.service import build_lookupd
 
     reactor = MemoryReactorClock()
     service = build_lookupd(LookupdOptions(tcp_address="127.0.0.1:5160", http_address="127.0.0.2:5161",

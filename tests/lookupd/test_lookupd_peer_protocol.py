@@ -12,10 +12,10 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
 
-from nsqtw.lookupd.v1 import response
-from nsqtw.nsqd.broker import Broker
+from nsqtw.lookupd.core.v1 import response
+from nsqtw.nsqd.core.broker import Broker
 from nsqtw.options import NsqdOptions
-from nsqtw.service.lookup_peers import COMMAND_TIMEOUT, PING_INTERVAL, LookupdInfo, LookupPeersService
+from nsqtw.nsqd.lookup_peers import COMMAND_TIMEOUT, PING_INTERVAL, LookupdInfo, LookupPeersService
 
 LOOKUPD_ANSWER = json.dumps({"broadcast_address": "lk.example", "hostname": "lk", "http_port": 4161,
                              "tcp_port": 4160, "version": "1.3.0"}).encode()

@@ -13,7 +13,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 
 from lookupd_helpers import barrier, get, post, within
-from nsqtw.service.lookup_peers import COMMAND_TIMEOUT, LookupdInfo, LookupPeersService
+from nsqtw.nsqd.lookup_peers import COMMAND_TIMEOUT, LookupdInfo, LookupPeersService
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ async def closed_on_lookupd(lookupd: Any, protocols: list[Any]) -> None:
 async def cluster():
     """(lookupd, nsqd, peers, peer clock, lookupd clock) with nsqd registered."""
     from nsqtw.embed import start_nsqd
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     lookupd_clock, peer_clock = Clock(), Clock()
     lookupd_clock.advance(1000)
@@ -207,7 +207,7 @@ async def test_ping_every_15s_keeps_nsqd_active(cluster) -> None:
 @pytest_twisted.ensureDeferred
 async def test_lookupd_restart_is_repopulated(cluster) -> None:
     """A restarted nsqlookupd (same address, empty memory) gets IDENTIFY and every REGISTER again."""
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     lookupd, nsqd, peers, peer_clock, _ = cluster
     peer = the_peer(peers)
@@ -239,7 +239,7 @@ async def test_reconnects_with_backoff_while_lookupd_is_down(lookupd) -> None:
     from twisted.internet import reactor
 
     from nsqtw.embed import start_nsqd
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     attempts: list[int] = []
     scheduled: list[defer.Deferred] = []
@@ -346,7 +346,7 @@ async def test_refused_identify_closes_and_registers_nothing(lookupd) -> None:
 @pytest_twisted.ensureDeferred
 async def test_set_addresses_moves_registrations(cluster) -> None:
     """set_addresses closes removed peers (their lookupd drops nsqd) and connects new ones."""
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     lookupd, nsqd, peers, _, _ = cluster
     nsqd.broker.get_topic("t")
@@ -395,7 +395,7 @@ async def test_new_topic_precreates_channels_lookupd_knows(cluster) -> None:
 async def test_precreation_unions_every_lookupd() -> None:
     """With two nsqlookupd the channels of both are created."""
     from nsqtw.embed import start_nsqd
-    from nsqtw.embed_lookupd import start_nsqlookupd
+    from nsqtw.embed import start_nsqlookupd
 
     lk1, lk2 = await start_nsqlookupd(), await start_nsqlookupd()
     nsqd = await start_nsqd(lookupd_tcp_addresses=[lk1.tcp_address, lk2.tcp_address])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nsqtw.lookupd.peers import PeerInfo
-from nsqtw.lookupd.registry import (
+from nsqtw.lookupd.core.peers import PeerInfo
+from nsqtw.lookupd.core.registry import (
     CHANNEL, CLIENT, TOPIC, Producer, Registration, RegistrationDB, filter_by_active,
 )
 

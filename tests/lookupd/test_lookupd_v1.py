@@ -12,13 +12,13 @@ from twisted.internet.testing import StringTransportWithDisconnection
 
 from lookupd_helpers import FakeServer
 from nsqtw.errors import BadBody
-from nsqtw.lookupd.peers import PeerInfo, peer_from_identify
-from nsqtw.lookupd.registry import CHANNEL, CLIENT, TOPIC, Registration, RegistrationDB
-from nsqtw.lookupd.v1 import (
+from nsqtw.lookupd.core.peers import PeerInfo, peer_from_identify
+from nsqtw.lookupd.core.registry import CHANNEL, CLIENT, TOPIC, Registration, RegistrationDB
+from nsqtw.lookupd.core.v1 import (
     PING_COMMAND, LookupSession, ResponseDecoder, ResponseTooBig, go_trim_space, identify_command,
     register_command, response, unregister_command,
 )
-from nsqtw.tcp.lookupd import LookupdFactory
+from nsqtw.lookupd.tcp import LookupdFactory
 
 NSQD = {"broadcast_address": "nsqd1", "tcp_port": 4150, "http_port": 4151, "version": "1.3.0",
         "hostname": "host1"}

@@ -56,7 +56,7 @@ async def test_tls_round_trip_and_stats(certs):
         producer = Producer(nsqd.tcp_address, config)
         await producer.publish("secure", b"x")
         client = next(c for c in nsqd.broker.clients.values() if c.pub_counts)
-        from nsqtw.stats.snapshot import client_stats
+        from nsqtw.nsqd.stats.snapshot import client_stats
         st = client_stats(client)
         assert st["tls"] is True and st["tls_version"].startswith("TLS1.")
         await producer.stop()

@@ -4,7 +4,7 @@ memory-only backend, connections made of ``ClientState`` + ``V2Session`` whose
 output is captured and decoded into frames, and a fake clock (``now``) the
 tests move by hand.
 
-It mimics what :mod:`nsqtw.tcp.nsqd` does per read (feed, settle, write once,
+It mimics what :mod:`nsqtw.nsqd.tcp` does per read (feed, settle, write once,
 and on a fatal error close and tell the broker the client is gone), so the
 assertions here hold for the real glue too.
 """
@@ -16,10 +16,10 @@ import random
 import struct
 from typing import Any
 
-from nsqtw.nsqd.broker import Broker, memory_only_backends
-from nsqtw.nsqd.client import ClientState
-from nsqtw.nsqd.scan import scan_channels
-from nsqtw.nsqd.v2 import Features, V2Session
+from nsqtw.nsqd.core.broker import Broker, memory_only_backends
+from nsqtw.nsqd.core.client import ClientState
+from nsqtw.nsqd.core.scan import scan_channels
+from nsqtw.nsqd.core.v2 import Features, V2Session
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import (
     FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder,
@@ -210,5 +210,5 @@ class Harness:
 
 
 def stats_of(h: Harness, **kw: Any) -> dict[str, Any]:
-    from nsqtw.stats.snapshot import broker_stats
+    from nsqtw.nsqd.stats.snapshot import broker_stats
     return broker_stats(h.broker, h.now, **kw)

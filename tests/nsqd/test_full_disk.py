@@ -17,7 +17,7 @@ from typing import Any
 
 from nsqtw.backend.runs import Run, run_frames, run_of_frames
 from nsqtw.errors import BackendError
-from nsqtw.nsqd.broker import Broker
+from nsqtw.nsqd.core.broker import Broker
 from nsqtw.protocol.frames import FRAME_ERROR
 
 from nsqd_harness import Harness, cmd, dpub, stats_of
@@ -130,7 +130,7 @@ def test_disconnect_while_full_holds_then_writes_out():
     assert held(h) == 20
     assert h.broker.health_status().startswith("NOK - 20 messages held in memory")
     assert stats_of(h)["health"].startswith("NOK")
-    from nsqtw.stats.prometheus import render_metrics
+    from nsqtw.nsqd.stats.prometheus import render_metrics
     page = render_metrics(stats_of(h)).decode()
     assert 'nsq_channel_held{topic="t",channel="c"} 20' in page and "nsq_healthy 0" in page
     assert h.broker.backlog.retry() == 20  # still full: nothing changes
@@ -245,7 +245,7 @@ def test_clean_shutdown_on_a_full_disk_counts_what_it_loses(tmp_path):
     from twisted.internet import task
 
     from nsqtw.options import NsqdOptions
-    from nsqtw.service.nsqd import NsqdService
+    from nsqtw.nsqd.service import NsqdService
 
     disk = FakeDisk()
     opts = NsqdOptions(data_path=str(tmp_path), mem_queue_size=100, tcp_address="127.0.0.1:0",
@@ -264,7 +264,7 @@ def test_retry_runs_on_the_service_clock(tmp_path):
     from twisted.internet.testing import MemoryReactorClock
 
     from nsqtw.options import NsqdOptions
-    from nsqtw.service.nsqd import HELD_RETRY_INTERVAL, NsqdService
+    from nsqtw.nsqd.service import HELD_RETRY_INTERVAL, NsqdService
 
     disk = FakeDisk()
     clock = MemoryReactorClock()

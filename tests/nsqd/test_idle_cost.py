@@ -6,7 +6,7 @@ import gc
 import tracemalloc
 
 from nsqtw.backend.disk import SyncWorker, disk_backends
-from nsqtw.nsqd.broker import Broker
+from nsqtw.nsqd.core.broker import Broker
 from nsqtw.options import NsqdOptions
 
 N = 300

@@ -25,14 +25,14 @@ from twisted.internet import ssl as tssl
 from twisted.internet.epollreactor import EPollReactor
 from twisted.protocols import policies
 
-from nsqtw.nsqd.broker import Broker, memory_only_backends
+from nsqtw.nsqd.core.broker import Broker, memory_only_backends
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import MAGIC_V2, FrameDecoder
-from nsqtw.spinreactor import SpinningEPollReactor
-from nsqtw.stats.snapshot import broker_stats
-from nsqtw import seam
-from nsqtw.tcp.nsqd import NsqdFactory
-from nsqtw.turn import IReactorTurnHooks, TurnBatcher
+from nsqtw.runtime.spinreactor import SpinningEPollReactor
+from nsqtw.nsqd.stats.snapshot import broker_stats
+from nsqtw.runtime import seam
+from nsqtw.nsqd.tcp import NsqdFactory
+from nsqtw.runtime.turn import IReactorTurnHooks, TurnBatcher
 
 T0 = 1.7e9
 OK = struct.pack(">ii", 6, 0) + b"OK"

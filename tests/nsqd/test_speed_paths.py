@@ -11,9 +11,9 @@ from typing import Any
 import pytest_twisted
 import treq
 
-from nsqtw.nsqd.broker import Broker
-from nsqtw.nsqd.guid import GUIDFactory
-from nsqtw.nsqd.v2 import V2Session
+from nsqtw.nsqd.core.broker import Broker
+from nsqtw.nsqd.core.guid import GUIDFactory
+from nsqtw.nsqd.core.v2 import V2Session
 from nsqtw.options import NsqdOptions
 
 NOW = 1.7e9
@@ -22,7 +22,7 @@ NOW = 1.7e9
 # --- the spinning reactor -----------------------------------------------------------------------
 
 def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> None:
-    from nsqtw.spinreactor import SpinningEPollReactor
+    from nsqtw.runtime.spinreactor import SpinningEPollReactor
 
     r = SpinningEPollReactor(spin_seconds=30.0)  # a spin that, unbounded, would hang this test
     a, b = socket.socketpair()
@@ -61,7 +61,7 @@ def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> N
 
 
 def test_spin_is_configurable_and_off_with_zero(monkeypatch: Any) -> None:
-    from nsqtw.spinreactor import DEFAULT_SPIN_US, SpinningEPollReactor
+    from nsqtw.runtime.spinreactor import DEFAULT_SPIN_US, SpinningEPollReactor
 
     monkeypatch.setenv("NSQTW_SPIN_US", "0")
     r = SpinningEPollReactor()
@@ -74,7 +74,7 @@ def test_spin_is_configurable_and_off_with_zero(monkeypatch: Any) -> None:
 
 
 def test_spin_policy_keeps_the_way_that_handles_more_events() -> None:
-    from nsqtw.spinreactor import SpinPolicy
+    from nsqtw.runtime.spinreactor import SpinPolicy
 
     p = SpinPolicy(0.0)
     w = SpinPolicy.WINDOW
@@ -100,7 +100,7 @@ def test_spin_policy_keeps_the_way_that_handles_more_events() -> None:
 
 
 def test_spin_policy_is_off_without_spin_or_when_disabled(monkeypatch: Any) -> None:
-    from nsqtw.spinreactor import SpinningEPollReactor
+    from nsqtw.runtime.spinreactor import SpinningEPollReactor
 
     for kw, env in (({"spin_seconds": 0.0}, "1"), ({"spin_seconds": 5e-5}, "0"), ({"adapt": False}, "1")):
         monkeypatch.setenv("NSQTW_SPIN_ADAPT", env)
@@ -203,7 +203,7 @@ def test_pub_with_an_invalid_topic_name_still_fails_after_a_valid_one_was_cached
 
 @pytest_twisted.ensureDeferred
 async def test_http_api_answers_though_built_after_start(nsqd: Any) -> None:
-    from nsqtw.service.listen import LazyFactory
+    from nsqtw.runtime.listen import LazyFactory
 
     factory = nsqd.service.http_listener.factory
     assert isinstance(factory, LazyFactory)
@@ -247,7 +247,7 @@ def test_fin_ids_are_cut_as_the_regular_expression_finds_them() -> None:
     import os
     import re
 
-    from nsqtw.nsqd.v2 import _FIN_RUN, _fin_ids
+    from nsqtw.nsqd.core.v2 import _FIN_RUN, _fin_ids
 
     for n in (1, 2, 7, 100, 256, 300, 1000):
         ids = [os.urandom(8).hex().encode() for _ in range(n)]

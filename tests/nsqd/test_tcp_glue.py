@@ -1,4 +1,4 @@
-"""The Twisted glue (nsqtw.tcp.nsqd.NsqdProtocol) on a StringTransport and a task.Clock: magic, heartbeats,
+"""The Twisted glue (nsqtw.nsqd.tcp.NsqdProtocol) on a StringTransport and a task.Clock: magic, heartbeats,
 the 2x heartbeat read deadline, closes, and one write per read (nsqd/protocol_v2.go IOLoop/messagePump)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from twisted.internet import task
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
-from nsqtw.nsqd.broker import Broker, memory_only_backends
+from nsqtw.nsqd.core.broker import Broker, memory_only_backends
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
-from nsqtw.tcp.nsqd import NsqdFactory
+from nsqtw.nsqd.tcp import NsqdFactory
 
 from nsqd_harness import T0, cmd, identify, pub
 

@@ -9,7 +9,7 @@ import pytest
 
 from nsqtw.backend.runs import Run
 from nsqtw.errors import BackendError
-from nsqtw.nsqd.broker import Broker
+from nsqtw.nsqd.core.broker import Broker
 from nsqtw.options import NsqdOptions
 
 NOW = 1.7e9

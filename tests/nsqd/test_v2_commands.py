@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nsqtw.nsqd.client import STATE_CLOSING, STATE_SUBSCRIBED
+from nsqtw.nsqd.core.client import STATE_CLOSING, STATE_SUBSCRIBED
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_RESPONSE
 from nsqtw.protocol.names import is_valid_name
 

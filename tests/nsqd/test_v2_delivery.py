@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from nsqtw.nsqd.broker import memory_only_backends
-from nsqtw.nsqd.guid import TWEPOCH
-from nsqtw.nsqd.scan import scan_channels
+from nsqtw.nsqd.core.broker import memory_only_backends
+from nsqtw.nsqd.core.guid import TWEPOCH
+from nsqtw.nsqd.core.scan import scan_channels
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_MESSAGE
 
@@ -672,7 +672,7 @@ def test_mem_queue_size_zero_without_disk():
 
 
 def test_memory_only_backend_factory_is_explicit():
-    """These tests run on nsqtw.nsqd.broker.memory_only_backends, whatever the default becomes."""
+    """These tests run on nsqtw.nsqd.core.broker.memory_only_backends, whatever the default becomes."""
     h = Harness()
     assert h.broker.backend_factory is memory_only_backends
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from nsqtw.nsqd.client import STATE_INIT
-from nsqtw.nsqd.v2 import Features
+from nsqtw.nsqd.core.client import STATE_INIT
+from nsqtw.nsqd.core.v2 import Features
 from nsqtw.protocol.frames import FRAME_RESPONSE
 
 from nsqd_harness import Harness, body_cmd, cmd, identify, stats_of

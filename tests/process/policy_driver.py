@@ -17,7 +17,7 @@ import sys
 
 from twisted.internet import tcp
 
-import nsqtw.process
+import nsqtw.runtime.process
 
 OUT = os.environ["POLICY_PROBE_OUT"]
 record: dict = {"listens": [], "trim_created": 0, "trim_started": 0}
@@ -25,7 +25,7 @@ record: dict = {"listens": [], "trim_created": 0, "trim_started": 0}
 
 def figures() -> dict:
     return {"freeze": gc.get_freeze_count(), "full_every": gc.get_threshold()[2],
-            "timing": any(getattr(cb, "__module__", "") == "nsqtw.stats.memory" for cb in gc.callbacks),
+            "timing": any(getattr(cb, "__module__", "") == "nsqtw.runtime.memory" for cb in gc.callbacks),
             "trim_created": record["trim_created"]}
 
 
@@ -42,8 +42,8 @@ def startListening(self):  # noqa: N802 - Twisted's name
 
 tcp.Port.startListening = startListening
 
-_init = nsqtw.process.MemoryTrimService.__init__
-_start = nsqtw.process.MemoryTrimService.startService
+_init = nsqtw.runtime.process.MemoryTrimService.__init__
+_start = nsqtw.runtime.process.MemoryTrimService.startService
 
 
 def trim_init(self, *a, **kw):
@@ -56,8 +56,8 @@ def trim_start(self):
     _start(self)
 
 
-nsqtw.process.MemoryTrimService.__init__ = trim_init
-nsqtw.process.MemoryTrimService.startService = trim_start
+nsqtw.runtime.process.MemoryTrimService.__init__ = trim_init
+nsqtw.runtime.process.MemoryTrimService.startService = trim_start
 
 
 @atexit.register

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nsqtw.process import FULL_COLLECTION_EVERY
+from nsqtw.runtime.process import FULL_COLLECTION_EVERY
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "policy_driver.py"

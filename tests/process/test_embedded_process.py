@@ -26,13 +26,13 @@ from twisted.internet import task
 
 from nsqtw.admin.options import AdminOptions
 from nsqtw.embed import NsqdHandle, embedded_nsqd_options, start_nsqd
-from nsqtw.embed_admin import AdminHandle, start_nsqadmin
-from nsqtw.embed_lookupd import LookupdHandle, start_nsqlookupd
+from nsqtw.embed import AdminHandle, start_nsqadmin
+from nsqtw.embed import LookupdHandle, start_nsqlookupd
 from nsqtw.lookupd.options import LookupdOptions
 from nsqtw.options import NsqdOptions, default_hostname
-from nsqtw.process import MemoryTrimService
-from nsqtw.service.listen import LazyFactory
-from nsqtw.stats.memory import release_free_memory
+from nsqtw.runtime.process import MemoryTrimService
+from nsqtw.runtime.listen import LazyFactory
+from nsqtw.runtime.memory import release_free_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,8 +137,8 @@ async def test_the_pytest_fixtures_change_nothing_in_the_process() -> None:
 
 
 def test_importing_nsqtw_installs_no_gc_callback() -> None:
-    """``nsqtw.stats.memory`` times the collector only in a daemon (the process policy installs it)."""
-    probe = ("import gc; n = len(gc.callbacks); import nsqtw.stats.memory, nsqtw.embed, nsqtw.service.nsqd; "
+    """``nsqtw.runtime.memory`` times the collector only in a daemon (the process policy installs it)."""
+    probe = ("import gc; n = len(gc.callbacks); import nsqtw.runtime.memory, nsqtw.nsqd.embed, nsqtw.nsqd.service; "
              "print(len(gc.callbacks) - n, gc.get_freeze_count())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=str(ROOT), capture_output=True, text=True,
                          timeout=60, check=True)
@@ -226,7 +226,7 @@ async def _spill_and_stop(monkeypatch, **kwargs: Any) -> tuple[int, list[str]]:
 
 @pytest_twisted.ensureDeferred
 async def test_a_throwaway_data_directory_is_never_fsynced(monkeypatch) -> None:
-    monkeypatch.setattr("nsqtw.embed.scratch_dir", lambda: __import__("tempfile").mkdtemp(prefix="nsqtw-disk-"))
+    monkeypatch.setattr("nsqtw.nsqd.embed.scratch_dir", lambda: __import__("tempfile").mkdtemp(prefix="nsqtw-disk-"))
     fsyncs, threads = await _spill_and_stop(monkeypatch)  # no /dev/shm: a directory on a real disk
     assert fsyncs == 0
     assert threads == []

@@ -1,10 +1,10 @@
-"""Builders of export lines (the exact nsqtw.stats.export format) for the Spark tests."""
+"""Builders of export lines (the exact nsqtw.nsqd.stats.export format) for the Spark tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from nsqtw.stats.export import snapshot_line
+from nsqtw.nsqd.stats.export import snapshot_line
 
 
 def e2e(pairs: dict[float, float] | None) -> dict[str, Any]:

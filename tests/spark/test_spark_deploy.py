@@ -19,8 +19,8 @@ MARKER = "``stream_events.py``, a whole program"
 
 
 def readme_example() -> str:
-    """The literal block after the README's ``stream_events.py`` paragraph, dedented."""
-    lines = (ROOT / "README.rst").read_text(encoding="utf-8").splitlines()
+    """The literal block after the ``stream_events.py`` paragraph of the Spark guide (docs/guide/spark.rst), dedented."""
+    lines = (ROOT / "docs" / "guide" / "spark.rst").read_text(encoding="utf-8").splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith(MARKER))
     i = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith("::")) + 1
     block: list[str] = []

@@ -7,7 +7,7 @@ from typing import Any
 import attr
 from twisted.internet import defer, task
 
-from nsqtw.nsqd.broker import Broker
+from nsqtw.nsqd.core.broker import Broker
 from nsqtw.options import NsqdOptions
 
 

@@ -1,8 +1,8 @@
-"""nsqtw.stats.channels: one channel summed over nsqd (clusterinfo ChannelStats.Add)."""
+"""nsqtw.protocol.channels: one channel summed over nsqd (clusterinfo ChannelStats.Add)."""
 
 from __future__ import annotations
 
-from nsqtw.stats.channels import ChannelCounts
+from nsqtw.protocol.channels import ChannelCounts
 
 
 def test_sums_channels_of_several_nsqd() -> None:
@@ -27,7 +27,7 @@ def test_from_nsqd_then_add_is_add_nsqd() -> None:
 def test_an_odd_counter_is_zero_not_an_error():
     """One nsqd answering null or a string for a counter (or an older one without client_count)
     must not break nsq_stat or an nsqadmin page: that counter is 0, the clients listed count."""
-    from nsqtw.stats.channels import ChannelCounts
+    from nsqtw.protocol.channels import ChannelCounts
 
     c = ChannelCounts.from_nsqd({"depth": None, "backend_depth": "3", "in_flight_count": True,
                                  "message_count": 7, "clients": [{}, {}]})

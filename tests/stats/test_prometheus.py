@@ -7,7 +7,7 @@ import json
 import pytest
 import pytest_twisted
 
-from nsqtw.stats.prometheus import CONTENT_TYPE, render_metrics
+from nsqtw.nsqd.stats.prometheus import CONTENT_TYPE, render_metrics
 
 
 def _go_stats(fixtures_dir) -> dict:
@@ -96,7 +96,7 @@ async def test_klein_metrics_route_on_live_broker(nsqd) -> None:
     from twisted.internet import reactor
     from twisted.web.server import Site
 
-    from nsqtw.stats.snapshot import broker_stats
+    from nsqtw.nsqd.stats.snapshot import broker_stats
 
     app = Klein()
 

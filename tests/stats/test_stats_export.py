@@ -8,9 +8,9 @@ import os
 import pytest
 import pytest_twisted
 
-from nsqtw.stats.export import (StatsExportService, export_filename, host_key, node_identity,
+from nsqtw.nsqd.stats.export import (StatsExportService, export_filename, host_key, node_identity,
                                 snapshot_line)
-from nsqtw.stats.snapshot import broker_stats, go_json
+from nsqtw.nsqd.stats.snapshot import broker_stats, go_json
 
 from stats_fakes import make_node, run_inline
 

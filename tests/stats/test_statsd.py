@@ -9,7 +9,7 @@ import pytest_twisted
 from twisted.internet import defer, task
 from twisted.internet.protocol import DatagramProtocol
 
-from nsqtw.stats.statsd import (StatsdService, mem_lines, pack_datagrams, spread_delays, statsd_lines,
+from nsqtw.nsqd.stats.statsd import (StatsdService, mem_lines, pack_datagrams, spread_delays, statsd_lines,
                                 statsd_prefix)
 
 from stats_fakes import make_node

@@ -35,7 +35,7 @@ def test_go_nsqd_prints_the_same_shape() -> None:
 
 def test_version_line_and_stats_text_share_the_shape() -> None:
     from nsqtw import version_line
-    from nsqtw.stats.snapshot import render_text
+    from nsqtw.nsqd.stats.snapshot import render_text
 
     assert HARNESS.match(version_line("nsqd"))
     text = render_text({"health": "OK", "topics": []}, 10.0, 0.0)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from twisted.internet import defer, task
 
-from nsqtw.tap.flags import options_from_argv
+from nsqtw.runtime.flags import options_from_argv
 
 
 def reactor() -> Any:

@@ -1,1 +1,0 @@
-"""klein applications for the daemons' HTTP APIs (no listening here)."""

@@ -1,0 +1,25 @@
+"""``twistd nsqlookupd``: NSQ's nsqlookupd flags in, the nsqlookupd service tree out."""
+
+from __future__ import annotations
+
+from twisted.application.service import IService
+
+from .options import LookupdOptions
+from ..runtime.tap import GoFlagOptions, build_or_exit
+
+__all__ = ["Options", "makeService"]
+
+
+class Options(GoFlagOptions):
+    options_class = LookupdOptions
+    prog = "nsqlookupd"
+
+
+def makeService(options: Options) -> IService:
+    from ..runtime.reactor import resolve_reactor
+    from .service import build_lookupd
+    from ..runtime.process import apply_daemon_policy
+    reactor = resolve_reactor()
+    service = build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, reactor))
+    apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
+    return service

@@ -1,0 +1,413 @@
+"""
+A channel: one consumer group's copy of a topic's stream.
+
+Messages arrive from the topic as runs (see :mod:`nsqtw.backend.runs`), wait
+in the memory queue (or the overflow backend), and are handed to ready
+clients, each up to its free RDY window (``rdy - in_flight``), split evenly
+among the ready clients and starting from a rotating position so no client is
+favoured.  Delivered messages stay in flight until FIN, REQ, a timeout found
+by the queue scan, or their client leaving (which requeues them at once).
+
+Per-message work on delivery and FIN is done by ``map``/``zip``/``dict``
+methods over whole batches; nothing here allocates an object per message
+beyond the frame copy kept for a possible redelivery.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import count, repeat
+from operator import attrgetter
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
+
+from ...backend.memory import MemoryQueue
+from ...backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
+from ...errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
+from ...protocol.message import requeue_frame
+from ...protocol.names import is_ephemeral
+from .client import EPOCH_SPAN, STATE_SUBSCRIBED, ClientState, Epoch
+from .quantile import Quantile
+
+if TYPE_CHECKING:
+    from ...backend import IBackendQueue
+    from .broker import Broker
+    from .topic import Topic
+
+__all__ = ["Channel"]
+
+_seq = count()
+
+#: bytes delivered to one client before its output is written and its transport may push back
+DELIVERY_BYTES = 1 << 20
+_get_msgs = attrgetter("msgs")
+_get_client = attrgetter("client")
+_dict_pop = dict.pop
+_getitem = bytes.__getitem__
+_TS = __import__("struct").Struct(">q").unpack_from
+
+
+def _id_text(mid: bytes) -> str:
+    return mid.decode("latin-1")
+
+
+class Channel:
+    """NSQ's Channel: queues, in-flight and deferred state, and delivery."""
+
+    __slots__ = (
+        "topic", "name", "ephemeral", "broker", "mem", "backend", "inflight", "deferred",
+        "clients", "paused", "exiting", "message_count", "requeue_count", "timeout_count",
+        "e2e", "_rr", "__weakref__",
+    )
+
+    def __init__(self, topic: Topic, name: str, broker: Broker, backend: IBackendQueue, now: float) -> None:
+        self.topic = topic
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self.broker = broker
+        self.mem = MemoryQueue(broker.options.mem_queue_size)
+        self.backend = backend
+        self.inflight: dict[bytes, Epoch] = {}
+        #: a heap of (due, seq, frame); the shared empty tuple while nothing is deferred (an idle
+        #: channel allocates no list: one object fewer for every full garbage collection)
+        self.deferred: list[tuple[float, int, bytes]] | tuple[()] = ()
+        self.clients: dict[int, ClientState] = {}
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        opts = broker.options
+        self.e2e: Quantile | None = (
+            Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now,
+                     rng=broker.rng)  # the broker's: a Random of its own is 2.5 KB per channel
+            if opts.e2e_processing_latency_percentiles else None)
+        self._rr = 0
+
+    # --- queueing -----------------------------------------------------------
+
+    def depth(self) -> int:
+        return self.mem.depth() + self.backend.depth()
+
+    def put(self, run: Run) -> None:
+        """A run from the topic (counted in ``message_count`` once stored)."""
+        rest = self.mem.put(run)
+        if rest is not None:
+            rest = self.backend.put(rest)
+            if rest is not None:
+                raise QueueFull(f"channel {self.topic.name}:{self.name} is full")
+        if self.clients:
+            self.broker.dirty.add(self)
+        self.message_count += len(run[1])
+
+    def _heap(self) -> list[tuple[float, int, bytes]]:
+        d = self.deferred
+        if isinstance(d, list):
+            return d
+        heap: list[tuple[float, int, bytes]] = []
+        self.deferred = heap
+        return heap
+
+    def put_deferred(self, frame: bytes, deliver_at: float) -> None:
+        self.message_count += 1
+        heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+
+    def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
+        """A deferred message read back from disk, still due later (already counted once)."""
+        heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+
+    def _put_back(self, frames: list[bytes]) -> None:
+        """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are
+        never refused (a full memory queue without disk keeps them anyway)."""
+        if frames:
+            self._store_back(run_of_frames(frames))
+
+    def accept(self, run: Run) -> None:
+        """A run the broker already acknowledged (a topic's backlog moved on): never refused;
+        what the disk refuses is held in memory (see :mod:`.backlog`)."""
+        self.message_count += len(run[1])
+        self._store_back(run)
+
+    def _store_back(self, run: Run) -> None:
+        rest = self.mem.put(run)
+        if rest is not None:
+            self.broker.backlog.put_back(self, rest)
+        if self.clients:
+            self.broker.dirty.add(self)
+
+    # --- clients ------------------------------------------------------------
+
+    def add_client(self, client: ClientState) -> None:
+        if self.exiting:
+            raise SubFailed("SUB failed exiting")
+        limit = self.broker.options.max_channel_consumers
+        if limit and len(self.clients) >= limit:
+            raise SubFailed(
+                f"SUB failed consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
+        self.clients[client.id] = client
+
+    def remove_client(self, client: ClientState, now: float) -> None:
+        """A client left: requeue what it held, and drop an ephemeral channel it was last on."""
+        if self.clients.pop(client.id, None) is None:
+            return
+        self._requeue_epochs(client.all_epochs(), timeout=True)
+        client.in_flight = 0
+        if self.ephemeral and not self.clients and not self.exiting:
+            self.broker.delete_channel(self.topic.name, self.name)
+
+    # --- delivery (hot path) ---------------------------------------------------
+
+    def deliver(self, now: float) -> None:
+        """Hand queued messages to ready clients, up to each one's free RDY window."""
+        if self.paused or self.exiting:
+            return
+        ready = [c for c in self.clients.values()
+                 if c.state == STATE_SUBSCRIBED and c.in_flight < c.rdy and not c.blocked]
+        if not ready:
+            return
+        avail = self.mem.depth() + self.backend.depth()
+        if not avail:
+            return
+        n_ready = len(ready)
+        if n_ready > 1:
+            start = self._rr % n_ready
+            self._rr += 1
+            ready = ready[start:] + ready[:start]
+        for client in ready:
+            share = -(-avail // n_ready)
+            n_ready -= 1
+            want = client.rdy - client.in_flight
+            if share < want:
+                want = share
+            # at most DELIVERY_BYTES at a time: after each such batch the client's output is
+            # written, so a client that does not read is paused (blocked) by its own transport
+            # before its whole RDY window of large messages piles up in memory
+            while want > 0 and not client.blocked:
+                runs = self.mem.read(want, DELIVERY_BYTES)
+                got = sum(len(r[1]) for r in runs) if len(runs) != 1 else len(runs[0][1])
+                if got < want and self.backend.depth():
+                    more = self.backend.read(want - got, DELIVERY_BYTES)
+                    runs.extend(more)
+                    got += sum(len(r[1]) for r in more)
+                if not got:
+                    break
+                self._send(client, runs, now)
+                avail -= got
+                want -= got
+                if want <= 0 or avail <= 0:
+                    break
+                client.flush()
+            if avail <= 0:
+                break
+
+    def _send(self, client: ClientState, runs: list[Run], now: float) -> None:
+        inflight = self.inflight
+        ep = client.epoch(now)
+        msgs = ep.msgs
+        sample = client.sample_rate
+        total = 0
+        for run in runs:
+            if sample:
+                frames = self._sample(run_frames(run), sample)
+                if not frames:
+                    continue
+                data = b"".join(frames)
+                ids = run_ids(frames)
+            else:
+                frames, ids = frames_and_ids(run)
+                data = run_bytes(run)
+            msgs.update(zip(ids, frames, strict=False))
+            inflight.update(dict.fromkeys(ids, ep))
+            client.send(data)
+            total += len(frames)
+        client.in_flight += total
+        client.message_count += total
+
+    def _sample(self, frames: list[bytes], rate: int) -> list[bytes]:
+        """NSQ's sample_rate: keep a message if ``randint(0, 99) <= rate``; the rest are dropped."""
+        rnd = self.broker.rng.randrange
+        return [f for f in frames if rnd(100) <= rate]
+
+    # --- responses ------------------------------------------------------------
+
+    def finish(self, client: ClientState, mid: bytes, now: float) -> None:
+        ep = self.inflight.pop(mid, None)
+        if ep is None:
+            raise FinFailed(f"FIN {_id_text(mid)} failed ID not in flight")
+        if ep.client is not client:
+            self.inflight[mid] = ep
+            raise FinFailed(f"FIN {_id_text(mid)} failed client does not own message")
+        frame = ep.msgs.pop(mid)
+        if not ep.msgs:
+            ep.msgs = {}
+        client.in_flight -= 1
+        client.finish_count += 1
+        if self.e2e is not None:
+            self.e2e.insert(int(now * 1e9) - _TS(frame, 8)[0], now)
+        self.broker.dirty.add(self)
+
+    def finish_many(self, client: ClientState, ids: list[bytes], now: float) -> list[FinFailed]:
+        """FIN a batch; the common case (all in flight and owned) runs in C builtins."""
+        eps = list(map(self.inflight.pop, ids, repeat(None)))
+        if None in eps or set(map(_get_client, eps)) != {client}:
+            return self._finish_slow(client, ids, eps, now)
+        frames = list(map(_dict_pop, map(_get_msgs, eps), ids))
+        for ep in set(eps):
+            if not ep.msgs:  # type: ignore[union-attr]  # None in eps was ruled out above
+                ep.msgs = {}  # type: ignore[union-attr]  # as above
+        n = len(ids)
+        client.in_flight -= n
+        client.finish_count += n
+        if self.e2e is not None:
+            now_ns = int(now * 1e9)
+            insert = self.e2e.insert
+            for f in frames:
+                insert(now_ns - _TS(f, 8)[0], now)
+        self.broker.dirty.add(self)
+        return []
+
+    def _finish_slow(self, client: ClientState, ids: list[bytes], eps: list[Epoch | None],
+                     now: float) -> list[FinFailed]:
+        # put back what the batch pop took, then go one by one in order
+        inflight = self.inflight
+        for mid, ep in zip(ids, eps, strict=False):
+            if ep is not None:
+                inflight[mid] = ep
+        errors = []
+        for mid in ids:
+            try:
+                self.finish(client, mid, now)
+            except FinFailed as e:
+                errors.append(e)
+        return errors
+
+    def requeue(self, client: ClientState, mid: bytes, delay: float, now: float) -> None:
+        if self.exiting:
+            raise ReqFailed(f"REQ {_id_text(mid)} failed exiting")
+        ep = self.inflight.get(mid)
+        if ep is None:
+            raise ReqFailed(f"REQ {_id_text(mid)} failed ID not in flight")
+        if ep.client is not client:
+            raise ReqFailed(f"REQ {_id_text(mid)} failed client does not own message")
+        frame = requeue_frame(ep.msgs[mid])
+        if delay > 0:
+            heapq.heappush(self._heap(), (now + delay, next(_seq), frame))
+        else:
+            run = run_of_frame(frame)
+            if self.mem.put(run) is not None:
+                try:  # the disk cannot take it: refuse the REQ, the message stays in flight
+                    self.broker.backlog.put_back(self, run, hold=False)
+                except BackendError as e:
+                    raise ReqFailed(f"REQ {_id_text(mid)} failed {e}") from None
+        del self.inflight[mid]
+        del ep.msgs[mid]
+        if not ep.msgs:
+            ep.msgs = {}
+        client.in_flight -= 1
+        client.requeue_count += 1
+        self.requeue_count += 1
+        self.broker.dirty.add(self)
+
+    def touch(self, client: ClientState, mid: bytes, now: float) -> None:
+        ep = self.inflight.get(mid)
+        if ep is None:
+            raise TouchFailed(f"TOUCH {_id_text(mid)} failed ID not in flight")
+        if ep.client is not client:
+            raise TouchFailed(f"TOUCH {_id_text(mid)} failed client does not own message")
+        frame = ep.msgs.pop(mid)
+        if not ep.msgs:
+            ep.msgs = {}
+        # Go caps at delivery + max_msg_timeout; this message was delivered within EPOCH_SPAN of
+        # its epoch's start (a touched epoch keeps that start), so the cap is never early
+        deadline = min(now + client.msg_timeout, ep.started + EPOCH_SPAN + self.broker.options.max_msg_timeout)
+        new = client.touch_epoch(ep.started, deadline)
+        new.msgs[mid] = frame
+        self.inflight[mid] = new
+
+    # --- timeouts (the queue scan) ---------------------------------------------
+
+    def process_in_flight(self, now: float) -> bool:
+        """Requeue every message whose deadline has passed; True if any did (NSQ's 'dirty')."""
+        if self.exiting:
+            return False
+        dirty = False
+        for client in list(self.clients.values()):
+            expired = client.expired_epochs(now)
+            if expired:
+                dirty = True
+                self._requeue_epochs(expired, timeout=True)
+        return dirty
+
+    def process_deferred(self, now: float) -> bool:
+        if self.exiting:
+            return False
+        heap = self.deferred
+        if not heap or heap[0][0] > now or not isinstance(heap, list):
+            return False
+        frames = []
+        while heap and heap[0][0] <= now:
+            frames.append(heapq.heappop(heap)[2])
+        if not heap:
+            self.deferred = ()  # nothing left deferred: let the list go
+        self._put_back(frames)
+        return True
+
+    def _requeue_epochs(self, epochs: Sequence[Epoch], timeout: bool) -> None:
+        inflight = self.inflight
+        frames: list[bytes] = []
+        for ep in epochs:
+            client = ep.client
+            n = 0
+            for mid, frame in ep.msgs.items():
+                if inflight.get(mid) is ep:
+                    del inflight[mid]
+                    frames.append(requeue_frame(frame))
+                    n += 1
+            ep.msgs = {}
+            client.in_flight -= n
+            if timeout:
+                self.timeout_count += n
+        if frames and not self.exiting:
+            self._put_back(frames)
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.broker.dirty.add(self)
+
+    def empty(self) -> None:
+        """Drop everything queued, in flight and deferred (NSQ's Channel.Empty)."""
+        for client in self.clients.values():
+            client.reset_in_flight()
+        self.inflight.clear()
+        self.deferred = ()
+        self.mem.empty()
+        self.backend.empty()
+
+    def in_flight_frames(self) -> list[bytes]:
+        """Every in-flight frame, made ready for its next delivery (for clean shutdown)."""
+        out = []
+        for mid, ep in self.inflight.items():
+            frame = ep.msgs.get(mid)
+            if frame is not None:
+                out.append(requeue_frame(frame))
+        return out
+
+    def deferred_items(self) -> list[tuple[float, bytes]]:
+        return [(at, frame) for at, _, frame in sorted(self.deferred)]
+
+    def close_clients(self) -> None:
+        for client in list(self.clients.values()):
+            client.close()
+
+    def e2e_result(self, now: float) -> dict[str, object]:
+        if self.e2e is None:
+            return {"count": 0, "percentiles": None}
+        return self.e2e.result(now)
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.topic.name}:{self.name}>"

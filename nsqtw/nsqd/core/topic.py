@@ -1,0 +1,207 @@
+"""
+A topic: the publish side of a stream, multicast to every channel.
+
+While a topic has channels and is not paused, a published run is handed to
+each channel at once (the same bytes, shared).  Without channels, or while
+paused, messages wait in the topic's own queue (memory, then overflow) and
+deferred ones in a list with their absolute due time; :meth:`Topic.pump`
+moves them on when a channel appears or the topic is unpaused.  This is NSQ's
+``messagePump`` without the goroutine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...backend.memory import MemoryQueue
+from ...backend.runs import Run, run_count
+from ...errors import Exiting, QueueFull
+from ...protocol.names import is_ephemeral
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from ...backend import IBackendQueue
+    from .broker import Broker
+
+__all__ = ["Topic"]
+
+#: messages moved from a topic's backlog to its channels per pump step
+PUMP_BATCH = 10000
+
+
+class Topic:
+    """NSQ's Topic."""
+
+    __slots__ = (
+        "name", "ephemeral", "broker", "channels", "mem", "backend", "deferred", "paused",
+        "exiting", "message_count", "message_bytes", "holds", "__weakref__",
+    )
+
+    def __init__(self, name: str, broker: Broker, backend: IBackendQueue) -> None:
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self.broker = broker
+        self.channels: dict[str, Channel] = {}
+        self.mem = MemoryQueue(broker.options.mem_queue_size)
+        self.backend = backend
+        #: (due, frame) held while no channel takes them; the shared empty tuple while there
+        #: are none (an idle topic allocates no list)
+        self.deferred: list[tuple[float, bytes]] | tuple[()] = ()
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.message_bytes = 0
+        self.holds = 0
+
+    def depth(self) -> int:
+        return self.mem.depth() + self.backend.depth() + len(self.deferred)
+
+    def flowing(self) -> bool:
+        return bool(self.channels) and not self.paused and not self.holds
+
+    def hold(self) -> None:
+        """Keep messages at the topic until :meth:`release` (nsqd starts a new topic's
+        pump only after pre-creating the channels nsqlookupd knows, so none miss messages)."""
+        self.holds += 1
+
+    def release(self) -> None:
+        if self.holds:
+            self.holds -= 1
+        if not self.holds and self.channels:
+            self.broker.pumping.add(self)
+
+    # --- publishing ---------------------------------------------------------
+
+    def _direct(self) -> bool:
+        """A publish goes straight to the channels (none waits at the topic, none held)."""
+        return bool(self.channels) and not self.paused and not self.holds \
+            and not self.mem.depth() and not self.backend.depth()
+
+    def check_room(self, n: int, direct: bool | None = None) -> bool:
+        """Refuse, before anything is stored, a publish of ``n`` messages some queue cannot
+        hold; returns the route it takes (True: straight to the channels)."""
+        if self.exiting:
+            raise Exiting()
+        if direct is None:
+            direct = self._direct()
+        if direct:
+            for ch in self.channels.values():
+                if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
+                    raise QueueFull(f"channel {self.name}:{ch.name} is full")
+        elif not getattr(self.backend, "accepts_all", True) and self.mem.room() < n:
+            raise QueueFull(f"topic {self.name} is full")
+        return direct
+
+    def put(self, run: Run, nbytes: int) -> None:
+        """The one way a publish is stored: :meth:`check_room` (all or nothing), then to every
+        channel while flowing, else to the topic's own queue; counted in ``message_count`` only
+        for what was stored, as nsqd counts (a refused write, say a full disk, is not a
+        message of the topic)."""
+        if self.check_room(run_count(run)):
+            self._put_channels(run, nbytes)
+        else:
+            self._put_queued(run, nbytes)
+
+    def _put_channels(self, run: Run, nbytes: int) -> None:
+        stored = False
+        try:
+            for ch in self.channels.values():
+                ch.put(run)
+                stored = True
+        finally:
+            if stored:
+                self.message_count += len(run[1])
+                self.message_bytes += nbytes
+
+    def _put_queued(self, run: Run, nbytes: int) -> None:
+        n = len(run[1])
+        rest = self.mem.put(run)
+        if rest is not None:
+            try:
+                left = self.backend.put(rest)
+            except Exception:
+                self._count(n - len(rest[1]), n, nbytes)  # the head that went to memory stays
+                raise
+            if left is not None:
+                self._count(n - len(left[1]), n, nbytes)
+                raise QueueFull(f"topic {self.name} is full")
+        self.message_count += n
+        self.message_bytes += nbytes
+        if self.flowing():
+            self.broker.pumping.add(self)
+
+    def _count(self, stored: int, n: int, nbytes: int) -> None:
+        if stored > 0:
+            self.message_count += stored
+            self.message_bytes += nbytes * stored // n
+
+    def put_deferred(self, frame: bytes, nbytes: int, deliver_at: float) -> None:
+        self.message_count += 1
+        self.message_bytes += nbytes
+        if self.flowing():
+            for ch in self.channels.values():
+                ch.put_deferred(frame, deliver_at)
+        else:
+            self._hold_deferred(deliver_at, frame)
+
+    def _hold_deferred(self, deliver_at: float, frame: bytes) -> None:
+        d = self.deferred
+        if isinstance(d, list):
+            d.append((deliver_at, frame))
+        else:
+            self.deferred = [(deliver_at, frame)]
+
+    def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
+        """A deferred message read back from disk, still due later: wait for it again."""
+        if self.flowing():
+            for ch in self.channels.values():
+                ch.restore_deferred(deliver_at, frame)
+        else:
+            self._hold_deferred(deliver_at, frame)
+
+    def pump(self, limit: int = PUMP_BATCH) -> bool:
+        """Move up to ``limit`` waiting messages to the channels; True if more remain."""
+        if not self.flowing() or self.exiting:
+            return False
+        channels = list(self.channels.values())
+        if self.deferred:
+            for at, frame in self.deferred:
+                for ch in channels:
+                    ch.put_deferred(frame, at)
+            self.deferred = ()
+        moved = 0
+        for run in self.mem.read(limit):
+            moved += run_count(run)
+            for ch in channels:
+                ch.accept(run)
+        if moved < limit and self.backend.depth():
+            for run in self.backend.read(limit - moved):
+                moved += run_count(run)
+                for ch in channels:
+                    ch.accept(run)
+        return bool(self.mem.depth() or self.backend.depth())
+
+    # --- channels -----------------------------------------------------------
+
+    def get_channel(self, name: str, now: float) -> Channel:
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = self.broker._new_channel(self, name, now)
+        return ch
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        if self.channels:
+            self.broker.pumping.add(self)
+
+    def empty(self) -> None:
+        """Drop the topic's own backlog; channels keep theirs (NSQ's Topic.Empty)."""
+        self.mem.empty()
+        self.backend.empty()
+        self.deferred = ()
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name}>"

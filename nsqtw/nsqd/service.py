@@ -1,0 +1,378 @@
+"""
+nsqd's service tree: the one composition root used by twistd, the CLIs and embedding.
+
+:class:`NsqdService` is a ``MultiService`` whose children listen on the TCP,
+HTTP and HTTPS addresses, run the queue scan on a ``LoopingCall``, and (when
+configured) keep the disk queues synced, talk to nsqlookupd and export stats.
+It owns the :class:`~nsqtw.nsqd.core.broker.Broker` and is the "node" the HTTP API
+and TCP glue ask for the time, the current options and to settle work.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from functools import partial
+from typing import Any
+from collections.abc import Callable
+
+from twisted.application.service import MultiService, Service
+from twisted.internet import defer, task
+from twisted.logger import Logger
+
+from .core.broker import Broker, Event
+from .core.scan import ChannelSampler, scan_channels
+from .core.v2 import Features
+from ..options import TLS_REQUIRED, NsqdOptions, OptionError
+from .tcp import NsqdFactory
+from ..runtime.turn import TurnBatcher
+from ..runtime.listen import LazyFactory, ListeningService
+
+__all__ = ["NsqdService", "build_nsqd"]
+
+log = Logger(namespace="nsqtw.nsqd")
+
+#: seconds between attempts to write messages the disk refused (see nsqtw.nsqd.core.backlog)
+HELD_RETRY_INTERVAL = 1.0
+
+
+def _import_http_api() -> None:
+    """The HTTP API's imports (klein, werkzeug, twisted.web): the slow part of building it."""
+    import nsqtw.nsqd.http  # noqa: F401
+    import nsqtw.runtime.responses  # noqa: F401
+
+
+class _LoopService(Service):
+    """A LoopingCall on the injected clock that runs while the service runs; a failing
+    step is logged and the loop goes on."""
+
+    def __init__(self, clock: Any, interval: float, step: Callable[[], Any], name: str) -> None:
+        self.clock = clock
+        self.interval = interval
+        self.step = step
+        self.setName(name)
+        self._loop: task.LoopingCall | None = None
+
+    def _safe_step(self) -> None:
+        try:
+            self.step()
+        except Exception:
+            log.failure("{name} step failed", name=self.name)
+
+    def startService(self) -> None:
+        super().startService()
+        self._loop = task.LoopingCall(self._safe_step)
+        self._loop.clock = self.clock
+        self._loop.start(self.interval, now=False)
+
+    def stopService(self) -> Any:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        return None
+
+
+class NsqdService(MultiService):
+    """One nsqd: broker, storage, listeners and timers."""
+
+    def __init__(self, options: NsqdOptions, reactor: Any, *, rng: random.Random | None = None,
+                 backend_factory: Any = None, sync_thread: bool = True, throwaway: bool = False) -> None:
+        """``sync_thread=False`` runs disk syncs inline (starting the thread is most of a
+        start-up); ``throwaway=True`` (a data directory deleted on stop: embedded brokers, test
+        fixtures) also skips every fsync, so the inline disk work stays cheap on any disk."""
+        super().__init__()
+        from ..backend.disk import SyncWorker, disk_backends
+        from ..backend.dirlock import DirLock
+
+        self.options = options
+        self.reactor = reactor
+        self.rng = rng or random.Random()
+        self.data_path = options.data_path or os.getcwd()
+        self.dirlock = DirLock(self.data_path)
+        #: end-of-turn work (delivery settling, sync submission): once per reactor turn, the
+        #: same on every reactor
+        self.turn = TurnBatcher(reactor)
+        # first child: MultiService stops children in reverse, so the disk worker stops last
+        self.sync_worker = SyncWorker(reactor, threaded=sync_thread and not throwaway, fsync=not throwaway,
+                                      turn=self.turn)
+        self.sync_worker.setServiceParent(self)
+        factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
+        self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+        from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments
+        self.metadata_fragments = TopicFragments(self.broker.topics)
+        self.metadata_writer = MetadataWriter(self.metadata_fragments,
+                                              partial(write_fragments, self.data_path),
+                                              self.sync_worker.submit, clock=reactor)
+        from ..runtime.tls import server_context
+        try:
+            self.tls_context = server_context(options)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
+        self.features = Features(tls=self.tls_context is not None, snappy=options.snappy,
+                                 deflate=options.deflate)
+        self.authorizer = None
+        if options.auth_http_addresses:
+            from .auth_server import AuthServerClient
+            self.authorizer = AuthServerClient(
+                options.auth_http_addresses, options.auth_http_request_method, reactor,
+                connect_timeout=options.http_client_connect_timeout,
+                request_timeout=options.http_client_request_timeout, rng=self.rng)
+        self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
+                                       sync_barrier=self.sync_barrier if options.sync_every == 1 else None,
+                                       tls_context=self.tls_context, authorizer=self.authorizer,
+                                       turn=self.turn)
+        self.tcp_factory.noisy = False
+        self._settle_call: Any = None
+        self._sampler = ChannelSampler(self.broker.channels, options.queue_scan_refresh_interval)
+        self.broker.listeners.append(self._on_event)
+        self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP", "tcp-address")
+        self.tcp_listener.setServiceParent(self)
+        self.http_listener: ListeningService | None = None
+        self.https_listener: ListeningService | None = None
+        if options.http_address:
+            # the HTTP API (klein, werkzeug, twisted.web) is built just after start-up, or at the
+            # first request: the TCP port must not wait for its imports
+            site = LazyFactory(partial(self._http_site, options.tls_required == TLS_REQUIRED),
+                               warm=_import_http_api)
+            self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
+            self.http_listener.setServiceParent(self)
+        if self.tls_context is not None and options.https_address:
+            from twisted.internet.endpoints import SSL4ServerEndpoint
+            from ..runtime.listen import split_host_port
+            host, port = split_host_port(options.https_address, "https-address")
+            endpoint = SSL4ServerEndpoint(reactor, port, self.tls_context, interface=host or "0.0.0.0")
+            self.https_listener = ListeningService(reactor, options.https_address,
+                                                   LazyFactory(partial(self._http_site, False),
+                                                               warm=_import_http_api), "HTTPS",
+                                                   "https-address", endpoint=endpoint)
+            self.https_listener.setServiceParent(self)
+        _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
+        #: messages that could not be written at a clean shutdown (the disk refused them)
+        self.lost_at_shutdown = 0
+        _LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
+        if options.stats_export_path:
+            from .stats.export import StatsExportService
+            StatsExportService(self).setServiceParent(self)
+        if options.statsd_address:
+            from .stats.statsd import StatsdService
+            StatsdService(self).setServiceParent(self)
+        # built only when there is an nsqlookupd to talk to (now, or after PUT /config)
+        self.lookup_peers: Any = None
+        if options.lookupd_tcp_addresses:
+            self._lookup_peers_service()
+        self._stopping: defer.Deferred | None = None
+
+    def _http_site(self, tls_only_http: bool) -> Any:
+        from .http import NsqdHTTPAPI
+        from ..runtime.responses import RouterResource, limited_site
+        api = NsqdHTTPAPI(self, tls_only_http=tls_only_http)
+        return limited_site(RouterResource(api.app), self._body_limit)
+
+    # --- what the glue asks of the node ------------------------------------------
+
+    def _body_limit(self, path: bytes) -> Any:
+        """The most an HTTP request body may hold here, and nsqd's answer when it is more."""
+        opts = self.options
+        if path == b"/pub":
+            return opts.max_msg_size, "MSG_TOO_BIG"
+        if path == b"/mpub":
+            return opts.max_body_size, "BODY_TOO_BIG"
+        if path.startswith(b"/config/"):
+            return opts.max_msg_size, "INVALID_VALUE"
+        return opts.max_body_size, "BODY_TOO_BIG"
+
+    def now(self) -> float:
+        return self.reactor.seconds()
+
+    def settle(self) -> None:
+        """Deliver and write everything that became possible; keep pumping big backlogs."""
+        broker = self.broker
+        broker.settle(self.reactor.seconds())
+        if broker.busy() and self._settle_call is None:
+            self._settle_call = self.reactor.callLater(0, self._settle_again)
+
+    def _settle_again(self) -> None:
+        self._settle_call = None
+        self.settle()
+
+    def scan_once(self) -> None:
+        now = self.reactor.seconds()
+        opts = self.options
+        scan_channels(self._sampler.channels(now), now, self.rng,
+                      opts.queue_scan_selection_count, opts.queue_scan_dirty_percent)
+        self.settle()
+
+    def retry_held(self) -> None:
+        """Write the messages held in memory since the disk refused them, if it accepts now."""
+        if self.broker.backlog.channels:
+            self.broker.backlog.retry()
+            self.settle()
+
+    def _on_event(self, event: str, topic: str, channel: str | None) -> None:
+        self.metadata_fragments.touch(topic)
+        if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
+            self._sampler.stale = True
+        if event != Event.PAUSED and not self.broker.loading and not self.broker.exiting:
+            if not topic.endswith("#ephemeral") and not (channel or "").endswith("#ephemeral"):
+                self.persist_metadata()
+
+    def persist_metadata(self, urgent: bool = False) -> defer.Deferred:
+        """Rewrite nsqd.dat (on create, delete, pause, unpause and exit), off the reactor thread;
+        coalesced (see :class:`~nsqtw.backend.metadata.MetadataWriter`).  Fires once a rewrite
+        covering every change so far is done; a failure is logged by the writer."""
+        d = self.metadata_writer.request(urgent)
+        d.addErrback(lambda f: None)
+        return d
+
+    def sync_barrier(self) -> defer.Deferred:
+        """Fires once everything published so far is fsynced (the ``--sync-every=1`` OK)."""
+        return self.sync_worker.flush_and_sync_all()
+
+    def set_options(self, **changes: Any) -> None:
+        self.options = self.options.replace(**changes)
+        self.broker.options = self.options
+
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
+        """PUT /config/nsqlookupd_tcp_addresses: drop removed peers, connect new ones."""
+        self.set_options(lookupd_tcp_addresses=list(addresses))
+        if self.lookup_peers is None and not addresses:
+            return
+        self._lookup_peers_service().set_addresses(list(addresses))
+
+    def _lookup_peers_service(self) -> Any:
+        if self.lookup_peers is None:
+            from .lookup_peers import LookupPeersService
+            self.lookup_peers = LookupPeersService(self)
+            self.lookup_peers.setServiceParent(self)
+        return self.lookup_peers
+
+    # --- addresses ------------------------------------------------------------
+
+    @property
+    def tcp_port(self) -> int | None:
+        return self.tcp_listener.bound_port
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http_listener.bound_port if self.http_listener else None
+
+    @property
+    def https_port(self) -> int | None:
+        return self.https_listener.bound_port if self.https_listener else None
+
+    def ready(self) -> defer.Deferred:
+        """Fires (with this service) once every listener is bound."""
+        waits = [s.ready for s in (self.tcp_listener, self.http_listener, self.https_listener) if s is not None]
+        d = defer.gatherResults(waits, consumeErrors=True)
+        d.addCallback(lambda _: self)
+        return d
+
+    # --- lifecycle --------------------------------------------------------------
+
+    def startService(self) -> None:
+        """Lock the data path, load nsqd.dat and the queues, then start listening."""
+        from ..backend.metadata import MetadataError, load_metadata, metadata_from_broker, write_metadata
+
+        self.dirlock.lock()
+        broker = self.broker
+        try:
+            metadata = load_metadata(self.data_path, warn=lambda text: log.warn("{text}", text=text))
+            broker.loading = True
+            try:
+                now = self.reactor.seconds()
+                for tmd in (metadata.topics if metadata else ()):
+                    topic = broker.get_topic(tmd.name, now)
+                    if tmd.paused:
+                        topic.pause()
+                    for cmd in tmd.channels:
+                        ch = topic.get_channel(cmd.name, now)
+                        if cmd.paused:
+                            ch.pause()
+            finally:
+                broker.loading = False
+            # as Go's nsqd, refuse to start when nsqd.dat cannot be written (read-only data path)
+            try:
+                self.sync_worker.run_here(partial(write_metadata, self.data_path, metadata_from_broker(broker)))
+            except OSError as e:
+                raise MetadataError(f"failed to persist metadata - {e}") from None
+        except Exception:
+            self.dirlock.unlock()
+            raise
+        try:
+            super().startService()
+        except Exception:
+            self._abort_start()
+            raise
+        self.settle()
+
+    def _abort_start(self) -> None:
+        """A listener could not bind: close what did, release the data path, stay stopped."""
+        self.running = 0
+        for svc in list(self):
+            port = getattr(svc, "port", None)
+            if port is not None:
+                port.stopListening()
+                svc.port = None
+            if svc.running and svc is not self.sync_worker:
+                try:
+                    svc.stopService()
+                except Exception:
+                    pass
+        self.sync_worker.stopService()
+        self.dirlock.unlock()
+
+    def stopService(self) -> defer.Deferred:
+        """nsqd's Exit: stop listening, close every client, write everything held to disk."""
+        if self._stopping is not None:
+            return self._stopping
+        broker = self.broker
+        broker.close()
+        for proto in list(self.tcp_factory.protocols):
+            proto._stop_timers()
+            proto.transport.loseConnection()
+        if self._settle_call is not None and self._settle_call.active():
+            self._settle_call.cancel()
+        self._settle_call = None
+        # the listeners and timers stop first (children but the sync worker, in reverse)
+        self.running = 0
+        waits = []
+        for svc in reversed(list(self)):
+            if svc is not self.sync_worker:
+                waits.append(defer.maybeDeferred(svc.stopService))
+        self.metadata_fragments.touch()  # the last rewrite: everything, from the broker itself
+        closing = self.persist_metadata(urgent=True)
+        waits.append(closing)
+        waits.extend(self._flush_queues())
+        d = defer.DeferredList(waits, consumeErrors=True)
+
+        def stop_worker(_: Any) -> Any:
+            return defer.maybeDeferred(self.sync_worker.stopService)
+
+        def unlock(result: Any) -> Any:
+            self.dirlock.unlock()
+            return result
+
+        d.addCallback(stop_worker)
+        d.addBoth(unlock)
+        self._stopping = d
+        return d
+
+    def _flush_queues(self) -> list[defer.Deferred]:
+        """Write every topic's and channel's memory queue, in-flight and deferred messages to
+        their backends and close them (nsqd's Topic/Channel exit without deletion).
+
+        What the disk refuses (a full disk) is counted in ``lost_at_shutdown`` and logged
+        as critical; the command-line nsqd then exits with status 1."""
+        closing: list[defer.Deferred] = []
+        lost = self.broker.flush_to_backends(lambda backend: closing.append(defer.maybeDeferred(backend.close)))
+        if lost:
+            self.lost_at_shutdown += lost
+            log.critical("failed to write {n} messages to disk at shutdown (the disk refused them: "
+                         "{err}); they are LOST", n=lost, err=self.broker.backlog.error or "see above")
+        return closing
+
+
+def build_nsqd(options: NsqdOptions, reactor: Any, *, sync_thread: bool = True,
+               throwaway: bool = False) -> NsqdService:
+    return NsqdService(options, reactor, sync_thread=sync_thread, throwaway=throwaway)

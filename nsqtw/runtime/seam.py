@@ -1,0 +1,151 @@
+"""
+The one place nsqtw reads Twisted's private attributes: the TCP transport's
+buffers and socket, the epoll reactor's poller, and twistd's exit signal.
+
+Each use is guarded: it checks that the attributes it needs are there (a
+Twisted release that renamed them turns the speed-up off, never breaks a
+connection), and everything else in nsqtw uses Twisted's public interfaces.
+
+The socket seam
+---------------
+
+Two things make a request/answer broker fast on Twisted's TCP transport, and
+both need its private state:
+
+* **the eager write**: Twisted's ``write`` only buffers; the bytes go out in
+  the next reactor iteration, after two ``epoll`` modifications (start and stop
+  writing).  When nothing is waiting in the transport's buffers the answer can
+  be sent with one ``send()`` at once (as asyncio's transports do); what the
+  socket does not take goes through ``transport.write``, so order and
+  backpressure stay Twisted's.
+* **the reused-buffer read**: Twisted's ``doRead`` is
+  ``socket.recv(bufferSize)``, which allocates the whole buffer size for every
+  read, however small.  Reading into one preallocated buffer and copying out
+  what arrived costs one small allocation.  Errors, EOF and EAGAIN are
+  answered as ``tcp.Connection.doRead`` answers them.
+
+A :class:`SocketSeam` attaches only where this is known to be right: an
+exact, unwrapped :class:`twisted.internet.tcp.Server` (no subclass, no
+``ProtocolWrapper`` of a ``WrappingFactory``, no TLS layer) whose protocol
+is the caller's own and which provides no ``ISSLTransport``.  Anywhere else
+:func:`attach` returns None and the caller writes through ``transport.write``.
+It detaches before ``startTLS`` and on close.  ``NSQTW_FAST_IO=0`` in the
+environment (or :data:`ENABLED` set to False) turns it off everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from errno import EWOULDBLOCK
+from typing import Any
+from collections.abc import Callable
+
+from twisted.internet import tcp
+from twisted.internet.interfaces import ISSLTransport
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+
+__all__ = ["SocketSeam", "attach", "ENABLED", "READ_SIZE", "epoll_parts", "clear_exit_signal"]
+
+#: the one switch: False makes :func:`attach` attach nothing (plain Twisted I/O everywhere)
+ENABLED = os.environ.get("NSQTW_FAST_IO", "1") != "0"
+
+#: bytes read per system call: fewer, larger reads for publishers
+READ_SIZE = 256 * 1024
+
+_READ_BUF = bytearray(READ_SIZE)
+_READ_VIEW = memoryview(_READ_BUF)
+
+
+class SocketSeam:
+    """The eager write and the reused-buffer read of one plain TCP connection."""
+
+    __slots__ = ("transport", "write", "_do_read", "attached")
+
+    def __init__(self, transport: tcp.Server, data_received: Callable[[bytes], None]) -> None:
+        self.transport = transport
+        self.attached = True
+        sock = transport.socket
+        send = sock.send
+        recv_into = sock.recv_into
+        fallback = transport.write
+        view = _READ_VIEW
+        seam = self
+
+        def write(data: bytes) -> None:
+            t = transport
+            if not seam.attached or t._tempDataLen or t.offset != len(t.dataBuffer) \
+                    or not t.connected or t.disconnecting or t._aborting or t._writeDisconnected:
+                fallback(data)  # buffered, closing or gone: Twisted decides
+                return
+            try:
+                sent = send(data)
+            except OSError:  # EAGAIN, or an error the transport's own write path reports
+                fallback(data)
+                return
+            if sent < len(data):
+                fallback(data[sent:])
+
+        def do_read() -> Any:
+            try:
+                n = recv_into(view)
+            except OSError as se:
+                if se.args[0] == EWOULDBLOCK:
+                    return None
+                return CONNECTION_LOST
+            if not n:
+                return CONNECTION_DONE
+            data_received(view[:n].tobytes())
+            return None
+
+        self.write: Callable[[bytes], None] = write
+        self._do_read = do_read
+        transport.bufferSize = READ_SIZE
+        transport.doRead = do_read  # type: ignore[method-assign]  # an instance attribute shadows the method
+
+    def detach(self) -> None:
+        """Back to Twisted's own reads and writes (before ``startTLS``, and on close)."""
+        if not self.attached:
+            return
+        self.attached = False
+        t = self.transport
+        if t.__dict__.get("doRead") is self._do_read:  # abortConnection may have replaced it
+            del t.doRead
+
+
+#: what the seam reads of a tcp.Server (checked on every connection it attaches to)
+_SERVER_NEEDS = ("socket", "_tempDataLen", "dataBuffer", "offset", "connected", "disconnecting",
+                 "_aborting", "_writeDisconnected", "TLS", "protocol", "doRead")
+
+
+def attach(transport: Any, protocol: Any, data_received: Callable[[bytes], None]) -> SocketSeam | None:
+    """A :class:`SocketSeam` on ``transport`` if it is a plain TCP connection of ``protocol``'s."""
+    if not ENABLED or type(transport) is not tcp.Server:
+        return None
+    if not all(hasattr(transport, name) for name in _SERVER_NEEDS):
+        return None  # a Twisted whose transport differs: plain Twisted I/O
+    if transport.protocol is not protocol or ISSLTransport.providedBy(transport) or transport.TLS:
+        return None
+    if transport.socket is None:
+        return None
+    return SocketSeam(transport, data_received)
+
+
+# --- the epoll reactor's poll (for nsqtw.runtime.spinreactor) ------------------------------------------
+
+def epoll_parts(reactor: Any) -> tuple[Callable[..., Any], dict[int, Any], Callable[[Any, int, int], None]]:
+    """``(poll, selectables by fd, handle one event)`` of an ``EPollReactor``: what a
+    ``doPoll`` of its own needs.  Raises ``TypeError`` naming what is missing."""
+    missing = [name for name in ("_poller", "_selectables", "_doReadOrWrite") if not hasattr(reactor, name)]
+    if missing:
+        raise TypeError(f"this Twisted's EPollReactor has no {', '.join(missing)}: "
+                        "nsqtw's spin reactor cannot run on it (use Twisted's epoll reactor)")
+    return reactor._poller.poll, reactor._selectables, reactor._doReadOrWrite
+
+
+# --- twistd ------------------------------------------------------------------------------------
+
+def clear_exit_signal(reactor: Any) -> None:
+    """Make twistd exit with the status nsqtw sets rather than the signal that stopped the
+    reactor (twistd reads ``reactor._exitSignal`` after the reactor returns)."""
+    if getattr(reactor, "_exitSignal", None) is not None:
+        reactor._exitSignal = None

@@ -1,1 +1,0 @@
-"""twistd adapters: command-line options generated from nsqtw.options, and makeService."""

@@ -1,1 +1,0 @@
-"""Twisted Protocol glue between sockets and the sans-IO cores; the only code touching transports."""
