@@ -112,6 +112,7 @@ class DiskQueue(RecordWriter, RecordReader):
     )
 
     accepts_all = True
+    durable = True
 
     def __init__(self, name: str, data_path: str, *,
                  max_bytes_per_file: int = 100 * 1024 * 1024,

@@ -57,7 +57,7 @@ class Channel:
     __slots__ = (
         "topic", "name", "ephemeral", "broker", "mem", "backend", "inflight", "deferred",
         "clients", "paused", "exiting", "message_count", "requeue_count", "timeout_count",
-        "e2e", "_rr", "__weakref__",
+        "timeout_extended_count", "e2e", "_rr", "__weakref__",
     )
 
     def __init__(self, topic: Topic, name: str, broker: Broker, backend: IBackendQueue, now: float) -> None:
@@ -77,6 +77,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: timeouts extended instead of requeued, held memory being at --max-held-bytes
+        self.timeout_extended_count = 0
         opts = broker.options
         self.e2e: Quantile | None = (
             Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now,
@@ -329,12 +331,33 @@ class Channel:
         if self.exiting:
             return False
         dirty = False
+        backlog = self.broker.backlog
         for client in list(self.clients.values()):
             expired = client.expired_epochs(now)
             if expired:
+                if backlog.channels and backlog.at_cap():
+                    self._extend_epochs(client, expired, now)
+                    continue
                 dirty = True
                 self._requeue_epochs(expired, timeout=True)
         return dirty
+
+    def _extend_epochs(self, client: ClientState, epochs: Sequence[Epoch], now: float) -> None:
+        """Held memory is at its cap (see :mod:`.backlog`): the expired messages stay in flight
+        with a new deadline instead of being held; their client may still FIN them."""
+        inflight = self.inflight
+        deadline = now + client.msg_timeout
+        n = 0
+        for ep in epochs:
+            new = client.touch_epoch(ep.started, deadline)
+            msgs = {mid: frame for mid, frame in ep.msgs.items() if inflight.get(mid) is ep}
+            ep.msgs = {}
+            if msgs:
+                new.msgs = msgs
+                inflight.update(dict.fromkeys(msgs, new))
+                n += len(msgs)
+        self.timeout_extended_count += n
+        self.broker.backlog.extended += n
 
     def process_deferred(self, now: float) -> bool:
         if self.exiting:
@@ -342,9 +365,17 @@ class Channel:
         heap = self.deferred
         if not heap or heap[0][0] > now or not isinstance(heap, list):
             return False
+        room = -1  # no limit
+        backlog = self.broker.backlog
+        if backlog.channels and backlog.at_cap():
+            # held memory is at its cap: only what memory takes comes due, the rest waits
+            room = self.mem.room()
+            if room <= 0:
+                return False
         frames = []
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now and room:
             frames.append(heapq.heappop(heap)[2])
+            room -= 1
         if not heap:
             self.deferred = ()  # nothing left deferred: let the list go
         self._put_back(frames)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, run_count
-from ..errors import Exiting, QueueFull
+from ..errors import BackendError, Exiting, QueueFull
 from ..protocol.names import is_ephemeral
 from .channel import Channel
 
@@ -72,10 +72,25 @@ class Topic:
 
     # --- publishing ---------------------------------------------------------
 
+    def _refuse_while_holding(self, n: int) -> None:
+        """While messages are held for the disk, refuse a new publish that would need a disk
+        queue (see :mod:`.backlog`): the space the disk frees goes to the held ones first."""
+        if self.flowing() and not self.mem.depth() and not self.backend.depth():
+            backends = [ch.backend for ch in self.channels.values() if ch.mem.room() < n]
+        elif self.mem.room() < n:
+            backends = [self.backend]
+        else:
+            return
+        why = self.broker.backlog.refusal(backends)
+        if why is not None:
+            raise BackendError(why)
+
     def check_room(self, n: int) -> None:
         """Refuse, before anything is stored, a publish some queue cannot hold."""
         if self.exiting:
             raise Exiting()
+        if self.broker.backlog.channels:
+            self._refuse_while_holding(n)
         if self.flowing() and not self.mem.depth() and not self.backend.depth():
             for ch in self.channels.values():
                 if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
@@ -96,6 +111,8 @@ class Topic:
         """:meth:`check_room` then :meth:`put`, deciding the route once (a PUB's path)."""
         if self.exiting:
             raise Exiting()
+        if self.broker.backlog.channels:
+            self._refuse_while_holding(len(run[1]))
         if self.channels and not self.paused and not self.holds and not self.mem.depth() \
                 and not self.backend.depth():
             n = len(run[1])
@@ -168,6 +185,10 @@ class Topic:
     def pump(self, limit: int = PUMP_BATCH) -> bool:
         """Move up to ``limit`` waiting messages to the channels; True if more remain."""
         if not self.flowing() or self.exiting:
+            return False
+        if self.broker.backlog.channels:
+            # messages are held for the disk: what waits here is safe where it is, and the
+            # channels' disk queues take the held ones first (resume_pumps restarts this)
             return False
         channels = list(self.channels.values())
         if self.deferred:

@@ -205,8 +205,11 @@ class NsqdService(MultiService):
 
     def retry_held(self) -> None:
         """Write the messages held in memory since the disk refused them, if it accepts now."""
-        if self.broker.backlog.channels:
-            self.broker.backlog.retry()
+        backlog = self.broker.backlog
+        if backlog.channels:
+            backlog.retry()
+            if not backlog.channels:
+                self.broker.resume_pumps()
             self.settle()
 
     def _on_event(self, event: str, topic: str, channel: str | None) -> None:
