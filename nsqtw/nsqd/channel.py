@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from itertools import count, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
 from ..backend.memory import MemoryQueue
@@ -112,11 +112,37 @@ class Channel:
 
     def put_deferred(self, frame: bytes, deliver_at: float) -> None:
         self.message_count += 1
-        heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+        if not self._defer_durably(frame, deliver_at):
+            heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
 
     def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
-        """A deferred message read back from disk, still due later (already counted once)."""
+        """A deferred message read back from this channel's disk, still due later (already
+        counted once; with --sync-every=1 its record stays on disk until it is FINed)."""
         heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+
+    def take_deferred(self, deliver_at: float, frame: bytes) -> None:
+        """A deferred message the topic read back from its disk (already counted once)."""
+        if not self._defer_durably(frame, deliver_at):
+            heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+
+    def _defer_durably(self, frame: bytes, deliver_at: float) -> bool:
+        """With ``--sync-every=1`` a deferred message is written to the channel's disk queue at
+        once, with its deferral hint, instead of living in memory until a clean stop: the
+        reader hands it to the deferred heap when it reaches the record (its record then
+        stays on disk until it is FINed), so a ``kill -9`` cannot lose it.  False when it
+        stays in memory only (other --sync-every values, ephemeral channels, a refusing disk)."""
+        backend: Any = self.backend  # a DiskQueue (durable): it has put_deferred and a sink
+        if self.broker.options.sync_every != 1 or not getattr(backend, "durable", False):
+            return False
+        try:
+            backend.put_deferred([(deliver_at, frame)])
+        except BackendError:
+            return False
+        if backend.deferred_sink is None:
+            backend.deferred_sink = self.restore_deferred
+        if self.clients:
+            self.broker.dirty.add(self)
+        return True
 
     def _put_back(self, frames: list[bytes]) -> None:
         """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are
@@ -189,6 +215,8 @@ class Channel:
                 got = sum(len(r[1]) for r in runs) if len(runs) != 1 else len(runs[0][1])
                 if got < want and self.backend.depth():
                     more = self.backend.read(want - got, DELIVERY_BYTES)
+                    if more:
+                        more = self._without_copies_in_flight(more)
                     runs.extend(more)
                     got += sum(len(r[1]) for r in more)
                 if not got:
@@ -201,6 +229,28 @@ class Channel:
                 client.flush()
             if avail <= 0:
                 break
+
+    def _without_copies_in_flight(self, runs: list[Run]) -> list[Run]:
+        """Drop records whose message is already in flight: after a crash the disk queue reads
+        again what was in flight (see DiskQueue.release), and a message requeued then may be
+        there twice.  One copy in flight is enough (its FIN, REQ or timeout settles both);
+        two would make the second FIN fail."""
+        inflight = self.inflight
+        out: list[Run] = []
+        for run in runs:
+            frames, ids = frames_and_ids(run)
+            if inflight.keys().isdisjoint(ids) and len(set(ids)) == len(ids):
+                out.append(run)
+                continue
+            seen: set[bytes] = set()
+            keep = []
+            for frame, mid in zip(frames, ids, strict=False):
+                if mid not in inflight and mid not in seen:
+                    seen.add(mid)
+                    keep.append(frame)
+            if keep:
+                out.append(run_of_frames(keep))
+        return out
 
     def _send(self, client: ClientState, runs: list[Run], now: float) -> None:
         inflight = self.inflight
@@ -242,6 +292,9 @@ class Channel:
         frame = ep.msgs.pop(mid)
         if not ep.msgs:
             ep.msgs = {}
+        release = getattr(self.backend, "release", None)
+        if release is not None:  # a disk queue keeps the record until now (see DiskQueue.release)
+            release((mid,))
         client.in_flight -= 1
         client.finish_count += 1
         if self.e2e is not None:
@@ -257,6 +310,9 @@ class Channel:
         for ep in set(eps):
             if not ep.msgs:  # type: ignore[union-attr]  # None in eps was ruled out above
                 ep.msgs = {}  # type: ignore[union-attr]  # as above
+        release = getattr(self.backend, "release", None)
+        if release is not None:  # a disk queue keeps the records until now (DiskQueue.release)
+            release(ids)
         n = len(ids)
         client.in_flight -= n
         client.finish_count += n
@@ -294,6 +350,9 @@ class Channel:
         frame = requeue_frame(ep.msgs[mid])
         if delay > 0:
             heapq.heappush(self._heap(), (now + delay, next(_seq), frame))
+            defer_pinned = getattr(self.backend, "defer_pinned", None)
+            if defer_pinned is not None:  # read again after a crash, it waits as long
+                defer_pinned(mid, now + delay)
         else:
             run = run_of_frame(frame)
             if self.mem.put(run) is not None:

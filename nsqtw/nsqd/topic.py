@@ -11,7 +11,7 @@ moves them on when a channel appears or the topic is unpaused.  This is NSQ's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backend.memory import MemoryQueue
 from ..backend.runs import Run, run_count
@@ -159,13 +159,22 @@ class Topic:
             self.message_bytes += nbytes * stored // n
 
     def put_deferred(self, frame: bytes, nbytes: int, deliver_at: float) -> None:
-        self.message_count += 1
-        self.message_bytes += nbytes
         if self.flowing():
             for ch in self.channels.values():
                 ch.put_deferred(frame, deliver_at)
+        elif self.broker.options.sync_every == 1 and getattr(self.backend, "durable", False):
+            # --sync-every=1: on the topic's disk at once, with its deferral hint (see
+            # Channel._defer_durably); a refused write fails the DPUB
+            backend: Any = self.backend  # a DiskQueue (durable): it has put_deferred and a sink
+            backend.put_deferred([(deliver_at, frame)])
+            if backend.deferred_sink is None:
+                backend.deferred_sink = self.restore_deferred
+            if self.channels:
+                self.broker.pumping.add(self)
         else:
             self._hold_deferred(deliver_at, frame)
+        self.message_count += 1
+        self.message_bytes += nbytes
 
     def _hold_deferred(self, deliver_at: float, frame: bytes) -> None:
         d = self.deferred
@@ -178,7 +187,7 @@ class Topic:
         """A deferred message read back from disk, still due later: wait for it again."""
         if self.flowing():
             for ch in self.channels.values():
-                ch.restore_deferred(deliver_at, frame)
+                ch.take_deferred(deliver_at, frame)
         else:
             self._hold_deferred(deliver_at, frame)
 
