@@ -545,6 +545,8 @@ class NsqdOptions:
                                 help="[nsqtw] how long a stop waits for disk space to write held "
                                      "messages before it gives up and reports them lost")
     # internal knobs NSQ does not expose as flags ------------------------------------
+    #: bytes kept free in --data-path for the final flush (nsqd.reserve, deleted at the stop)
+    disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT)
     client_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
     queue_scan_interval: float = opt(default=0.1, flag=None, kind=DURATION)
     queue_scan_refresh_interval: float = opt(default=5.0, flag=None, kind=DURATION)

@@ -476,6 +476,13 @@ class Channel:
         self.mem.empty()
         self.backend.empty()
 
+    def requeue_all_in_flight(self) -> None:
+        """A stop: every in-flight message goes back to the queue (to disk, or held if the
+        disk refuses it), as when its client leaves."""
+        for client in list(self.clients.values()):
+            self._requeue_epochs(client.all_epochs(), timeout=False)
+            client.in_flight = 0
+
     def in_flight_frames(self) -> list[bytes]:
         """Every in-flight frame, made ready for its next delivery (for clean shutdown)."""
         out = []
