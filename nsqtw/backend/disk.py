@@ -391,6 +391,13 @@ class DiskQueue(RecordWriter, RecordReader):
         self._closed = True
         self._cancel_timer()
         self._close_read_file()
+        if not (self._count or self._need_sync or self._released or self._hints_dirty or self._waiters
+                or self._put_seq != self._synced_seq or self._pin_q):
+            # nothing happened since the last sync wrote the metadata (or, for a queue never
+            # written, there is nothing to say): a stop costs what must be written, so 10,000
+            # idle topics stop in a moment instead of 20,000 metadata rewrites
+            self._hand_off_write_fd(sync=False)
+            return succeed(None)
         fd, self._wfd = self._wfd, None
         seq = self._put_seq
         meta, commit_file = self._meta_and_commit()
