@@ -453,7 +453,8 @@ class NsqdService(MultiService):
             n = pending()
             t = self.reactor.seconds()
             if not n:
-                log.info("stopping: the disk accepted every held message")
+                if said[0] > -1e18:  # only after saying it waited
+                    log.info("stopping: the disk accepted every held message")
                 done.callback(None)
                 return
             if t >= deadline:
