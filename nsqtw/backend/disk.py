@@ -174,6 +174,9 @@ class DiskQueue(RecordWriter, RecordReader):
         self._hints_dirty = False
 
         self._open()
+        #: what this queue holds from before the open may repeat a message (a crash re-reads
+        #: what was in flight, beside copies written back later): true until it was all read
+        self.may_repeat = self.pinning and (self.read_file_num < self.write_file_num or self.read_pos < self.write_pos)
         if self._del_from < self.read_file_num and not self._pin_q:
             self._del_from = self.read_file_num
 

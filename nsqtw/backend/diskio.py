@@ -59,8 +59,10 @@ class QueueFiles:
         "name", "worker", "min_record", "max_record", "max_bytes_per_file", "deferred_sink", "error",
         "_depth", "read_file_num", "read_pos", "write_file_num", "write_pos",
         "_wfd", "_rfd", "_rbuf", "_rbuf_at", "_read_end", "_count", "_need_sync", "_put_seq", "_closed",
-        "_hints", "_hints_dirty", "pinning", "_pin_q", "_pinned", "_del_from",
+        "_hints", "_hints_dirty", "pinning", "_pin_q", "_pinned", "_del_from", "may_repeat",
     )
+
+    may_repeat: bool
 
     name: str
     worker: SyncWorker
@@ -386,6 +388,8 @@ class RecordReader(QueueFiles):
                 continue
             if rf < wf and pos >= end:
                 self._finish_read_file()
+        if self.read_file_num == self.write_file_num and self.read_pos >= self.write_pos:
+            self.may_repeat = False  # read to the end: nothing from before the open is left
         if self._rfd is not None and self.read_pos - self._rbuf_at >= len(self._rbuf):
             self._rbuf = b""  # nothing buffered ahead: do not hold the chunk
         self._check_tail_corruption()

@@ -214,8 +214,9 @@ class Channel:
                 runs = self.mem.read(want, DELIVERY_BYTES)
                 got = sum(len(r[1]) for r in runs) if len(runs) != 1 else len(runs[0][1])
                 if got < want and self.backend.depth():
+                    repeat = getattr(self.backend, "may_repeat", False)  # after a crash
                     more = self.backend.read(want - got, DELIVERY_BYTES)
-                    if more:
+                    if more and repeat:
                         more = self._without_copies_in_flight(more)
                     runs.extend(more)
                     got += sum(len(r[1]) for r in more)
