@@ -541,7 +541,7 @@ class NsqdOptions:
                               help="[nsqtw] most bytes of acknowledged messages held in memory while the disk "
                                    "refuses writes; at the cap a timed-out message stays in flight "
                                    "(its timeout extended) instead")
-    stop_disk_wait: float = opt(default=60.0, flag="stop-disk-wait", kind=DURATION,
+    stop_disk_wait: float = opt(default=20.0, flag="stop-disk-wait", kind=DURATION,
                                 help="[nsqtw] how long a stop waits for disk space to write held "
                                      "messages before it gives up and reports them lost")
     # internal knobs NSQ does not expose as flags ------------------------------------
