@@ -565,7 +565,16 @@ class NsqdOptions:
                                   "deferred messages, bodies included, to whoever reaches the HTTP port")
     peek_max_body_size: int = opt(default=4096, flag="peek-max-body-size", kind=INT,
                                   help="[nsqtw] most body bytes /topic/peek and /channel/peek show of a message")
+    max_held_bytes: int = opt(default=64 * 1024 * 1024, flag="max-held-bytes", kind=INT,
+                              help="[nsqtw] most bytes of acknowledged messages held in memory while the disk "
+                                   "refuses writes; at the cap a timed-out message stays in flight "
+                                   "(its timeout extended) instead")
+    stop_disk_wait: float = opt(default=20.0, flag="stop-disk-wait", kind=DURATION,
+                                help="[nsqtw] how long a stop waits for disk space to write held "
+                                     "messages before it gives up and reports them lost")
     # internal knobs NSQ does not expose as flags ------------------------------------
+    #: bytes kept free in --data-path for the final flush (nsqd.reserve, deleted at the stop)
+    disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT)
     client_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
     queue_scan_interval: float = opt(default=0.1, flag=None, kind=DURATION)
     queue_scan_refresh_interval: float = opt(default=5.0, flag=None, kind=DURATION)
@@ -594,6 +603,7 @@ class NsqdOptions:
             ("broadcast-tcp-port", self.broadcast_tcp_port),
             ("broadcast-http-port", self.broadcast_http_port),
             ("max-rdy-count", self.max_rdy_count),
+            ("max-held-bytes", self.max_held_bytes),
         )
         require_at_least(
             1,
@@ -615,6 +625,8 @@ class NsqdOptions:
             ("e2e-processing-latency-window-time", self.e2e_processing_latency_window_time),
             ("stats-export-interval", self.stats_export_interval),
         )
+        if self.stop_disk_wait < 0:
+            raise OptionError("--stop-disk-wait must not be negative")
         if self.max_req_timeout < 0:
             raise OptionError("--max-req-timeout must not be negative")
         if self.msg_timeout > self.max_msg_timeout:

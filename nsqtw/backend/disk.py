@@ -91,6 +91,7 @@ from . import IBackendQueue
 from .deferred_store import DeferredStore
 from .diskformat import _DATA_RE_TMPL, DirListing, format_queue_metadata, read_queue_metadata
 from .diskio import READ_CHUNK, RecordReader, RecordWriter, _unpack_i32
+from .runs import run_frames, run_ids
 from .sync import SyncWorker, _inline_worker, _job_sync
 
 __all__ = ["DiskQueue", "SyncWorker", "disk_backends", "read_queue_metadata", "format_queue_metadata"]
@@ -108,10 +109,11 @@ class DiskQueue(RecordWriter, RecordReader):
     # would be 1 KB apiece and 70 references for every full garbage collection to walk
     __slots__ = (  # with QueueFiles' own
         "listing", "data_path", "sync_every", "sync_timeout",
-        "_syncing", "_timer", "_synced_seq", "_waiters", "_meta_path", "_file_tmpl",
+        "_syncing", "_timer", "_synced_seq", "_waiters", "_meta_path", "_file_tmpl", "_released",
     )
 
     accepts_all = True
+    durable = True
 
     def __init__(self, name: str, data_path: str, *,
                  max_bytes_per_file: int = 100 * 1024 * 1024,
@@ -121,8 +123,15 @@ class DiskQueue(RecordWriter, RecordReader):
                  worker: SyncWorker | None = None,
                  deferred_sink: Callable[[float, bytes], None] | None = None,
                  min_msg_size: int = MIN_MESSAGE_LENGTH,
-                 listing: DirListing | None = None) -> None:
+                 listing: DirListing | None = None,
+                 pinning: bool = False) -> None:
         self.name = name
+        #: a channel's queue: a record read stays on disk until its message is released
+        self.pinning = pinning
+        self._released = False
+        self._pin_q = None
+        self._pinned = None
+        self._del_from = 0
         #: where a queue without metadata looks for data files (None: list the directory)
         self.listing = listing
         self.data_path = data_path
@@ -165,6 +174,11 @@ class DiskQueue(RecordWriter, RecordReader):
         self._hints_dirty = False
 
         self._open()
+        #: what this queue holds from before the open may repeat a message (a crash re-reads
+        #: what was in flight, beside copies written back later): true until it was all read
+        self.may_repeat = self.pinning and (self.read_file_num < self.write_file_num or self.read_pos < self.write_pos)
+        if self._del_from < self.read_file_num and not self._pin_q:
+            self._del_from = self.read_file_num
 
     # --- names and introspection ---------------------------------------------------------
 
@@ -354,7 +368,7 @@ class DiskQueue(RecordWriter, RecordReader):
         log.info("DISKQUEUE({name}): emptying", name=self.name)
         self._hints.clear()
         self._hints_dirty = False
-        d = self._skip_to_next_rw_file(extra=(self._meta_path, self._hint_store().path))
+        d = self._skip_to_next_rw_file(extra=(self._meta_path, self._hint_store().path))  # clears pins
         self._count = 0
         self._need_sync = False
         self._cancel_timer()
@@ -380,12 +394,61 @@ class DiskQueue(RecordWriter, RecordReader):
         self._closed = True
         self._cancel_timer()
         self._close_read_file()
+        if not (self._count or self._need_sync or self._released or self._hints_dirty or self._waiters
+                or self._put_seq != self._synced_seq or self._pin_q):
+            # nothing happened since the last sync wrote the metadata (or, for a queue never
+            # written, there is nothing to say): a stop costs what must be written, so 10,000
+            # idle topics stop in a moment instead of 20,000 metadata rewrites
+            self._hand_off_write_fd(sync=False)
+            return succeed(None)
         fd, self._wfd = self._wfd, None
         seq = self._put_seq
-        d = self.worker.submit(partial(_job_sync, fd, self._meta_path, self._meta_bytes(),
+        meta, commit_file = self._meta_and_commit()
+        d = self.worker.submit(partial(_job_sync, fd, self._meta_path, meta,
                                        self._hints_snapshot(force=True), close_fd=True))
         d.addCallbacks(self._sync_done, self._sync_failed, callbackArgs=(seq, False), errbackArgs=(seq,))
+        self._submit_deletions(commit_file)
         return d
+
+    # --- records kept until released (a channel's in-flight messages) -------------------
+
+    def release(self, ids: Any) -> None:
+        """The messages ``ids`` were finished (FIN): the records they were read from need not
+        be read again after a crash.  The metadata's read position only ever passes records
+        whose messages were released, by FIN or by being written to this queue again (a
+        requeue, a timeout, a clean stop's flush: :meth:`put` releases those itself), so a
+        ``kill -9`` loses nothing that was read from the disk and is still in flight,
+        requeued in memory, deferred or held; it may deliver some of those twice."""
+        pinned = self._pinned
+        if not pinned:
+            return
+        pop = pinned.pop
+        for mid in ids:
+            pop(mid, None)
+        q = self._pin_q
+        if q and q[0][0] not in pinned:
+            self._advance_pins()
+            # the metadata moves on with the next sync (at the latest --sync-timeout from now:
+            # no sync of its own, a FIN is no disk operation); read files go after it
+            self._released = True
+            self._arm_timer()
+
+    def _release_run(self, run: Any) -> None:
+        self.release(run_ids(run_frames(run)))
+
+    def defer_pinned(self, mid: bytes, deliver_at: float) -> None:
+        """A message read from this queue and still pinned was requeued with a delay: if a
+        crash makes the queue read its record again, it waits until ``deliver_at`` (the
+        deferral hint is saved with the next sync)."""
+        if self._pinned and mid in self._pinned:
+            self._hints[mid] = deliver_at
+            self._hints_dirty = True
+            self._arm_timer()
+
+    @property
+    def pinned_count(self) -> int:
+        """Messages read and not yet released."""
+        return len(self._pinned) if self._pinned else 0
 
     # --- syncing ---------------------------------------------------------------------------
 
@@ -416,8 +479,12 @@ class DiskQueue(RecordWriter, RecordReader):
         return d
 
     def _meta_bytes(self) -> bytes:
-        return format_queue_metadata(self._depth, self.read_file_num, self.read_pos,
-                                     self.write_file_num, self.write_pos)
+        return self._meta_and_commit()[0]
+
+    def _meta_and_commit(self) -> tuple[bytes, int]:
+        """The metadata to write (its read position the committed one) and the committed file."""
+        depth, rf, rp = self._committed()
+        return format_queue_metadata(depth, rf, rp, self.write_file_num, self.write_pos), rf
 
     def _hints_snapshot(self, force: bool = False) -> tuple[DeferredStore, list[tuple[float, bytes]], float] | None:
         if not (self._hints_dirty or force):
@@ -446,7 +513,7 @@ class DiskQueue(RecordWriter, RecordReader):
         self._timer = None
         if self._closed:
             return
-        if self._count > 0 or self._waiters:
+        if self._count > 0 or self._waiters or self._released:
             self._need_sync = True
             self._end_turn()
 
@@ -460,13 +527,16 @@ class DiskQueue(RecordWriter, RecordReader):
         if self._syncing:
             return  # the completion of the one in flight starts the next
         self._need_sync = False
+        self._released = False
         self._count = 0
         self._cancel_timer()
         seq = self._put_seq
         self._syncing = True
-        d = self.worker.submit(partial(_job_sync, self._wfd, self._meta_path, self._meta_bytes(),
+        meta, commit_file = self._meta_and_commit()
+        d = self.worker.submit(partial(_job_sync, self._wfd, self._meta_path, meta,
                                        self._hints_snapshot()))
         d.addCallbacks(self._sync_done, self._sync_failed, callbackArgs=(seq, True), errbackArgs=(seq,))
+        self._submit_deletions(commit_file)
 
     def _sync_done(self, _: Any, seq: int, regular: bool) -> None:
         if regular:
@@ -529,6 +599,7 @@ def disk_backends(options: Any, worker: SyncWorker, data_path: str | None = None
                          sync_every=options.sync_every,
                          sync_timeout=options.sync_timeout,
                          worker=worker,
-                         listing=listing)
+                         listing=listing,
+                         pinning=":" in name)  # a channel's: its reads are in flight
 
     return factory

@@ -12,6 +12,7 @@ they use.
 from __future__ import annotations
 
 import os
+from collections import deque
 import struct
 from functools import partial
 from itertools import chain, repeat
@@ -58,8 +59,10 @@ class QueueFiles:
         "name", "worker", "min_record", "max_record", "max_bytes_per_file", "deferred_sink", "error",
         "_depth", "read_file_num", "read_pos", "write_file_num", "write_pos",
         "_wfd", "_rfd", "_rbuf", "_rbuf_at", "_read_end", "_count", "_need_sync", "_put_seq", "_closed",
-        "_hints", "_hints_dirty",
+        "_hints", "_hints_dirty", "pinning", "_pin_q", "_pinned", "_del_from", "may_repeat",
     )
+
+    may_repeat: bool
 
     name: str
     worker: SyncWorker
@@ -84,11 +87,22 @@ class QueueFiles:
     _closed: bool
     _hints: dict[bytes, float]
     _hints_dirty: bool
+    #: keep read records on disk until their message is released (see DiskQueue.release)
+    pinning: bool
+    #: every record read since the oldest one still pinned: (id, file, position), oldest first
+    _pin_q: deque[tuple[bytes, int, int]] | None
+    #: ids of the records read and not yet released
+    _pinned: dict[bytes, int] | None
+    #: the oldest data file not yet deleted
+    _del_from: int
 
     def file_name(self, num: int) -> str:
         raise NotImplementedError
 
     def _after_ops(self) -> None:
+        raise NotImplementedError
+
+    def _release_run(self, run: Run) -> None:
         raise NotImplementedError
 
     def _log_job_failure(self, f: Failure, what: str) -> None:
@@ -171,6 +185,8 @@ class RecordWriter(QueueFiles):
             if self.write_pos > 0 and self.write_pos + size > self.max_bytes_per_file:
                 self._roll()
             self._write(record, 1)
+            if self._pinned:
+                self._release_run(run)
             self._after_ops()
             return None
         if len(offs) > 1 and (self.write_pos == 0 or self.write_pos + (end - offs[0]) <= self.max_bytes_per_file):
@@ -178,6 +194,8 @@ class RecordWriter(QueueFiles):
             if data is not None and self.write_pos + len(data) <= self.max_bytes_per_file:
                 # no record of the run would roll: one write, as the general path would do
                 self._write(data, len(offs))
+                if self._pinned:
+                    self._release_run(run)
                 self._after_ops()
                 return None
         mv, spans = self._encode(run)
@@ -197,6 +215,8 @@ class RecordWriter(QueueFiles):
             i += 1
         if i > g_start:
             self._write(_join(mv, spans[g_start:i]), i - g_start)
+        if self._pinned:
+            self._release_run(run)
         self._after_ops()
         return None
 
@@ -271,6 +291,13 @@ class RecordReader(QueueFiles):
         sink = self.deferred_sink
         now = self.worker.seconds() if hints else 0.0
         lo, hi = self.min_record, self.max_record
+        pin_q = pinned = None
+        if self.pinning:
+            pin_q = self._pin_q
+            if pin_q is None:
+                pin_q = self._pin_q = deque()
+                self._pinned = {}
+            pinned = self._pinned
         got = 0
         first = -1
         uniform = True
@@ -324,6 +351,10 @@ class RecordReader(QueueFiles):
                     if len(buf) < j:
                         err = "unexpected EOF"
                         break
+                if pinned is not None:
+                    mid = buf[i + 14:i + 30]
+                    pinned[mid] = 1
+                    pin_q.append((mid, rf, pos))  # type: ignore[union-attr]  # made with pinned
                 if hints:
                     at = hints.pop(buf[i + 14:i + 30], None)
                     if at is not None:
@@ -357,6 +388,8 @@ class RecordReader(QueueFiles):
                 continue
             if rf < wf and pos >= end:
                 self._finish_read_file()
+        if self.read_file_num == self.write_file_num and self.read_pos >= self.write_pos:
+            self.may_repeat = False  # read to the end: nothing from before the open is left
         if self._rfd is not None and self.read_pos - self._rbuf_at >= len(self._rbuf):
             self._rbuf = b""  # nothing buffered ahead: do not hold the chunk
         self._check_tail_corruption()
@@ -438,13 +471,52 @@ class RecordReader(QueueFiles):
             os.close(fd)
 
     def _finish_read_file(self) -> None:
-        """A completed file was read to its end: delete it, move on, sync soon."""
+        """A completed file was read to its end: delete it (unless records of it are still
+        pinned: then once they are released), move on, sync soon."""
         self._close_read_file()
-        old = self.file_name(self.read_file_num)
+        done = self.read_file_num
         self.read_file_num += 1
         self.read_pos = 0
-        self.worker.submit(partial(_job_unlink, [old])).addErrback(self._log_job_failure, "remove")
         self._need_sync = True
+        if self._pin_q:
+            self._advance_pins()
+            if self._pin_q:
+                return  # deleted after the metadata moves past it (_submit_deletions)
+        paths = [self.file_name(n) for n in range(min(self._del_from, done), done + 1)]
+        self._del_from = self.read_file_num
+        self.worker.submit(partial(_job_unlink, paths)).addErrback(self._log_job_failure, "remove")
+
+    def _advance_pins(self) -> None:
+        """Drop released records from the front of the pin queue (the committed position)."""
+        q, pinned = self._pin_q, self._pinned
+        if q is None or pinned is None:
+            return
+        while q and q[0][0] not in pinned:
+            q.popleft()
+
+    def _committed(self) -> tuple[int, int, int]:
+        """``(depth, file, position)`` as the metadata must say them: from the oldest record
+        still pinned (or the read position when none is), so a restart reads it again."""
+        q = self._pin_q
+        if q:
+            self._advance_pins()
+            if q:
+                _, f, p = q[0]
+                return self._depth + len(q), f, p
+        return self._depth, self.read_file_num, self.read_pos
+
+    def _submit_deletions(self, commit_file: int) -> None:
+        """Delete the data files the metadata just submitted no longer needs (after it: a crash
+        in between leaves a file behind, never metadata naming a deleted one)."""
+        if commit_file > self._del_from:
+            paths = [self.file_name(n) for n in range(self._del_from, commit_file)]
+            self._del_from = commit_file
+            self.worker.submit(partial(_job_unlink, paths)).addErrback(self._log_job_failure, "remove")
+
+    def _clear_pins(self) -> None:
+        if self._pin_q is not None:
+            self._pin_q = None
+            self._pinned = None
 
     def _handle_read_error(self, err: Any) -> None:
         """go-diskqueue's handleReadError: quarantine the read file, go on with the next."""
@@ -501,11 +573,13 @@ class RecordReader(QueueFiles):
         """Delete every data file from the read file to the write file; start afresh after them."""
         self._close_read_file()
         self._hand_off_write_fd(sync=False)
-        paths = [self.file_name(i) for i in range(self.read_file_num, self.write_file_num + 1)]
+        paths = [self.file_name(i) for i in range(min(self._del_from, self.read_file_num), self.write_file_num + 1)]
         paths.extend(extra)
         d = self.worker.submit(partial(_job_unlink, paths))
+        self._clear_pins()
         self.write_file_num += 1
         self.write_pos = 0
+        self._del_from = self.write_file_num
         self.read_file_num = self.write_file_num
         self.read_pos = 0
         self._depth = 0

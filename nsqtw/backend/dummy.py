@@ -18,6 +18,8 @@ class DummyQueue:
     __slots__ = ("dropped",)
 
     accepts_all = True
+    #: keeps nothing: never a disk a publish must wait for (see nsqtw.nsqd.core.backlog)
+    durable = False
 
     def __init__(self) -> None:
         self.dropped = 0

@@ -26,6 +26,7 @@ class MemoryQueue(deque[Run]):  # a deque of runs itself: see below
     __slots__ = ("capacity", "_count")
 
     accepts_all = False  # what does not fit is handed back
+    durable = False
     __hash__ = object.__hash__  # type: ignore[assignment]  # by identity, not as a (mutable) sequence
 
     def __init__(self, capacity: int) -> None:

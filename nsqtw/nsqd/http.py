@@ -24,7 +24,7 @@ from ..options import LOG_LEVELS, config_value
 from .core.peek import DEFAULT_N, MAX_N, peek_channel, peek_topic
 from .core.peek import STATES as PEEK_STATES
 from ..protocol.names import is_valid_name
-from .stats.snapshot import broker_stats, render_text
+from .stats.snapshot import broker_stats, held_stats, render_text
 from ..runtime.responses import first, install_error_handlers, plain, query, topic_channel_args, v1
 
 if TYPE_CHECKING:
@@ -275,6 +275,7 @@ class NsqdHTTPAPI:
         params = query(request)
         include_clients = _BOOL.get(first(params, "include_clients") or "", True)
         doc = broker_stats(self._broker, self.node.now(), include_clients=include_clients)
+        doc["held"] = held_stats(self._broker)  # always on /metrics (the cap included)
         request.setHeader(b"Content-Type", CONTENT_TYPE.encode())
         body = render_metrics(doc)
         request.setHeader(b"Content-Length", b"%d" % len(body))

@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from .core.broker import Broker, Event
 from .core.scan import ChannelSampler, scan_channels
 from .core.v2 import Features
-from ..options import TLS_REQUIRED, NsqdOptions, OptionError
+from ..options import TLS_REQUIRED, NsqdOptions, OptionError, format_duration
 from .tcp import NsqdFactory
 from ..runtime.turn import TurnBatcher
 from ..runtime.listen import LazyFactory, ListeningService
@@ -34,6 +34,11 @@ log = Logger(namespace="nsqtw.nsqd")
 
 #: seconds between attempts to write messages the disk refused (see nsqtw.nsqd.core.backlog)
 HELD_RETRY_INTERVAL = 1.0
+#: while a stop waits for disk space: seconds between attempts, and between log lines
+STOP_RETRY_INTERVAL = 0.5
+STOP_WAIT_LOG_INTERVAL = 5.0
+#: the file in the data path that keeps room for the final flush (deleted at the stop)
+RESERVE_NAME = "nsqd.reserve"
 
 
 def _import_http_api() -> None:
@@ -205,8 +210,11 @@ class NsqdService(MultiService):
 
     def retry_held(self) -> None:
         """Write the messages held in memory since the disk refused them, if it accepts now."""
-        if self.broker.backlog.channels:
-            self.broker.backlog.retry()
+        backlog = self.broker.backlog
+        if backlog.channels:
+            backlog.retry()
+            if not backlog.channels:
+                self.broker.resume_pumps()
             self.settle()
 
     def _on_event(self, event: str, topic: str, channel: str | None) -> None:
@@ -299,6 +307,7 @@ class NsqdService(MultiService):
         except Exception:
             self.dirlock.unlock()
             raise
+        self._make_reserve()
         try:
             super().startService()
         except Exception:
@@ -340,11 +349,17 @@ class NsqdService(MultiService):
         for svc in reversed(list(self)):
             if svc is not self.sync_worker:
                 waits.append(defer.maybeDeferred(svc.stopService))
-        self.metadata_fragments.touch()  # the last rewrite: everything, from the broker itself
-        closing = self.persist_metadata(urgent=True)
-        waits.append(closing)
-        waits.extend(self._flush_queues())
-        d = defer.DeferredList(waits, consumeErrors=True)
+        self._release_reserve()
+        d = self._wait_for_disk()
+
+        def flush(_: Any) -> Any:
+            # after the wait: the last nsqd.dat rewrite (everything, from the broker itself)
+            # needs disk space too
+            self.metadata_fragments.touch()
+            waits.append(self.persist_metadata(urgent=True))
+            return defer.DeferredList(waits + self._flush_queues(), consumeErrors=True)
+
+        d.addCallback(flush)
 
         def stop_worker(_: Any) -> Any:
             return defer.maybeDeferred(self.sync_worker.stopService)
@@ -357,6 +372,102 @@ class NsqdService(MultiService):
         d.addBoth(unlock)
         self._stopping = d
         return d
+
+    # --- the disk at a stop ---------------------------------------------------------
+
+    @property
+    def reserve_path(self) -> str:
+        return os.path.join(self.data_path, RESERVE_NAME)
+
+    def _make_reserve(self) -> None:
+        """A small file of zeros in the data path, released (deleted) at the stop: room for
+        the final flush even when the disk filled meanwhile.  Best effort: a disk too full
+        for it at start only logs a warning."""
+        size = self.options.disk_reserve_bytes
+        if size <= 0:
+            return
+        try:
+            fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.pwrite(fd, bytes(size), 0)
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warn("cannot reserve {n} bytes in {path} for the final flush - {err}",
+                     n=size, path=self.reserve_path, err=e)
+
+    def _release_reserve(self) -> None:
+        try:
+            os.unlink(self.reserve_path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warn("cannot release the reserved space {path} - {err}", path=self.reserve_path, err=e)
+
+    def _wait_for_disk(self) -> defer.Deferred:
+        """Before the final flush: every message in flight goes back to its channel (to disk,
+        or held if the disk refuses it) and, while messages are held, the stop waits for
+        space -- retrying every half second, saying every few seconds how many and how long
+        it still waits -- for at most ``--stop-disk-wait``.  Fires when nothing is held or
+        the wait is over (the flush then counts what it cannot write as lost)."""
+        broker = self.broker
+        now = self.reactor.seconds()
+        backlog = broker.backlog
+        topics = []
+        for topic in list(broker.topics.values()):
+            if topic.ephemeral:
+                continue
+            for ch in list(topic.channels.values()):
+                if ch.ephemeral:
+                    continue
+                if ch.inflight:
+                    ch.requeue_all_in_flight()
+                # everything in memory now belongs on disk: what it refuses counts as held
+                ch.mem.capacity = 0
+                if ch.mem.depth():
+                    backlog.channels[ch] = None
+            if topic.mem.depth():
+                topics.append(topic)
+        if not backlog.channels and not topics:
+            return defer.succeed(None)
+        deadline = now + self.options.stop_disk_wait
+        done: defer.Deferred = defer.Deferred()
+        said = [-1e18]
+
+        def pending() -> int:
+            backlog.retry()
+            left = backlog.count()
+            for topic in list(topics):
+                if not _write_topic_memory(topic):
+                    topics.remove(topic)
+                else:
+                    left += topic.mem.depth()
+            return left
+
+        def step() -> None:
+            n = pending()
+            t = self.reactor.seconds()
+            if not n:
+                if said[0] > -1e18:  # only after saying it waited
+                    log.info("stopping: the disk accepted every held message")
+                done.callback(None)
+                return
+            if t >= deadline:
+                log.error("stopping: gave up waiting for disk space after {wait}; {n} held messages "
+                          "cannot be written", wait=format_duration(self.options.stop_disk_wait), n=n)
+                done.callback(None)
+                return
+            if t - said[0] >= STOP_WAIT_LOG_INTERVAL:
+                said[0] = t
+                log.warn("stopping: {n} acknowledged messages are held in memory because the disk "
+                         "refuses writes ({err}); waiting up to {left:.0f}s more for space "
+                         "(--stop-disk-wait)", n=n, err=backlog.error, left=deadline - t)
+            self.reactor.callLater(STOP_RETRY_INTERVAL, step)
+
+        step()
+        return done
 
     def _flush_queues(self) -> list[defer.Deferred]:
         """Write every topic's and channel's memory queue, in-flight and deferred messages to
@@ -371,6 +482,32 @@ class NsqdService(MultiService):
             log.critical("failed to write {n} messages to disk at shutdown (the disk refused them: "
                          "{err}); they are LOST", n=lost, err=self.broker.backlog.error or "see above")
         return closing
+
+
+def _write_topic_memory(topic: Any) -> bool:
+    """A stop: write a topic's memory queue to its disk queue; True if the disk refused some
+    (kept in memory for the next try)."""
+    from ..errors import BackendError
+    from .core.backlog import _stored_by
+    from ..backend.runs import split_run
+
+    runs = topic.mem.drain()
+    backend = topic.backend
+    for i, run in enumerate(runs):
+        before = getattr(backend, "put_count", None)
+        try:
+            rest = backend.put(run)
+        except BackendError as e:
+            topic.broker.backlog.error = str(e)
+            stored = _stored_by(backend, before)
+            if stored < len(run[1]):
+                topic.mem.force_put(split_run(run, stored)[1] if stored else run)
+            for later in runs[i + 1:]:
+                topic.mem.force_put(later)
+            return True
+        if rest is not None:
+            topic.mem.force_put(rest)
+    return False
 
 
 def build_nsqd(options: NsqdOptions, reactor: Any, *, sync_thread: bool = True,

@@ -299,6 +299,9 @@ class LimitedRequest(_web_server.Request):
             content: Any = self.content  # Request.content is declared None until the request starts
             content.seek(0)
             content.truncate()
+            # answer now and close, as nsqd does: a chunked body has no length to refuse from
+            # the headers, and reading it to its end (1 GB, or forever) serves no one
+            self._answer_early()
             return
         super().handleContentChunk(data)
 
@@ -315,6 +318,11 @@ class LimitedRequest(_web_server.Request):
 class GuardedHTTPChannel(_web_http.HTTPChannel):
     """Twisted's HTTP channel, refusing a Content-Length no int64 can hold (400, as Go's server)
     before Twisted's own parser chokes on it."""
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """A request line or header line longer than Twisted's 16 KiB: answer 400 and close
+        (Go's server answers too; Twisted's default closes without a word)."""
+        self._respondToBadRequestAndDisconnect()
 
     def headerReceived(self, line: bytes) -> bool:
         name, sep, value = line.partition(b":")

@@ -82,13 +82,29 @@ def test_metadata_written_atomically_without_leftovers(tmp_path):
     assert not [f for f in files(tmp_path) if f.endswith(".tmp")]
 
 
-def test_close_of_unused_queue_writes_metadata(tmp_path):
-    """Go's Close() persists metadata even for a queue that never stored anything."""
+def test_close_of_unused_queue_writes_nothing(tmp_path):
+    """Go's Close() persists metadata even for a queue that never stored anything; nsqtw's
+    skips what would say nothing new (a stop of 10,000 idle topics would otherwise rewrite
+    20,000 files).  Go's nsqd treats the missing file as a new queue, as nsqtw does."""
     q = open_queue(tmp_path, "idle")
     q.close()
-    assert (tmp_path / "idle.diskqueue.meta.dat").read_bytes() == b"0\n0,0\n0,0\n"
+    assert not (tmp_path / "idle.diskqueue.meta.dat").exists()
     with pytest.raises(Exiting):
         q.put(run_of([frame(1)]))
+    again = open_queue(tmp_path, "idle")
+    assert again.positions() == (0, 0, 0, 0, 0)
+
+
+def test_close_after_a_sync_with_nothing_new_rewrites_nothing(tmp_path):
+    q = open_queue(tmp_path, "q")
+    q.put(run_of([frame(1)]))
+    q.flush_and_sync()
+    meta = tmp_path / "q.diskqueue.meta.dat"
+    before = meta.stat().st_mtime_ns
+    os.utime(meta, ns=(before - 10**9, before - 10**9))
+    q.close()
+    assert meta.stat().st_mtime_ns == before - 10**9  # not rewritten
+    assert open_queue(tmp_path, "q").positions() == (1, 0, 0, 0, 4 + 26 + len(b"msg-1"))
 
 
 def test_channel_queue_name(tmp_path):

@@ -640,3 +640,39 @@ async def test_lookupd_lone_surrogate_does_not_break_lookup():
         json.loads(data)
     finally:
         await lookupd.stop()
+
+
+@pytest.mark.parametrize("path,text", [("/pub?topic=t", b"MSG_TOO_BIG"), ("/stats", b"BODY_TOO_BIG")])
+@pytest_twisted.ensureDeferred
+async def test_http_chunked_body_over_the_limit_is_answered_and_closed_at_once(path, text):
+    """A chunked body that passes the limit gets its 413 as soon as it does, and the connection
+    closes: the rest of the body (here it would never end) is not waited for (issue 24)."""
+    nsqd = await start_nsqd(max_msg_size=1024, max_body_size=4096)
+    try:
+        client = await connect_bytes(nsqd.http_port)
+        client.send(b"POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" % path.encode())
+        piece = b"x" * 1000
+        for _ in range(6):  # 6,000 bytes, past both limits; no final chunk is ever sent
+            client.send(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        await until(lambda: b"}" in client.received, 5, what="a 413")
+        assert client.received.startswith(b"HTTP/1.1 413 ")
+        assert client.received.endswith(b'{"message":"%s"}' % text)
+        assert await closed_within(client, 5.0)
+    finally:
+        await nsqd.stop()
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /ping?" + b"a" * 1024 * 1024 + b" HTTP/1.1\r\n\r\n",
+    b"GET /ping HTTP/1.1\r\nX-Big: " + b"a" * 1024 * 1024 + b"\r\n\r\n",
+])
+@pytest_twisted.ensureDeferred
+async def test_http_one_megabyte_request_line_or_header_gets_a_400(head):
+    nsqd = await start_nsqd()
+    try:
+        client = await connect_bytes(nsqd.http_port)
+        client.send(head)
+        assert await closed_within(client, 5.0)
+        assert client.received.startswith(b"HTTP/1.1 400 "), client.received[:80]
+    finally:
+        await nsqd.stop()

@@ -286,3 +286,133 @@ def test_retry_runs_on_the_service_clock(tmp_path):
         assert broker.backlog.count() == 0 and ch.backend.depth() == 1
     finally:
         svc.stopService()
+
+
+# --- issue 24: refusing publishes while held, the held-memory cap ------------------------
+
+
+def hold_n(h: Harness, disk: FakeDisk, n: int, **consumer: Any) -> Any:
+    """``n`` acknowledged messages in flight, the disk fills, their timeouts expire: held."""
+    c = h.consumer("t", "c", rdy=n, **consumer)
+    h.publish("t", *[b"m%03d" % i for i in range(n)])
+    assert len(c.messages()) == n
+    c.send(cmd("RDY", 0))
+    disk.full = True
+    h.advance(h.options.msg_timeout + 1)
+    h.scan()
+    return c
+
+
+def test_new_publishes_are_refused_while_messages_are_held():
+    from nsqd_harness import mpub, pub
+
+    h, disk = harness(msg_timeout=10.0)
+    c = hold_n(h, disk, 5)
+    assert held(h) == 5
+    disk.full = False  # space came back, but the held messages must get it first
+    p = h.producer()
+    p.send(pub("t", b"new"))
+    assert p.error().startswith(b"E_PUB_FAILED PUB failed disk full: 5 acknowledged messages are held")
+    p = h.producer()  # a failed publish is fatal to its connection, as in nsqd
+    p.send(mpub("t", [b"a", b"b"]))
+    assert p.error().startswith(b"E_MPUB_FAILED MPUB failed disk full: 5")
+    p = h.producer()
+    p.send(dpub("t", 1000, b"later"))
+    assert p.error().startswith(b"E_DPUB_FAILED DPUB failed disk full: 5")
+    assert disk.queues["t:c"].depth() == 0  # nothing new took the space
+    assert h.broker.backlog.retry() == 0  # the held ones are written back first
+    assert disk.queues["t:c"].depth() == 5
+    p = h.producer()
+    p.send(pub("t", b"new"))
+    p.ok()
+    c.disconnect()
+    assert drain(h, 6) == sorted(sent(5) + [b"new"])
+
+
+def test_publishes_that_need_no_disk_are_still_taken_while_held():
+    from nsqd_harness import pub
+
+    h, disk = harness(msg_timeout=10.0, mem_queue_size=0)
+    hold_n(h, disk, 3)
+    from nsqtw.backend.dummy import DummyQueue
+
+    ch = h.broker.get_topic("eph#ephemeral").get_channel("x#ephemeral", h.now)
+    ch.backend = DummyQueue()  # what the disk factory gives an ephemeral channel
+    p = h.producer()
+    p.send(pub("eph#ephemeral", b"fine"))  # an ephemeral queue is no disk
+    p.ok()
+
+
+def test_at_the_cap_timeouts_are_extended_and_memory_stays_flat():
+    # each message is held as its frame, 4 bytes of body and 34 of head: a cap of 5 frames
+    h, disk = harness(msg_timeout=10.0, max_held_bytes=5 * 38)
+    c = h.consumer("t", "c", rdy=12)
+    h.publish("t", *[b"m%03d" % i for i in range(12)])
+    first = c.messages()
+    assert len(first) == 12
+    c.send(cmd("RDY", 0))
+    disk.full = True
+    # a REQ 0 the disk cannot take stays in flight; timeouts then hold what fits
+    ch = h.channel("t", "c")
+    backlog = h.broker.backlog
+    h.advance(11)
+    h.scan()  # all 12 expire together: the first hold may pass the cap once, never grow after
+    n_held = held(h)
+    assert n_held == 12 and backlog.at_cap()
+    # a second consumer's messages time out while at the cap: they stay in flight
+    c.disconnect()  # nothing more of c's was in flight
+    c2 = h.consumer("t", "c", rdy=4)
+    got = c2.messages()
+    assert len(got) == 4 and held(h) == 8
+    c2.send(cmd("RDY", 0))
+    for _ in range(5):
+        h.advance(11)
+        h.scan()
+        assert held(h) == 8  # flat: nothing timed out was added
+    assert len(ch.inflight) == 4
+    assert ch.timeout_extended_count == 20 and backlog.extended == 20
+    doc = stats_of(h)
+    assert doc["held"] == {"count": 8, "bytes": 8 * 38, "max_bytes": 5 * 38, "timeout_extended_count": 20}
+    assert doc["topics"][0]["channels"][0]["timeout_extended_count"] == 20
+    from nsqtw.nsqd.stats.prometheus import render_metrics
+    page = render_metrics(doc).decode()
+    assert "nsq_held_bytes 304" in page and "nsq_held_max_bytes 190" in page
+    assert 'nsq_channel_timeout_extended_total{topic="t",channel="c"} 20' in page
+    for m in got:  # still theirs to finish
+        c2.send(cmd("FIN", m.id.decode()))
+    c2.nothing()
+    assert not ch.inflight
+    disk.full = False
+    assert backlog.retry() == 0
+    c2.disconnect()
+    assert sorted(drain(h, 8) + bodies(got)) == sent(12)
+
+
+def test_deferred_messages_wait_at_the_cap():
+    h, disk = harness(msg_timeout=10.0, max_held_bytes=38)
+    c = hold_n(h, disk, 2)
+    assert h.broker.backlog.at_cap()
+    ch = h.channel("t", "c")
+    ch.put_deferred(run_of_frames([b"x" * 34])[0], h.now + 1)
+    h.advance(2)
+    assert ch.process_deferred(h.now) is False and len(ch.deferred) == 1  # waits, not held
+    assert held(h) == 2
+    disk.full = False
+    h.broker.backlog.retry()
+    assert ch.process_deferred(h.now) is True and not ch.deferred
+    c.disconnect()
+
+
+def test_topic_backlog_waits_on_its_disk_while_messages_are_held():
+    h, disk = harness(msg_timeout=10.0)
+    h.broker.publish("u", [b"u1", b"u2"], h.now)  # a backlog on the topic's disk queue
+    hold_n(h, disk, 3)
+    disk.full = False
+    assert h.topic("u").depth() == 2
+    w = h.consumer("u", "uc", rdy=0)
+    assert h.topic("u").depth() == 2  # not copied to the new channel while held
+    h.broker.backlog.retry()
+    h.broker.resume_pumps()
+    h.settle()
+    assert h.topic("u").depth() == 0 and h.channel("u", "uc").depth() == 2
+    w.disconnect()

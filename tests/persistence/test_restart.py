@@ -101,3 +101,31 @@ async def test_go_nsqd_data_directory_opens_with_nsqd_depths(tmp_path, fixtures_
         assert attempts[b"order-10"] == 2 and attempts[b"order-50"] == 1
     finally:
         await nsqd.stop()
+
+
+@pytest.mark.e2e
+@pytest_twisted.ensureDeferred
+async def test_a_stop_costs_what_must_be_written(tmp_path):
+    """2,000 idle topics with a channel each and one busy one: the stop writes the busy queues
+    and nsqd.dat, not 4,000 metadata files (issue 24: 10,000 topics took 46 s to stop;
+    ``bench/bench_stop.py`` prints that time)."""
+    data = str(tmp_path)
+    nsqd = await start_nsqd(data_path=data, mem_queue_size=10)
+    broker = nsqd.broker
+    for i in range(2000):
+        broker.get_topic(f"idle{i:04d}").get_channel("c", 0.0)
+    pub = await connect_raw(nsqd.tcp_port)
+    pub.send(mpub_command("busy", [b"m%d" % i for i in range(50)]))  # 40 past memory: on disk
+    assert await pub.response() == b"OK"
+    await pub.close()
+    worker = nsqd.service.sync_worker
+    before = worker.jobs
+    await nsqd.stop()
+    assert worker.jobs - before < 20, worker.jobs - before
+    metas = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".meta.dat"))
+    assert metas == ["busy.diskqueue.meta.dat"]
+    again = await start_nsqd(data_path=data)
+    try:
+        assert len(again.broker.topics) == 2001 and again.broker.topics["busy"].depth() == 50
+    finally:
+        await again.stop()

@@ -95,7 +95,7 @@ class Broker:
         self.backend_factory: BackendFactory = backend_factory or memory_only_backends
         self.health = "OK"
         #: messages the disk refused, held in memory until it accepts writes again
-        self.backlog = HeldBacklog()
+        self.backlog = HeldBacklog(options.max_held_bytes)
         self.exiting = False
         self.loading = False
         self._client_ids = count(1)
@@ -122,6 +122,14 @@ class Broker:
             for client in outbox:
                 client.flush()
             outbox.clear()
+
+    def resume_pumps(self) -> None:
+        """Nothing is held any more: topics whose backlog waited meanwhile move it on (a
+        topic's pump stops while messages are held, see :meth:`Topic.pump`)."""
+        for topic in self.topics.values():
+            if topic.flowing() and not topic.exiting and (
+                    topic.mem.depth() or topic.backend.depth() or topic.deferred):
+                self.pumping.add(topic)
 
     def busy(self) -> bool:
         """True while a topic backlog still has messages to move (settle again soon)."""
@@ -354,6 +362,13 @@ class Broker:
         topic = self.get_topic(topic_name, now)
         if topic.exiting:
             raise Exiting()
+        if self.backlog.channels:
+            # a deferred message comes due into a queue that would need the disk: refused
+            # while messages are held for it, as any new publish (see nsqtw.nsqd.core.backlog)
+            why = self.backlog.refusal([ch.backend for ch in topic.channels.values()] or [topic.backend])
+            if why is not None:
+                self.health = f"NOK - {why}"
+                raise BackendError(why)
         run, nbytes = self.make_run([body], now)
         try:
             topic.put_deferred(run[0], nbytes, now + delay)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from itertools import count, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
 from ...backend.memory import MemoryQueue
@@ -57,7 +57,7 @@ class Channel:
     __slots__ = (
         "topic", "name", "ephemeral", "broker", "mem", "backend", "inflight", "deferred",
         "clients", "paused", "exiting", "message_count", "requeue_count", "timeout_count",
-        "e2e", "_rr", "__weakref__",
+        "timeout_extended_count", "e2e", "_rr", "__weakref__",
     )
 
     def __init__(self, topic: Topic, name: str, broker: Broker, backend: IBackendQueue, now: float) -> None:
@@ -77,6 +77,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: timeouts extended instead of requeued, held memory being at --max-held-bytes
+        self.timeout_extended_count = 0
         opts = broker.options
         self.e2e: Quantile | None = (
             Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now,
@@ -110,11 +112,37 @@ class Channel:
 
     def put_deferred(self, frame: bytes, deliver_at: float) -> None:
         self.message_count += 1
-        heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+        if not self._defer_durably(frame, deliver_at):
+            heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
 
     def restore_deferred(self, deliver_at: float, frame: bytes) -> None:
-        """A deferred message read back from disk, still due later (already counted once)."""
+        """A deferred message read back from this channel's disk, still due later (already
+        counted once; with --sync-every=1 its record stays on disk until it is FINed)."""
         heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+
+    def take_deferred(self, deliver_at: float, frame: bytes) -> None:
+        """A deferred message the topic read back from its disk (already counted once)."""
+        if not self._defer_durably(frame, deliver_at):
+            heapq.heappush(self._heap(), (deliver_at, next(_seq), frame))
+
+    def _defer_durably(self, frame: bytes, deliver_at: float) -> bool:
+        """With ``--sync-every=1`` a deferred message is written to the channel's disk queue at
+        once, with its deferral hint, instead of living in memory until a clean stop: the
+        reader hands it to the deferred heap when it reaches the record (its record then
+        stays on disk until it is FINed), so a ``kill -9`` cannot lose it.  False when it
+        stays in memory only (other --sync-every values, ephemeral channels, a refusing disk)."""
+        backend: Any = self.backend  # a DiskQueue (durable): it has put_deferred and a sink
+        if self.broker.options.sync_every != 1 or not getattr(backend, "durable", False):
+            return False
+        try:
+            backend.put_deferred([(deliver_at, frame)])
+        except BackendError:
+            return False
+        if backend.deferred_sink is None:
+            backend.deferred_sink = self.restore_deferred
+        if self.clients:
+            self.broker.dirty.add(self)
+        return True
 
     def _put_back(self, frames: list[bytes]) -> None:
         """Requeued or timed-out messages go to the tail, as NSQ's ``c.put``; they are
@@ -186,7 +214,10 @@ class Channel:
                 runs = self.mem.read(want, DELIVERY_BYTES)
                 got = sum(len(r[1]) for r in runs) if len(runs) != 1 else len(runs[0][1])
                 if got < want and self.backend.depth():
+                    repeat = getattr(self.backend, "may_repeat", False)  # after a crash
                     more = self.backend.read(want - got, DELIVERY_BYTES)
+                    if more and repeat:
+                        more = self._without_copies_in_flight(more)
                     runs.extend(more)
                     got += sum(len(r[1]) for r in more)
                 if not got:
@@ -199,6 +230,28 @@ class Channel:
                 client.flush()
             if avail <= 0:
                 break
+
+    def _without_copies_in_flight(self, runs: list[Run]) -> list[Run]:
+        """Drop records whose message is already in flight: after a crash the disk queue reads
+        again what was in flight (see DiskQueue.release), and a message requeued then may be
+        there twice.  One copy in flight is enough (its FIN, REQ or timeout settles both);
+        two would make the second FIN fail."""
+        inflight = self.inflight
+        out: list[Run] = []
+        for run in runs:
+            frames, ids = frames_and_ids(run)
+            if inflight.keys().isdisjoint(ids) and len(set(ids)) == len(ids):
+                out.append(run)
+                continue
+            seen: set[bytes] = set()
+            keep = []
+            for frame, mid in zip(frames, ids, strict=False):
+                if mid not in inflight and mid not in seen:
+                    seen.add(mid)
+                    keep.append(frame)
+            if keep:
+                out.append(run_of_frames(keep))
+        return out
 
     def _send(self, client: ClientState, runs: list[Run], now: float) -> None:
         inflight = self.inflight
@@ -240,6 +293,9 @@ class Channel:
         frame = ep.msgs.pop(mid)
         if not ep.msgs:
             ep.msgs = {}
+        release = getattr(self.backend, "release", None)
+        if release is not None:  # a disk queue keeps the record until now (see DiskQueue.release)
+            release((mid,))
         client.in_flight -= 1
         client.finish_count += 1
         if self.e2e is not None:
@@ -255,6 +311,9 @@ class Channel:
         for ep in set(eps):
             if not ep.msgs:  # type: ignore[union-attr]  # None in eps was ruled out above
                 ep.msgs = {}  # type: ignore[union-attr]  # as above
+        release = getattr(self.backend, "release", None)
+        if release is not None:  # a disk queue keeps the records until now (DiskQueue.release)
+            release(ids)
         n = len(ids)
         client.in_flight -= n
         client.finish_count += n
@@ -292,6 +351,9 @@ class Channel:
         frame = requeue_frame(ep.msgs[mid])
         if delay > 0:
             heapq.heappush(self._heap(), (now + delay, next(_seq), frame))
+            defer_pinned = getattr(self.backend, "defer_pinned", None)
+            if defer_pinned is not None:  # read again after a crash, it waits as long
+                defer_pinned(mid, now + delay)
         else:
             run = run_of_frame(frame)
             if self.mem.put(run) is not None:
@@ -331,12 +393,33 @@ class Channel:
         if self.exiting:
             return False
         dirty = False
+        backlog = self.broker.backlog
         for client in list(self.clients.values()):
             expired = client.expired_epochs(now)
             if expired:
+                if backlog.channels and backlog.at_cap():
+                    self._extend_epochs(client, expired, now)
+                    continue
                 dirty = True
                 self._requeue_epochs(expired, timeout=True)
         return dirty
+
+    def _extend_epochs(self, client: ClientState, epochs: Sequence[Epoch], now: float) -> None:
+        """Held memory is at its cap (see :mod:`.backlog`): the expired messages stay in flight
+        with a new deadline instead of being held; their client may still FIN them."""
+        inflight = self.inflight
+        deadline = now + client.msg_timeout
+        n = 0
+        for ep in epochs:
+            new = client.touch_epoch(ep.started, deadline)
+            msgs = {mid: frame for mid, frame in ep.msgs.items() if inflight.get(mid) is ep}
+            ep.msgs = {}
+            if msgs:
+                new.msgs = msgs
+                inflight.update(dict.fromkeys(msgs, new))
+                n += len(msgs)
+        self.timeout_extended_count += n
+        self.broker.backlog.extended += n
 
     def process_deferred(self, now: float) -> bool:
         if self.exiting:
@@ -344,9 +427,17 @@ class Channel:
         heap = self.deferred
         if not heap or heap[0][0] > now or not isinstance(heap, list):
             return False
+        room = -1  # no limit
+        backlog = self.broker.backlog
+        if backlog.channels and backlog.at_cap():
+            # held memory is at its cap: only what memory takes comes due, the rest waits
+            room = self.mem.room()
+            if room <= 0:
+                return False
         frames = []
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now and room:
             frames.append(heapq.heappop(heap)[2])
+            room -= 1
         if not heap:
             self.deferred = ()  # nothing left deferred: let the list go
         self._put_back(frames)
@@ -387,6 +478,13 @@ class Channel:
         self.deferred = ()
         self.mem.empty()
         self.backend.empty()
+
+    def requeue_all_in_flight(self) -> None:
+        """A stop: every in-flight message goes back to the queue (to disk, or held if the
+        disk refuses it), as when its client leaves."""
+        for client in list(self.clients.values()):
+            self._requeue_epochs(client.all_epochs(), timeout=False)
+            client.in_flight = 0
 
     def in_flight_frames(self) -> list[bytes]:
         """Every in-flight frame, made ready for its next delivery (for clean shutdown)."""

@@ -11,11 +11,11 @@ moves them on when a channel appears or the topic is unpaused.  This is NSQ's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...backend.memory import MemoryQueue
 from ...backend.runs import Run, run_count
-from ...errors import Exiting, QueueFull
+from ...errors import BackendError, Exiting, QueueFull
 from ...protocol.names import is_ephemeral
 from .channel import Channel
 
@@ -77,6 +77,19 @@ class Topic:
         return bool(self.channels) and not self.paused and not self.holds \
             and not self.mem.depth() and not self.backend.depth()
 
+    def _refuse_while_holding(self, n: int, direct: bool) -> None:
+        """While messages are held for the disk, refuse a new publish that would need a disk
+        queue (see :mod:`.backlog`): the space the disk frees goes to the held ones first."""
+        if direct:
+            backends = [ch.backend for ch in self.channels.values() if ch.mem.room() < n]
+        elif self.mem.room() < n:
+            backends = [self.backend]
+        else:
+            return
+        why = self.broker.backlog.refusal(backends)
+        if why is not None:
+            raise BackendError(why)
+
     def check_room(self, n: int, direct: bool | None = None) -> bool:
         """Refuse, before anything is stored, a publish of ``n`` messages some queue cannot
         hold; returns the route it takes (True: straight to the channels)."""
@@ -84,6 +97,8 @@ class Topic:
             raise Exiting()
         if direct is None:
             direct = self._direct()
+        if self.broker.backlog.channels:
+            self._refuse_while_holding(n, direct)
         if direct:
             for ch in self.channels.values():
                 if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
@@ -136,13 +151,22 @@ class Topic:
             self.message_bytes += nbytes * stored // n
 
     def put_deferred(self, frame: bytes, nbytes: int, deliver_at: float) -> None:
-        self.message_count += 1
-        self.message_bytes += nbytes
         if self.flowing():
             for ch in self.channels.values():
                 ch.put_deferred(frame, deliver_at)
+        elif self.broker.options.sync_every == 1 and getattr(self.backend, "durable", False):
+            # --sync-every=1: on the topic's disk at once, with its deferral hint (see
+            # Channel._defer_durably); a refused write fails the DPUB
+            backend: Any = self.backend  # a DiskQueue (durable): it has put_deferred and a sink
+            backend.put_deferred([(deliver_at, frame)])
+            if backend.deferred_sink is None:
+                backend.deferred_sink = self.restore_deferred
+            if self.channels:
+                self.broker.pumping.add(self)
         else:
             self._hold_deferred(deliver_at, frame)
+        self.message_count += 1
+        self.message_bytes += nbytes
 
     def _hold_deferred(self, deliver_at: float, frame: bytes) -> None:
         d = self.deferred
@@ -155,13 +179,17 @@ class Topic:
         """A deferred message read back from disk, still due later: wait for it again."""
         if self.flowing():
             for ch in self.channels.values():
-                ch.restore_deferred(deliver_at, frame)
+                ch.take_deferred(deliver_at, frame)
         else:
             self._hold_deferred(deliver_at, frame)
 
     def pump(self, limit: int = PUMP_BATCH) -> bool:
         """Move up to ``limit`` waiting messages to the channels; True if more remain."""
         if not self.flowing() or self.exiting:
+            return False
+        if self.broker.backlog.channels:
+            # messages are held for the disk: what waits here is safe where it is, and the
+            # channels' disk queues take the held ones first (resume_pumps restarts this)
             return False
         channels = list(self.channels.values())
         if self.deferred:

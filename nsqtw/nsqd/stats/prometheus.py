@@ -153,6 +153,8 @@ def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | 
                 fam.add(name, kind, help_text, cl, c[key])
             fam.add("nsq_channel_held", "gauge", "Messages held in memory because the disk refused "
                     "them (written out when it accepts writes again).", cl, c.get("held_count", 0))
+            fam.add("nsq_channel_timeout_extended_total", "counter", "In-flight timeouts extended instead of "
+                    "requeued because held memory was at --max-held-bytes.", cl, c.get("timeout_extended_count", 0))
             _e2e(fam, "nsq_channel", "channel", cl, c.get("e2e_processing_latency"))
     for t in topics:
         for c in t.get("channels") or []:
@@ -165,6 +167,16 @@ def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | 
             fam.add("nsq_producer_published_total", "counter",
                     "Messages a connected producer published to a topic (nsqd reports one topic per producer).",
                     (("topic", pub["topic"]),) + _client_labels(client), pub["count"])
+    held = stats_doc.get("held")
+    if held:
+        fam.add("nsq_held_messages", "gauge", "Messages held in memory because the disk refused them.", (),
+                held["count"])
+        fam.add("nsq_held_bytes", "gauge", "Bytes of the messages held in memory because the disk refused them.",
+                (), held["bytes"])
+        fam.add("nsq_held_max_bytes", "gauge", "--max-held-bytes: the most bytes held before timeouts are "
+                "extended instead.", (), held["max_bytes"])
+        fam.add("nsq_held_timeouts_extended_total", "counter", "In-flight timeouts extended because held "
+                "memory was at --max-held-bytes.", (), held["timeout_extended_count"])
     mem = stats_doc.get("memory")
     if mem:
         for name, key, help_text in _MEM_GAUGES:

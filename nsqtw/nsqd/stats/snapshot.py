@@ -23,7 +23,7 @@ from ..core.topic import Topic
 from ...protocol.gojson import go_json
 from ...runtime.memory import mem_stats
 
-__all__ = ["broker_stats", "client_stats", "render_text", "go_json", "nanoseconds_to_human", "go_duration_text"]
+__all__ = ["broker_stats", "held_stats", "client_stats", "render_text", "go_json", "nanoseconds_to_human", "go_duration_text"]
 
 
 def client_stats(client: ClientState, topic_filter: str = "") -> dict[str, Any]:
@@ -94,7 +94,22 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
         oldest = oldest_timestamp(ch.mem, ch.backend)
         if oldest is not None:
             out["oldest_message_ts"] = oldest // 1_000_000_000
+    # timeouts extended instead of requeued while held memory was at --max-held-bytes
+    if ch.timeout_extended_count:
+        out["timeout_extended_count"] = ch.timeout_extended_count
     return out
+
+
+def held_stats(broker: Broker) -> dict[str, int]:
+    """nsqtw's held-for-the-disk figures (see nsqtw.nsqd.core.backlog): messages and bytes held,
+    the cap (``--max-held-bytes``) and timeouts extended at the cap since the start."""
+    backlog = broker.backlog
+    return {
+        "count": backlog.count(),
+        "bytes": backlog.held_bytes(),
+        "max_bytes": backlog.limit,
+        "timeout_extended_count": backlog.extended,
+    }
 
 
 def _topic_stats(topic: Topic, channels: list[dict[str, Any]], broker: Broker, now: float) -> dict[str, Any]:
@@ -140,6 +155,9 @@ def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = 
         "start_time": int(broker.start_time),
         "topics": topics,
     }
+    # nsqtw only, and only while something is held or was extended (Go's shape otherwise)
+    if broker.backlog.channels or broker.backlog.extended:
+        doc["held"] = held_stats(broker)
     if include_mem:
         doc["memory"] = mem_stats()
     if include_clients and selected is not None:
