@@ -221,6 +221,9 @@ class HistoryPoller(Service):
 class AdminService(MultiService):
     """One nsqadmin: the web UI and API, the history poller and the notifier."""
 
+    #: where its listener logs "HTTP: listening on ..." (the daemon a line belongs to)
+    log_namespace = "nsqtw.admin"
+
     def __init__(self, options: AdminOptions, reactor: Any, *, http_client: Any = None,
                  hostname: str | None = None) -> None:
         super().__init__()

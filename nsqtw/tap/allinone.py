@@ -77,6 +77,6 @@ def makeService(options: Options) -> IService:
     from ..service.listen import enable_warm_up_threads
     enable_warm_up_threads()
     reactor = resolve_reactor()
-    service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses))
+    service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses), options)
     exit_1_on_loss(reactor, lambda: service.nsqd.lost_at_shutdown)
     return service

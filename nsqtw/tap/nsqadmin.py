@@ -18,4 +18,4 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.admin import build_admin
-    return build_or_exit("nsqadmin", lambda: build_admin(options.config, resolve_reactor()))
+    return build_or_exit("nsqadmin", lambda: build_admin(options.config, resolve_reactor()), options)

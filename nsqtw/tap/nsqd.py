@@ -24,6 +24,6 @@ def makeService(options: Options) -> IService:
     from ..service.listen import enable_warm_up_threads
     enable_warm_up_threads()
     reactor = resolve_reactor()
-    service = build_or_exit("nsqd", lambda: build_nsqd(options.config, reactor))
+    service = build_or_exit("nsqd", lambda: build_nsqd(options.config, reactor), options)
     exit_1_on_loss(reactor, lambda: service.lost_at_shutdown)
     return service

@@ -18,4 +18,4 @@ class Options(GoFlagOptions):
 def makeService(options: Options) -> IService:
     from ..reactor import resolve_reactor
     from ..service.lookupd import build_lookupd
-    return build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, resolve_reactor()))
+    return build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, resolve_reactor()), options)
