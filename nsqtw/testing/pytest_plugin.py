@@ -41,6 +41,8 @@ import pytest
 if TYPE_CHECKING:  # pragma: no cover
     from twisted.internet.defer import Deferred
 
+    from nsqtw.client.message import Message
+
 __all__ = [
     "NsqdFixture",
     "LookupdFixture",
@@ -114,7 +116,12 @@ def _timeout(d: Deferred, seconds: float | None, what: Callable[[], str]) -> Def
 
 
 class NsqdFixture:
-    """A running in-process nsqd and helpers to talk to it (every helper returns a Deferred)."""
+    """A running in-process nsqd and helpers to talk to it.
+
+    Which to ``await``: ``publish``, ``multi_publish``, ``deferred_publish``,
+    ``wait_for_messages`` and ``stop`` return a Deferred (await it); ``depth`` and ``stats``
+    answer at once (an ``int``, a ``dict``: never ``await`` them), as do the properties.
+    The signatures say so, so ``await nsqtw_nsqd.depth("t")`` is a mypy error."""
 
     def __init__(self, handle: Any, data_dir: str | None) -> None:
         self.handle = handle
@@ -167,21 +174,22 @@ class NsqdFixture:
             self._producer = Producer(self.handle)  # the in-process bus: real V2 protocol, no socket
         return self._producer
 
-    def publish(self, topic: str, body: Any) -> Deferred:
-        """PUB one message (``bytes`` or ``str``); fires once nsqd answered OK."""
+    def publish(self, topic: str, body: Any) -> Deferred[None]:
+        """PUB one message (``bytes`` or ``str``). A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().publish(topic, body)
 
-    def multi_publish(self, topic: str, bodies: Sequence[Any]) -> Deferred:
-        """MPUB: all or nothing."""
+    def multi_publish(self, topic: str, bodies: Sequence[Any]) -> Deferred[None]:
+        """MPUB: all or nothing. A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().multi_publish(topic, list(bodies))
 
-    def deferred_publish(self, topic: str, delay: float, body: Any) -> Deferred:
-        """DPUB: delivered after ``delay`` seconds."""
+    def deferred_publish(self, topic: str, delay: float, body: Any) -> Deferred[None]:
+        """DPUB: delivered after ``delay`` seconds. A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().deferred_publish(topic, delay, body)
 
-    def wait_for_messages(self, topic: str, channel: str, n: int, timeout: float | None = 5.0) -> Deferred:
-        """Subscribe ``topic``/``channel`` and fire with the first ``n`` messages (FINed);
-        fail with TimeoutError after ``timeout`` seconds, naming how many came."""
+    def wait_for_messages(self, topic: str, channel: str, n: int,
+                          timeout: float | None = 5.0) -> Deferred[list[Message]]:
+        """Subscribe ``topic``/``channel``. A Deferred (await it): fires with the first ``n``
+        messages (FINed); fails with TimeoutError after ``timeout`` seconds, naming how many came."""
         from twisted.internet import defer
 
         from nsqtw.client import Config, Consumer
@@ -221,7 +229,8 @@ class NsqdFixture:
         return done
 
     def depth(self, topic: str, channel: str | None = None) -> int:
-        """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist)."""
+        """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist).
+        Answers at once: an ``int``, not a Deferred (do not ``await`` it)."""
         t = self.broker.topics.get(topic)
         if t is None:
             return 0
@@ -231,13 +240,15 @@ class NsqdFixture:
         return int(ch.depth()) if ch is not None else 0
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
-        """The ``/stats?format=json`` document, computed in-process."""
+        """The ``/stats?format=json`` document, computed in-process. Answers at once: a ``dict``,
+        not a Deferred (do not ``await`` it)."""
         from nsqtw.stats.snapshot import broker_stats
 
         return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
 
-    def stop(self) -> Deferred:
-        """Stop everything the fixture started, then the broker; delete its temporary data."""
+    def stop(self) -> Deferred[None]:
+        """Stop everything the fixture started, then the broker; delete its temporary data.
+        A Deferred (await it); the fixtures call it after the test themselves."""
         from twisted.internet import defer
 
         if self._stopped:
@@ -260,7 +271,7 @@ class NsqdFixture:
         return f"<nsqtw nsqd tcp={self.tcp_address} http={self.http_address}>"
 
 
-def start_nsqd_fixture(**options: Any) -> Deferred:
+def start_nsqd_fixture(**options: Any) -> Deferred[NsqdFixture]:
     """Start an nsqd for a test (127.0.0.1:0, no HTTPS, data in a fresh tmpfs directory).
 
     With the fixture's own tmpfs directory, the disk sync worker runs its jobs
@@ -318,12 +329,13 @@ def nsqtw_nsqd(request: Any) -> Iterator[NsqdFixture]:
 
 
 @pytest.fixture
-def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred]]:
-    """``await nsqtw_nsqd_factory(**options)``: more nsqd, all stopped after the test."""
+def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred[NsqdFixture]]]:
+    """``await nsqtw_nsqd_factory(**options)``: more nsqd, all stopped after the test (the
+    factory returns a Deferred firing with an :class:`NsqdFixture`)."""
     pt = _pytest_twisted()
     started: list[NsqdFixture] = []
 
-    def factory(**options: Any) -> Deferred:
+    def factory(**options: Any) -> Deferred[NsqdFixture]:
         d = start_nsqd_fixture(**options)
 
         def keep(n: NsqdFixture) -> NsqdFixture:
@@ -366,13 +378,16 @@ class LookupdFixture:
         return self.handle.db
 
     def producers(self, topic: str | None = None) -> list[Any]:
-        """Registered nsqd: all identified ones, or the producers of ``topic``."""
+        """Registered nsqd: all identified ones, or the producers of ``topic``. Answers at once:
+        a ``list``, not a Deferred (do not ``await`` it)."""
         if topic is None:
             return list(self.db.find_producers("client", "", ""))
         return list(self.db.find_producers("topic", topic, ""))
 
-    def wait_for_producers(self, n: int, topic: str | None = None, timeout: float | None = 5.0) -> Deferred:
-        """Fires once ``n`` nsqd are registered (for ``topic`` when given)."""
+    def wait_for_producers(self, n: int, topic: str | None = None,
+                           timeout: float | None = 5.0) -> Deferred[list[Any]]:
+        """A Deferred (await it): fires with the producers once ``n`` nsqd are registered (for
+        ``topic`` when given); fails with TimeoutError after ``timeout`` seconds."""
         from twisted.internet import defer, task
 
         async def poll() -> list[Any]:
@@ -385,14 +400,15 @@ class LookupdFixture:
         return _timeout(d, timeout,
                         lambda: f"{len(self.producers(topic))} of {n} nsqd registered for {what} within {timeout}s")
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
+        """A Deferred (await it); the fixture calls it after the test itself."""
         return self.handle.stop()
 
     def __repr__(self) -> str:
         return f"<nsqtw nsqlookupd tcp={self.tcp_address} http={self.http_address}>"
 
 
-def start_lookupd_fixture(**options: Any) -> Deferred:
+def start_lookupd_fixture(**options: Any) -> Deferred[LookupdFixture]:
     from nsqtw.embed_lookupd import start_nsqlookupd
 
     return start_nsqlookupd(_reactor(), **options).addCallback(LookupdFixture)
@@ -431,7 +447,8 @@ class ClusterFixture:
     def lookupd_http_address(self) -> str:
         return self.lookupd.http_address
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
+        """Stop every nsqd, then nsqlookupd. A Deferred (await it); the fixture calls it itself."""
         from twisted.internet import defer
 
         d = defer.DeferredList([n.stop() for n in self.nsqds], consumeErrors=True)
@@ -441,8 +458,9 @@ class ClusterFixture:
         return f"<nsqtw cluster lookupd={self.lookupd.http_address} nsqd={self.nsqd_tcp_addresses}>"
 
 
-def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred:
-    """Start nsqlookupd, then ``n`` nsqd pointed at it; fires once all are registered."""
+def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred[ClusterFixture]:
+    """Start nsqlookupd, then ``n`` nsqd pointed at it. A Deferred (await it): fires with the
+    :class:`ClusterFixture` once all are registered."""
     from twisted.internet import defer
 
     async def start() -> ClusterFixture:
