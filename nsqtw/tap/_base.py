@@ -297,6 +297,10 @@ def exit_1_on_loss(reactor: Any, lost: Callable[[], int]) -> None:
     reactor.addSystemEventTrigger("after", "shutdown", check)
 
 
+#: the pidfile twistd writes when none is named
+_TWISTD_DEFAULT_PIDFILE = "twistd.pid"
+
+
 class GoFlagOptions(usage.Options):
     """Options for one daemon; ``self.config`` holds the validated options object."""
 
@@ -315,7 +319,12 @@ class GoFlagOptions(usage.Options):
         from .flags import FlagSyntaxError
 
         argv = sys.argv[1:] if options is None else list(options)
-        under_twistd = twistd_config(self) is not None
+        twistd = twistd_config(self)
+        under_twistd = twistd is not None
+        if under_twistd and twistd.get("nodaemon") and twistd.get("pidfile") == _TWISTD_DEFAULT_PIDFILE:
+            # in the foreground (a terminal, a supervisor) no pidfile unless one is named, as NSQ's
+            # daemons: else a second `twistd -n ...` from the same directory refuses to start
+            twistd["pidfile"] = ""
         try:
             self.config = options_from_argv(self.options_class, argv)
         except HelpRequested:
