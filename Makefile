@@ -24,7 +24,7 @@ SOURCES := setup.cfg pyproject.toml $(wildcard plugins/*.py) $(shell find nsqtw 
 # Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark
 SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless
 
-.PHONY: run run-nsqd test quick lint docs venv install install-test system-deps bench clean
+.PHONY: run run-nsqd test quick unit lint docs venv install install-test system-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,10 @@ docs: venv
 # while editing: skip the slow soak/fault runs
 quick: install-test
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# the fastest loop: no real sockets, no Spark, no browser, no soak (StringTransport and task.Clock)
+unit: install-test
+	$(PY) -m pytest -m "not e2e and not slow and not spark and not browser" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/bench_broker.py
