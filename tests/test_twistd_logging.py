@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from nsqtw.options import default_node_id
+
 REPO = Path(__file__).resolve().parents[1]
 TWISTD = [sys.executable, "-c", "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()",
           "--nodaemon", "--pidfile="]
@@ -97,6 +99,9 @@ def test_allinone_log_names_each_daemon_and_says_what_is_served(tmp_path):
                          f"[nsqd] HTTP: listening on 127.0.0.1:{nsqd_http}",
                          f"[nsqadmin] HTTP: listening on 127.0.0.1:{admin_http}"]
     assert len([line for line in lines if "INFO: serving " in line]) == 1
+    firsts = {line.split(" ", 1)[0] + " " + line.split(": ", 1)[1] for line in lines[:4]}
+    assert {"[nsqlookupd] nsqlookupd v1.3.0 (built w/nsqtw-0.1.0)", "[nsqd] nsqd v1.3.0 (built w/nsqtw-0.1.0)",
+            f"[nsqd] ID: {default_node_id()}"} <= firsts, lines[:4]
     text = "\n".join(lines)
     for chatter in ("DEBUG", "GET /", "starting on", "Starting factory", "Port ", "Closed", "Main loop"):
         assert chatter not in text, chatter

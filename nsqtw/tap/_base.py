@@ -149,6 +149,8 @@ def serve_under_twistd(prog: str, service: Any, daemon_options: Any, config: Any
     start = service.startService
 
     def start_service() -> None:
+        for namespace, text in _startup_lines(prog, daemon_options):
+            Logger(namespace=namespace).info("{text}", text=text)
         try:
             start()
         except Exception as e:
@@ -175,6 +177,17 @@ def serve_under_twistd(prog: str, service: Any, daemon_options: Any, config: Any
             reactor.callWhenRunning(reactor.stop)
 
     service.startService = start_service
+
+
+def _startup_lines(prog: str, daemon_options: Any) -> list[tuple[str, str]]:
+    """What the drop-in commands (and Go's daemons) log first: nsqd's version and ID, nsqadmin's
+    version (nsqlookupd's service logs its own)."""
+    if prog in ("nsqd", "nsqtw"):
+        return [("nsqtw.nsqd", version_line("nsqd")),
+                ("nsqtw.nsqd", f"ID: {getattr(daemon_options, 'node_id', '')}")]
+    if prog == "nsqadmin":
+        return [("nsqtw.admin", version_line("nsqadmin"))]
+    return []
 
 
 def _stop_started(service: Any) -> Any:
