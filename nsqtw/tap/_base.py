@@ -108,7 +108,8 @@ def serve_under_twistd(prog: str, service: Any, daemon_options: Any, config: Any
       INFO: ...``, each daemon of the all-in-one under its own name) from ``--log-level`` up
       (``info`` by default), and none of Twisted's chatter below warnings (factories starting,
       ports closing, HTTP access lines, nsqadmin's own polling among them);
-      ``--log-level=debug`` shows it all (the lookupd heartbeats, every HTTP request).
+      ``--log-level=debug`` shows it all (the lookupd heartbeats, Twisted's lines, HTTP access
+      lines where a server writes them).
     * A start it refuses (a port in use, a data path it cannot lock or write, ...) is one FATAL
       line on stderr and status 1, as with the drop-in commands, never a traceback; when twistd
       daemonizes, the line goes to the log and twistd's parent reports the error.
