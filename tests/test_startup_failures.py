@@ -226,8 +226,18 @@ def test_daemonizing_twistd_refused_start_reports_and_leaves_nothing(tmp_path, t
     log = (tmp_path / "t.log").read_text()
     assert f"FATAL: failed to instantiate nsqtw - listen (127.0.0.1:{taken_port}) failed" in log
     assert "Traceback" not in log
-    assert not (tmp_path / "t.pid").exists()
-    from nsqtw.backend.dirlock import DirLock
-    lock = DirLock(str(tmp_path))
-    lock.lock()  # the daemon's child is gone: nothing holds the data path
-    lock.unlock()
+    assert not (tmp_path / "t.pid").exists()  # removed before the parent was told
+    # the daemon's child ends right after telling its parent: wait (blocking, no polling) until
+    # the data path's lock is free, i.e. no process is left holding it
+    import fcntl
+    import os
+    import threading
+
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    taken = threading.Event()
+    waiter = threading.Thread(target=lambda: (fcntl.flock(fd, fcntl.LOCK_EX), taken.set()), daemon=True)
+    waiter.start()
+    try:
+        assert taken.wait(60), "a process still holds the data path"
+    finally:
+        os.close(fd)

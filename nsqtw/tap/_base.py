@@ -210,13 +210,7 @@ def _daemon_refused(text: str, config: Any) -> None:
     """A daemonized twistd cannot start: tell twistd's waiting parent (it prints "An error has
     occurred: ..." and exits 1), remove the pidfile and end at once; threads that did start
     (nsqd's disk thread) would otherwise keep a process that serves nothing alive."""
-    pipe = config.get("statusPipe")
-    if pipe is not None:
-        try:
-            os.write(pipe, b"1 " + text.encode("utf-8", "replace")[:98])
-            os.close(pipe)
-        except OSError:
-            pass
+    # the pidfile first: the parent returns as soon as it reads the message
     pidfile = config.get("pidfile")
     try:
         if pidfile:
@@ -229,6 +223,13 @@ def _daemon_refused(text: str, config: Any) -> None:
         try:
             stream.flush()
         except (OSError, ValueError):
+            pass
+    pipe = config.get("statusPipe")
+    if pipe is not None:
+        try:
+            os.write(pipe, b"1 " + text.encode("utf-8", "replace")[:98])
+            os.close(pipe)
+        except OSError:
             pass
     os._exit(1)
 
