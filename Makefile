@@ -6,10 +6,25 @@ PY     := $(BIN)/python
 PIP    := $(PY) -m pip
 DATA   ?= ./data
 PYTEST_ARGS ?=
+# `make run` addresses: `make run PORT_BASE=14150` moves all six ports (nsqd 14150/14151/14152,
+# nsqlookupd 14160/14161, nsqadmin 14171); each address can also be given on its own
+HOST        ?= 127.0.0.1
+PORT_BASE   ?= 4150
+port = $(shell echo $$(($(PORT_BASE) + $(1))))
+NSQD_TCP_ADDRESS       ?= $(HOST):$(call port,0)
+NSQD_HTTP_ADDRESS      ?= $(HOST):$(call port,1)
+NSQD_HTTPS_ADDRESS     ?= $(HOST):$(call port,2)
+LOOKUPD_TCP_ADDRESS    ?= $(HOST):$(call port,10)
+LOOKUPD_HTTP_ADDRESS   ?= $(HOST):$(call port,11)
+ADMIN_HTTP_ADDRESS     ?= $(HOST):$(call port,21)
+# more flags for the daemons, e.g. `make run ARGS=--log-level=debug`
+ARGS ?=
+# the install is redone only when these change (a stamp file in the virtualenv)
+SOURCES := setup.cfg pyproject.toml $(wildcard plugins/*.py) $(shell find nsqtw -type f -not -name '*.pyc' 2>/dev/null)
 # Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark
 SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless
 
-.PHONY: run run-nsqd test quick lint docs venv install install-test system-deps bench clean
+.PHONY: run run-nsqd test quick unit lint docs venv install install-test system-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,14 +32,22 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 
-# a plain (non-editable) install: twistd only discovers plugins/ through a real install
-install: venv
+# a plain (non-editable) install: twistd only discovers plugins/ through a real install; redone
+# only when a source changed since the last one (`make run` twice starts at once the second time)
+install: $(VENV)/.installed
+
+$(VENV)/.installed: $(BIN)/python $(SOURCES)
 	$(PIP) install --quiet .
 	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"
+	touch $@
 
-install-test: venv system-deps
+install-test: system-deps $(VENV)/.installed-test
+
+# the test extras hold the same non-editable install, so they count for `make run` too
+$(VENV)/.installed-test: $(BIN)/python $(SOURCES)
 	$(PIP) install --quiet ".[test,spark]"
 	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"
+	touch $@ $(VENV)/.installed
 
 system-deps:
 	@missing=""; \
@@ -44,19 +67,19 @@ system-deps:
 
 # nsqd (4150/4151), nsqlookupd (4160/4161) and nsqadmin (4171) in one process
 run: install
-	mkdir -p $(DATA)
+	@mkdir -p $(DATA)
 	$(BIN)/twistd --reactor=nsqtw --nodaemon --pidfile= nsqtw \
-		--tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --https-address=127.0.0.1:4152 \
-		--broadcast-address=127.0.0.1 --data-path=$(DATA) \
-		--lookupd-tcp-listen=127.0.0.1:4160 --lookupd-http-listen=127.0.0.1:4161 \
-		--admin-http-address=127.0.0.1:4171
+		--tcp-address=$(NSQD_TCP_ADDRESS) --http-address=$(NSQD_HTTP_ADDRESS) \
+		--https-address=$(NSQD_HTTPS_ADDRESS) --broadcast-address=$(HOST) --data-path=$(DATA) \
+		--lookupd-tcp-listen=$(LOOKUPD_TCP_ADDRESS) --lookupd-http-listen=$(LOOKUPD_HTTP_ADDRESS) \
+		--admin-http-address=$(ADMIN_HTTP_ADDRESS) $(ARGS)
 
 # nsqd alone, as `twistd nsqd`
 run-nsqd: install
-	mkdir -p $(DATA)
+	@mkdir -p $(DATA)
 	$(BIN)/twistd --reactor=nsqtw --nodaemon --pidfile= nsqd \
-		--tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 \
-		--https-address=127.0.0.1:4152 --data-path=$(DATA)
+		--tcp-address=$(NSQD_TCP_ADDRESS) --http-address=$(NSQD_HTTP_ADDRESS) \
+		--https-address=$(NSQD_HTTPS_ADDRESS) --data-path=$(DATA) $(ARGS)
 
 test: install-test
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -79,6 +102,10 @@ docs: venv
 # while editing: skip the slow soak/fault runs
 quick: install-test
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# the fastest loop: no real sockets, no Spark, no browser, no soak (StringTransport and task.Clock)
+unit: install-test
+	$(PY) -m pytest -m "not e2e and not slow and not spark and not browser" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/bench_broker.py

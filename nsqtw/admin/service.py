@@ -72,8 +72,9 @@ def tls_policy(options: AdminOptions) -> Any:
             raise OptionError(f"failed to AppendCertsFromPEM {options.http_client_tls_root_ca_file} - {e}") from None
 
     if options.http_client_tls_insecure_skip_verify:
-        context_options = (ssl.CertificateOptions(privateKey=client_cert.privateKey.original,
-                                                  certificate=client_cert.original, verify=False)
+        # cryptography objects: pyOpenSSL deprecates passing its own X509 and PKey
+        context_options = (ssl.CertificateOptions(privateKey=client_cert.privateKey.original.to_cryptography_key(),
+                                                  certificate=client_cert.original.to_cryptography(), verify=False)
                            if client_cert is not None else ssl.CertificateOptions(verify=False))
 
         @implementer(IPolicyForHTTPS)
@@ -252,6 +253,9 @@ class HistoryPoller(Service):
 
 class AdminService(MultiService):
     """One nsqadmin: the web UI and API, the history poller and the notifier."""
+
+    #: where its listener logs "HTTP: listening on ..." (the daemon a line belongs to)
+    log_namespace = "nsqtw.admin"
 
     def __init__(self, options: AdminOptions, reactor: Any, *, http_client: Any = None,
                  hostname: str | None = None) -> None:

@@ -20,6 +20,6 @@ def makeService(options: Options) -> IService:
     from .service import build_admin
     from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
-    service = build_or_exit("nsqadmin", lambda: build_admin(options.config, reactor))
+    service = build_or_exit("nsqadmin", lambda: build_admin(options.config, reactor), options)
     apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
     return service

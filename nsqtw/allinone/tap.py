@@ -74,7 +74,7 @@ def makeService(options: Options) -> IService:
     from .service import build_allinone
     from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
-    service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses))
+    service = build_or_exit("nsqtw", lambda: build_allinone(options.config, reactor, **options.addresses), options)
     exit_1_on_loss(reactor, lambda: service.nsqd.lost_at_shutdown)
     apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
     return service

@@ -38,7 +38,14 @@ class DirLock:
         """Take the lock or raise :class:`DataPathLocked` (a missing directory raises OSError)."""
         if self._fd is not None:
             return
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+        except OSError as e:
+            # Go's words: "failed to lock data-path: open /x: no such file or directory"
+            text = e.strerror or str(e)
+            err = type(e)(f"failed to lock data-path: open {self.path}: {text[:1].lower() + text[1:]}")
+            err.errno = e.errno
+            raise err from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

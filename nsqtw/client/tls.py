@@ -35,21 +35,19 @@ def client_tls_options(config: Config, host: str) -> Any:
     minimum = None
     if config.tls_min_version:
         minimum = getattr(ssl.TLSVersion, _VERSIONS[config.tls_min_version])
-    client_cert = None
+    # the client certificate as cryptography objects: pyOpenSSL deprecates passing its own X509
+    # and PKey (what Twisted's clientCertificate= would pass)
+    extra: dict[str, Any] = {}
     if config.tls_cert and config.tls_key:
         client_cert = ssl.PrivateCertificate.loadPEM(_read(config.tls_cert) + b"\n" + _read(config.tls_key))
+        extra["privateKey"] = client_cert.privateKey.original.to_cryptography_key()
+        extra["certificate"] = client_cert.original.to_cryptography()
+    if minimum is not None:
+        extra["raiseMinimumTo"] = minimum
     if config.tls_insecure_skip_verify:
-        kwargs: dict[str, Any] = {"verify": False}
-        if client_cert is not None:
-            kwargs["privateKey"] = client_cert.privateKey.original
-            kwargs["certificate"] = client_cert.original
-        if minimum is not None:
-            kwargs["raiseMinimumTo"] = minimum
-        return ssl.CertificateOptions(**kwargs)
+        return ssl.CertificateOptions(verify=False, **extra)
     if config.tls_root_ca_file:
         trust: Any = ssl.Certificate.loadPEM(_read(config.tls_root_ca_file))
     else:
         trust = ssl.platformTrust()
-    extra = {"raiseMinimumTo": minimum} if minimum is not None else None
-    return ssl.optionsForClientTLS(host, trustRoot=trust, clientCertificate=client_cert,
-                                   extraCertificateOptions=extra)
+    return ssl.optionsForClientTLS(host, trustRoot=trust, extraCertificateOptions=extra or None)

@@ -32,6 +32,9 @@ log = Logger(namespace="nsqtw.lookupd")
 class LookupdService(MultiService):
     """One nsqlookupd: registrations, the TCP listener and the HTTP listener."""
 
+    #: where its listeners log "TCP: listening on ..." (the daemon a line belongs to)
+    log_namespace = "nsqtw.lookupd"
+
     def __init__(self, options: LookupdOptions, reactor: Any, *, clock: Any = None) -> None:
         super().__init__()
         from twisted.web.server import Site

@@ -20,6 +20,6 @@ def makeService(options: Options) -> IService:
     from .service import build_lookupd
     from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
-    service = build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, reactor))
+    service = build_or_exit("nsqlookupd", lambda: build_lookupd(options.config, reactor), options)
     apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
     return service

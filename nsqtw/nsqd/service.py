@@ -81,6 +81,9 @@ class _LoopService(Service):
 class NsqdService(MultiService):
     """One nsqd: broker, storage, listeners and timers."""
 
+    #: where its listeners log "TCP: listening on ..." (the daemon a line belongs to)
+    log_namespace = "nsqtw.nsqd"
+
     def __init__(self, options: NsqdOptions, reactor: Any, *, rng: random.Random | None = None,
                  backend_factory: Any = None, sync_thread: bool = True, throwaway: bool = False) -> None:
         """``sync_thread=False`` runs disk syncs inline (starting the thread is most of a

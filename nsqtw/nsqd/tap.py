@@ -21,7 +21,7 @@ def makeService(options: Options) -> IService:
     from .service import build_nsqd
     from ..runtime.process import apply_daemon_policy
     reactor = resolve_reactor()
-    service = build_or_exit("nsqd", lambda: build_nsqd(options.config, reactor))
+    service = build_or_exit("nsqd", lambda: build_nsqd(options.config, reactor), options)
     exit_1_on_loss(reactor, lambda: service.lost_at_shutdown)
     apply_daemon_policy(service, reactor)  # a process of nsqtw's own; before twistd starts the tree
     return service

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from typing import Any, TextIO
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 __all__ = ["GoLogObserver", "begin_logging", "go_log_line"]
 
@@ -32,12 +32,25 @@ class GoLogObserver:
 
     def __init__(self, stream: TextIO, prefix: str, level: int = 2,
                  namespaces: tuple[str, ...] = ("nsqtw",),
-                 drop: Callable[[dict[str, Any]], bool] | None = None) -> None:
+                 drop: Callable[[dict[str, Any]], bool] | None = None,
+                 prefixes: Mapping[str, str] | None = None, others_from: int = 3) -> None:
+        """``prefixes`` maps namespaces to their own prefixes (the longest match wins), so one
+        process running several daemons names each one's lines (``[nsqlookupd] ``, ``[nsqd] ``);
+        ``prefix`` is for every other event. Events from outside ``namespaces`` (Twisted's own:
+        factories starting, ports closing, HTTP access lines) are shown from ``others_from`` up."""
         self.stream = stream
         self.prefix = prefix
         self.level = level
         self.namespaces = namespaces
         self.drop = drop
+        self.others_from = others_from
+        self.prefixes = sorted((prefixes or {}).items(), key=lambda item: -len(item[0]))
+
+    def prefix_for(self, namespace: str) -> str:
+        for name, prefix in self.prefixes:
+            if namespace == name or namespace.startswith(name + "."):
+                return prefix
+        return self.prefix
 
     @staticmethod
     def nsq_level(event: dict[str, Any]) -> int:
@@ -55,7 +68,7 @@ class GoLogObserver:
         level = self.nsq_level(event)
         namespace = str(event.get("log_namespace") or "")
         ours = namespace.startswith(self.namespaces)
-        if level < self.level or (not ours and level < 3):
+        if level < self.level or (not ours and level < self.others_from):
             return
         if self.drop is not None and self.drop(event):
             return
@@ -67,7 +80,7 @@ class GoLogObserver:
             except Exception:  # pragma: no cover - a broken failure must not kill logging
                 text += f"\n{failure!r}"
         try:
-            self.stream.write(go_log_line(self.prefix, level, text, event.get("log_time")))
+            self.stream.write(go_log_line(self.prefix_for(namespace), level, text, event.get("log_time")))
             self.stream.flush()
         except (OSError, ValueError):  # a closed stderr must not kill the app
             pass

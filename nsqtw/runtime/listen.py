@@ -18,7 +18,6 @@ from .address import format_peer
 __all__ = ["ListeningService", "ListenError", "LazyFactory", "enable_warm_up_threads",
            "endpoint_description", "format_address", "format_peer", "split_host_port"]
 
-log = Logger(namespace="nsqtw")
 
 
 def _escape(text: str) -> str:
@@ -193,7 +192,10 @@ class ListeningService(Service):
 
         def listening(port: IListeningPort) -> IListeningPort:
             self.port = port
-            log.info("{label}: listening on {address}", label=self.label, address=format_address(port))
+            # in the namespace of the daemon it belongs to, so a process running several of them
+            # says whose port it is (``[nsqlookupd] ... TCP: listening on ...``)
+            daemon_log = Logger(namespace=getattr(self.parent, "log_namespace", "nsqtw"))
+            daemon_log.info("{label}: listening on {address}", label=self.label, address=format_address(port))
             return port
 
         def failed(f: Any) -> Any:

@@ -128,7 +128,12 @@ def _timeout(d: Deferred[T], seconds: float | None, what: Callable[[], str]) -> 
 
 
 class NsqdFixture:
-    """A running in-process nsqd and helpers to talk to it (every helper returns a Deferred)."""
+    """A running in-process nsqd and helpers to talk to it.
+
+    Which to ``await``: ``publish``, ``multi_publish``, ``deferred_publish``,
+    ``wait_for_messages`` and ``stop`` return a Deferred (await it); ``depth`` and ``stats``
+    answer at once (an ``int``, a ``dict``: never ``await`` them), as do the properties.
+    The signatures say so, so ``await nsqtw_nsqd.depth("t")`` is a mypy error."""
 
     def __init__(self, handle: NsqdHandle, data_dir: str | None) -> None:
         self.handle = handle
@@ -184,21 +189,21 @@ class NsqdFixture:
         return self._producer
 
     def publish(self, topic: str, body: Body) -> Deferred[None]:
-        """PUB one message (``bytes`` or ``str``); fires once nsqd answered OK."""
+        """PUB one message (``bytes`` or ``str``). A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().publish(topic, body)
 
     def multi_publish(self, topic: str, bodies: Sequence[Body]) -> Deferred[None]:
-        """MPUB: all or nothing."""
+        """MPUB: all or nothing. A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().multi_publish(topic, list(bodies))
 
     def deferred_publish(self, topic: str, delay: float, body: Body) -> Deferred[None]:
-        """DPUB: delivered after ``delay`` seconds."""
+        """DPUB: delivered after ``delay`` seconds. A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().deferred_publish(topic, delay, body)
 
     def wait_for_messages(self, topic: str, channel: str, n: int,
                           timeout: float | None = 5.0) -> Deferred[list[Message]]:
-        """Subscribe ``topic``/``channel`` and fire with the first ``n`` messages (FINed);
-        fail with TimeoutError after ``timeout`` seconds, naming how many came."""
+        """Subscribe ``topic``/``channel``. A Deferred (await it): fires with the first ``n``
+        messages (FINed); fails with TimeoutError after ``timeout`` seconds, naming how many came."""
         from twisted.internet import defer
 
         from nsqtw.client import Config, Consumer
@@ -237,7 +242,8 @@ class NsqdFixture:
         return finished.addCallback(lambda _: list(got))
 
     def depth(self, topic: str, channel: str | None = None) -> int:
-        """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist)."""
+        """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist).
+        Answers at once: an ``int``, not a Deferred (do not ``await`` it)."""
         t = self.broker.topics.get(topic)
         if t is None:
             return 0
@@ -247,13 +253,15 @@ class NsqdFixture:
         return int(ch.depth()) if ch is not None else 0
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
-        """The ``/stats?format=json`` document, computed in-process."""
+        """The ``/stats?format=json`` document, computed in-process. Answers at once: a ``dict``,
+        not a Deferred (do not ``await`` it)."""
         from nsqtw.nsqd.stats.snapshot import broker_stats
 
         return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
 
     def stop(self) -> Deferred[None]:
-        """Stop everything the fixture started, then the broker; delete its temporary data."""
+        """Stop everything the fixture started, then the broker; delete its temporary data.
+        A Deferred (await it); the fixtures call it after the test themselves."""
         from twisted.internet import defer
 
         if self._stopped:
@@ -332,7 +340,8 @@ def nsqtw_nsqd(request: pytest.FixtureRequest) -> Iterator[NsqdFixture]:
 
 @pytest.fixture
 def nsqtw_nsqd_factory() -> Iterator[Callable[..., Deferred[NsqdFixture]]]:
-    """``await nsqtw_nsqd_factory(**options)``: more nsqd, all stopped after the test."""
+    """``await nsqtw_nsqd_factory(**options)``: more nsqd, all stopped after the test (the
+    factory returns a Deferred firing with an :class:`NsqdFixture`)."""
     pt = _pytest_twisted()
     started: list[NsqdFixture] = []
 
@@ -380,14 +389,16 @@ class LookupdFixture:
         return self.handle.db
 
     def producers(self, topic: str | None = None) -> list[Registration]:
-        """Registered nsqd: all identified ones, or the producers of ``topic``."""
+        """Registered nsqd: all identified ones, or the producers of ``topic``. Answers at once:
+        a ``list``, not a Deferred (do not ``await`` it)."""
         if topic is None:
             return list(self.db.find_producers("client", "", ""))
         return list(self.db.find_producers("topic", topic, ""))
 
     def wait_for_producers(self, n: int, topic: str | None = None,
                            timeout: float | None = 5.0) -> Deferred[list[Registration]]:
-        """Fires once ``n`` nsqd are registered (for ``topic`` when given)."""
+        """A Deferred (await it): fires with the producers once ``n`` nsqd are registered (for
+        ``topic`` when given); fails with TimeoutError after ``timeout`` seconds."""
         from twisted.internet import defer, task
 
         async def poll() -> list[Registration]:
@@ -401,6 +412,7 @@ class LookupdFixture:
                         lambda: f"{len(self.producers(topic))} of {n} nsqd registered for {what} within {timeout}s")
 
     def stop(self) -> Deferred[None]:
+        """A Deferred (await it); the fixture calls it after the test itself."""
         return self.handle.stop()
 
     def __repr__(self) -> str:
@@ -447,6 +459,7 @@ class ClusterFixture:
         return self.lookupd.http_address
 
     def stop(self) -> Deferred[None]:
+        """Stop every nsqd, then nsqlookupd. A Deferred (await it); the fixture calls it itself."""
         from twisted.internet import defer
 
         d: Deferred[Any] = defer.DeferredList([n.stop() for n in self.nsqds], consumeErrors=True)
@@ -457,7 +470,8 @@ class ClusterFixture:
 
 
 def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred[ClusterFixture]:
-    """Start nsqlookupd, then ``n`` nsqd pointed at it; fires once all are registered."""
+    """Start nsqlookupd, then ``n`` nsqd pointed at it. A Deferred (await it): fires with the
+    :class:`ClusterFixture` once all are registered."""
     from twisted.internet import defer
 
     async def start() -> ClusterFixture:

@@ -80,7 +80,10 @@ async def https_server(tmp_path):
     cert_path, key_path = self_signed(tmp_path)
     with open(cert_path, "rb") as c, open(key_path, "rb") as k:
         pem = c.read() + k.read()
-    ctx = ssl.PrivateCertificate.loadPEM(pem).options()
+    pair = ssl.PrivateCertificate.loadPEM(pem)
+    # cryptography objects: pyOpenSSL deprecates passing its own X509 and PKey (what .options() passes)
+    ctx = ssl.CertificateOptions(privateKey=pair.privateKey.original.to_cryptography_key(),
+                                 certificate=pair.original.to_cryptography())
     secure = reactor.listenSSL(0, Site(Secure().app.resource()), ctx, interface="127.0.0.1")
     plain = reactor.listenTCP(0, Site(Plain(secure.getHost().port).app.resource()), interface="127.0.0.1")
     yield secure.getHost().port, plain.getHost().port, cert_path

@@ -170,7 +170,10 @@ def make_cert(tmp_path, ip="127.0.0.1"):
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert_path.write_bytes(cert_pem)
     key_path.write_bytes(key_pem)
-    server = ssl.PrivateCertificate.loadPEM(cert_pem + key_pem).options()
+    pair = ssl.PrivateCertificate.loadPEM(cert_pem + key_pem)
+    # cryptography objects: pyOpenSSL deprecates passing its own X509 and PKey (what .options() passes)
+    server = ssl.CertificateOptions(privateKey=pair.privateKey.original.to_cryptography_key(),
+                                    certificate=pair.original.to_cryptography())
     return str(cert_path), str(key_path), server
 
 

@@ -8,6 +8,10 @@ import pytest
 
 pytestmark = pytest.mark.spark
 
+# without pyspark every test here is skipped, saying why (not failed at its first import)
+pytest.importorskip("pyspark", reason="the Spark tests need the nsqtw[spark] extra (pyspark, pyarrow; make test installs it)")
+
+
 
 def test_stats_files_without_records_is_an_input_error(spark, tmp_path) -> None:
     """Files match --pattern but hold no export record: exit 3, no output directory created."""

@@ -14,6 +14,10 @@ import pytest
 
 pytestmark = pytest.mark.spark
 
+# without pyspark every test here is skipped, saying why (not failed at its first import)
+pytest.importorskip("pyspark", reason="the Spark tests need the nsqtw[spark] extra (pyspark, pyarrow; make test installs it)")
+
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "``stream_events.py``, a whole program"
 

@@ -13,6 +13,10 @@ import pytest
 
 pytestmark = pytest.mark.spark
 
+# without pyspark every test here is skipped, saying why (not failed at its first import)
+pytest.importorskip("pyspark", reason="the Spark tests need the nsqtw[spark] extra (pyspark, pyarrow; make test installs it)")
+
+
 T = 1_700_000_000  # message times are T + i seconds
 
 
