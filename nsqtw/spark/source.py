@@ -134,7 +134,7 @@ def _reduce_struct(s: struct.Struct) -> tuple[Any, ...]:
 class _ProbeReader(DataSourceReader):
     def read(self, partition: Any) -> Iterator[tuple[str, str]]:
         import sys as worker_sys
-        yield (worker_sys.executable, "%d.%d" % worker_sys.version_info[:2])
+        yield (worker_sys.executable, f"{worker_sys.version_info[0]}.{worker_sys.version_info[1]}")
 
 
 class _ProbeDataSource(DataSource):
@@ -452,13 +452,14 @@ class NsqStreamReader(DataSourceStreamReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        # a SpoolPartition; its class arrives by value, so do not rely on class identity here
-        topic, channel = partition.topic, partition.channel
-        if partition.records is not None:
-            for mid, ts, attempts, body in partition.records:
+        # a SpoolPartition; its class arrives by value (a copy per pickle), so no isinstance here
+        part: Any = partition
+        topic, channel = part.topic, part.channel
+        if part.records is not None:
+            for mid, ts, attempts, body in part.records:
                 yield _row(topic, channel, mid, ts, attempts, body)
             return
-        for path, a, b in partition.pieces:
+        for path, a, b in part.pieces:
             for m in read_range(path, a, b):
                 yield _row(topic, channel, m.id, m.timestamp, m.attempts, m.body)
 

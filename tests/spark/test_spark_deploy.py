@@ -132,13 +132,13 @@ def test_source_is_shipped_by_value_and_the_registry_restored() -> None:
     blob = subprocess.run([sys.executable, "-c", dump], capture_output=True, check=True, timeout=60, cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     code = ("import pickle, sys\n"
-            "sys.path = [p for p in sys.path if p not in ('', %r)]\n"
+            f"sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]\n"
             "try:\n    import nsqtw\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('nsqtw importable')\n"
             "from pyspark import cloudpickle\n"
             "cls = pickle.loads(sys.stdin.buffer.read())\n"
             "reader = cls({'topic': 't', 'nsqd': '127.0.0.1:1', 'spoolDir': '/nonexistent'}).streamReader(None)\n"
             "again = pickle.loads(cloudpickle.dumps(reader))\n"
-            "print(type(again).__name__, again.topic)\n" % str(ROOT))
+            "print(type(again).__name__, again.topic)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     site = os.path.dirname(os.path.dirname(os.path.dirname(cloudpickle.__file__)))
     env["PYTHONPATH"] = _isolated_site(site)
