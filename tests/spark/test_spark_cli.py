@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -14,13 +15,80 @@ def test_stats_files_without_records_is_an_input_error(spark, tmp_path) -> None:
     from nsqtw.spark import cli, stats
 
     (tmp_path / "nsqd-stats.2024-01-01_00.a_4151.jsonl").write_bytes(b"")
-    (tmp_path / "nsqd-stats.2024-01-01_01.a_4151.jsonl").write_bytes(b'{"timestamp":17')  # torn line only
+    (tmp_path / "nsqd-stats.2024-01-01_01.a_4151.jsonl").write_bytes(b"\n")
     out_dir = tmp_path / "out.parquet"
     args = stats.build_parser().parse_args([str(tmp_path), "-o", str(out_dir), "--quiet"])
     with pytest.raises(cli.InputError) as e:
         stats.run(args, spark=spark, out=io.StringIO())
     assert e.value.code == 3 and "no snapshots in" in str(e.value) and "--allow-empty" in str(e.value)
     assert not out_dir.exists()
+
+
+def _good_line(t: float) -> bytes:
+    from spark_data import line, topic
+
+    return line(1_700_000_040 + t, "n", 4151, 1_699_000_000, [topic("t", msgs=int(t))])
+
+
+def test_stats_malformed_lines_counted_rejected_and_failing(spark, tmp_path) -> None:
+    """Garbage lines, a torn line and a string message_count are rejected, counted, located (first
+    file and line), written to <output>/_rejected; past --max-bad-records (0) exit 4, no table written."""
+    from nsqtw.spark import cli, stats
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "nsqd-stats.2024-01-01_00.n_4151.jsonl").write_bytes(b"".join(_good_line(t) for t in range(0, 120, 10)))
+    (src / "nsqd-stats.2024-01-01_01.n_4151.jsonl").write_bytes(
+        _good_line(130) + b"garbage line\n\n" + _good_line(140).replace(b'"message_count":140', b'"message_count":"140"')
+        + b'{"node":{}}\n' + b'{"timestamp":17')
+    out_dir = tmp_path / "out"
+    args = stats.build_parser().parse_args([str(src), "-o", str(out_dir), "--quiet"])
+    with pytest.raises(cli.BadRecordsError) as e:
+        stats.run(args, spark=spark, out=io.StringIO())
+    text = str(e.value)
+    assert e.value.code == cli.EXIT_BAD_RECORDS == 4
+    assert text.startswith("4 of 17 input lines rejected (first: ") and "nsqd-stats.2024-01-01_01.n_4151.jsonl line 2)" in text
+    assert "--max-bad-records 0" in text
+    assert sorted(os.listdir(out_dir)) == ["_rejected"]  # the table itself is not written
+    rejected = spark.read.json(str(out_dir / "_rejected"))
+    assert sorted((r["reason"][:9], r["value"][:12]) for r in rejected.collect()) == [
+        ("malformed", "garbage line"), ("malformed", '{"timestamp"'), ("malformed", '{"timestamp"'),
+        ("not an ex", '{"node":{}}')]
+    # accepted up to the threshold: the rates come from the good lines only, and stderr says so
+    err = io.StringIO()
+    args = stats.build_parser().parse_args([str(src), "-o", str(out_dir), "--quiet", "--max-bad-records", "4"])
+    res = stats.run(args, spark=spark, out=io.StringIO(), err=err)
+    assert res["rejected_lines"] == 4 and res["series"] == 1
+    assert err.getvalue().startswith("nsqtw-stats: warning: 4 of 17 input lines rejected")
+    # a clean run removes the stale _rejected
+    (src / "nsqd-stats.2024-01-01_01.n_4151.jsonl").unlink()
+    stats.run(stats.build_parser().parse_args([str(src), "-o", str(out_dir), "--quiet"]), spark=spark,
+              out=io.StringIO(), err=io.StringIO())
+    assert "_rejected" not in os.listdir(out_dir)
+
+
+def test_stats_negative_counters_flagged_not_negative_rates(spark, tmp_path) -> None:
+    """A counter below zero (what the bench generator wrote after a restart) gives no negative rate;
+    the window is flagged (counter_anomalies) and stderr says so."""
+    from spark_data import line, topic
+
+    from nsqtw.spark import stats
+
+    src = tmp_path / "in"
+    src.mkdir()
+    start2 = 1_700_000_040 + 25
+    rows = [line(1_700_000_040 + t, "n", 4151, 1_699_000_000, [topic("t", msgs=1000 + t)]) for t in (0, 10, 20)]
+    rows += [line(1_700_000_040 + t, "n", 4151, start2, [topic("t", msgs=-700 + t)]) for t in (30, 40, 50)]
+    (src / "nsqd-stats.2024-01-01_00.n_4151.jsonl").write_bytes(b"".join(rows))
+    out_dir = tmp_path / "out"
+    err = io.StringIO()
+    res = stats.run(stats.build_parser().parse_args([str(src), "-o", str(out_dir), "--quiet"]), spark=spark,
+                    out=io.StringIO(), err=err)
+    assert res["counter_anomalies"] == 3
+    back = spark.read.parquet(str(out_dir)).collect()
+    assert all(r["publish_rate"] is None or r["publish_rate"] >= 0 for r in back)
+    assert sum(r["counter_anomalies"] for r in back) == 3
+    assert "3 snapshots with a counter that went down without a restart" in err.getvalue()
 
 
 def test_stats_allow_empty(spark, tmp_path) -> None:

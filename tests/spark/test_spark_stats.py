@@ -144,11 +144,16 @@ def test_cli_writes_parquet_by_date_summary_and_html(spark, snapshot_dir, tmp_pa
 
     out_dir = tmp_path / "out.parquet"
     report = tmp_path / "report.html"
-    args = build_parser().parse_args([str(snapshot_dir), "-o", str(out_dir), "--html", str(report)])
-    buf = io.StringIO()
-    res = run(args, spark=spark, out=buf)
-    assert res["series"] == 3
-    assert sorted(os.listdir(out_dir))[-1] == "date=2023-11-14"
+    # the fixture's torn last line is rejected: accepted here with --max-bad-records 1
+    args = build_parser().parse_args([str(snapshot_dir), "-o", str(out_dir), "--html", str(report),
+                                      "--max-bad-records", "1"])
+    buf, err = io.StringIO(), io.StringIO()
+    res = run(args, spark=spark, out=buf, err=err)
+    assert res["series"] == 3 and res["rejected_lines"] == 1 and res["first_rejected_line"] == 6
+    assert "nsqtw-stats: warning: 1 of 23 input lines rejected (first: " in err.getvalue()
+    assert sorted(os.listdir(out_dir))[-1] == "date=2023-11-14" and "_rejected" in os.listdir(out_dir)
+    rejected = spark.read.json(str(out_dir / "_rejected")).collect()
+    assert [r["value"] for r in rejected] == ['{"timestamp":17']
     back = spark.read.parquet(str(out_dir))
     assert back.where("node = 'a.example:4151' AND channel = 'c'").count() == 5
     text = buf.getvalue()
