@@ -53,7 +53,7 @@ from urllib.parse import quote, urlsplit
 from .cli import (InputError, JobError, Progress, UsageError, add_common_arguments, add_rejected_arguments,
                   check_local_inputs, describe_error, error_class, first_line_where, local_path, progress_bar,
                   report_rejected, run_main)
-from .session import add_spark_arguments, check_master, get_session, parse_conf
+from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
 
 __all__ = ["read_archives", "read_archive_lines", "split_archive_lines", "jsonl_files", "ping_nsqd", "deduplicate", "filter_time", "encode_mpub", "HttpPublisher", "publish_rows",
            "write_archive", "parse_time", "main"]
@@ -471,6 +471,8 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
 
     progress = Progress("nsqtw-replay", getattr(args, "quiet", False), err)
     own = spark is None
+    if own and args.master:
+        reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
     if own:
         progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
         spark = get_session("nsqtw-replay", args.master, checked["conf"], progress=progress_bar(args),

@@ -94,28 +94,42 @@ def reach_master(master: str, timeout: float = 5.0) -> None:
 
 
 _QUIET_LOG4J = """\
-rootLogger.level = off
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-# the shell's level equals the root's: Spark then prints no "Setting default log level" banner
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = off
+# everything goes to log4j's Null appender. The root level is WARN, the level Spark gives a shell,
+# so that Spark prints no "Setting default log level" banner either (and one appender, so that
+# Spark does not take this for log4j's default configuration and load its own).
+rootLogger.level = warn
+rootLogger.appenderRef.null.ref = null
+appender.null.type = Null
+appender.null.name = null
 """
 
 
 def _quiet_log4j() -> str:
     """A log4j2 configuration that keeps the driver JVM silent (the job tells what went wrong)."""
-    path = os.path.join(tempfile.gettempdir(), f"nsqtw-spark-log4j2-quiet-2-{os.getuid()}.properties")
+    path = os.path.join(tempfile.gettempdir(), f"nsqtw-spark-log4j2-quiet-4-{os.getuid()}.properties")
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(_QUIET_LOG4J)
         os.replace(tmp, path)
     return path
+
+
+def _launch_quietly(conf: Any) -> None:
+    """Start Spark's JVM with its stderr in an unlinked file (the JVM's own start-up notes, such as
+    "WARNING: Using incubator modules", are not ours to print); if it fails to start, that file
+    says why, in one line."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with tempfile.TemporaryFile() as jvm_stderr:  # the JVM keeps its own descriptor of the file
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stderr": jvm_stderr})
+        except Exception as e:
+            jvm_stderr.seek(0)
+            said = [ln.strip() for ln in jvm_stderr.read().decode(errors="replace").splitlines() if ln.strip()]
+            raise JobError(f"Spark's JVM did not start: {said[-1] if said else e}") from e
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def _is_local(master: str) -> bool:
@@ -152,7 +166,8 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
         quiet = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
         extra = user.pop("spark.driver.extraJavaOptions", "")
         settings["spark.driver.extraJavaOptions"] = f"{quiet} {extra}".strip()
-        settings["spark.log.level"] = "OFF"  # applied first thing in SparkContext: quiet under spark-submit
+        if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit its JVM runs already: quiet it
+            settings["spark.log.level"] = "OFF"     # this early (the first lines of SparkContext)
     settings.update(user)
     if SparkContext._gateway is None and master is not None and not _is_local(master):
         reach_master(master)  # before a JVM starts: seconds, not Spark's minute of retries
@@ -161,6 +176,8 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
         launch.set(key, value)
     # plain `python`: starts the JVM with these settings (the log4j file must be there from the start);
     # under spark-submit the JVM is already running with spark-submit's
+    if SparkContext._gateway is None and not verbose and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        _launch_quietly(launch)
     SparkContext._ensure_initialized(conf=launch)
     defaults = SparkConf()  # spark-submit's settings and spark-defaults.conf, now that the JVM runs
     effective = master or defaults.get("spark.master", None) or DEFAULT_MASTER

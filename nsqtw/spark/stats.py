@@ -64,7 +64,7 @@ from ..options import OptionError, parse_duration
 from .cli import (InputError, Progress, UsageError, add_common_arguments, add_rejected_arguments, check_local_inputs,
                   describe_error, error_class, first_line_where, local_path, progress_bar, report_rejected, run_main)
 from .report import SUMMARY_COLUMNS, format_summary, render_report, summary_table, utc_text
-from .session import add_spark_arguments, check_master, get_session, parse_conf
+from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
 
 __all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "read_snapshot_lines", "shuffle_partitions", "summary_document", "snapshot_rows", "compute_stats", "summarize",
            "format_summary", "summary_table", "SUMMARY_COLUMNS", "chart_series", "chart_marks", "main"]
@@ -618,6 +618,8 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
     window, max_gap = checked["window"], checked["max_gap"]
     progress = Progress("nsqtw-stats", getattr(args, "quiet", False), err)
     own = spark is None
+    if own and args.master:
+        reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
     if own:
         progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
         spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=progress_bar(args),
@@ -661,7 +663,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
         first = min(r["first"] for r in all_rows)
         last = max(r["last"] for r in all_rows)
         anomalies = sum(int(r["counter_anomalies"] or 0) for r in all_rows)
-        figures.update({"series_count": total, "first": first, "last": last, "counter_anomalies": anomalies,
+        figures.update({"master": spark.sparkContext.master, "series_count": total, "first": first, "last": last, "counter_anomalies": anomalies,
                         "output": args.output or None, "format": args.format, "rows_written": 0})
         if anomalies:
             (err or sys.stderr).write(
