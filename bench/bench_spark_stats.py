@@ -74,8 +74,9 @@ def _write_hour(task: tuple[str, int, int, int, int, int, int]) -> tuple[int, in
         topic_parts = []
         for t in range(topics):
             r = rates[t]
-            # a monotonic counter whose rate swings between 5/6 and 7/6 of r over the day
-            msg = int(r * up + r * 600 * (math.cos(t) - math.cos(ts / 3600.0 + t)))
+            # a monotonic counter whose rate swings between 5/6 and 7/6 of r over the day, counted
+            # from the broker's start (so never below zero: it was, after a restart, by up to 1200 r)
+            msg = int(r * up + r * 600 * (math.cos(start / 3600.0 + t) - math.cos(ts / 3600.0 + t)))
             chans = []
             for c in range(channels):
                 depth = int(abs(r * 30 * math.sin(ts / 1800.0 + c + t)))
@@ -100,7 +101,9 @@ def _write_hour(task: tuple[str, int, int, int, int, int, int]) -> tuple[int, in
 
 def generate(directory: str, nodes: int, topics: int, channels: int, hours: int, interval: int) -> dict[str, int]:
     marker = os.path.join(directory, "PARAMS.json")
-    params = {"nodes": nodes, "topics": topics, "channels": channels, "hours": hours, "interval": interval}
+    # "generator": bumped when the data changes (2: counters count from the broker's start)
+    params = {"nodes": nodes, "topics": topics, "channels": channels, "hours": hours, "interval": interval,
+              "generator": 2}
     if os.path.exists(marker):
         with open(marker) as f:
             if json.load(f) == params:

@@ -24,13 +24,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INPUT", "JobError", "UsageError", "InputError",
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INPUT", "EXIT_BAD_RECORDS", "BadRecordsError", "progress_bar", "JobError", "UsageError", "InputError",
            "add_common_arguments", "check_local_inputs", "describe_error", "error_class", "local_path", "Progress", "run_main"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
+EXIT_BAD_RECORDS = 4
 
 
 class JobError(Exception):
@@ -54,6 +55,12 @@ class InputError(JobError):
     """The input is missing, or holds nothing to work on."""
 
     code = EXIT_INPUT
+
+
+class BadRecordsError(JobError):
+    """More malformed input lines than ``--max-bad-records``."""
+
+    code = EXIT_BAD_RECORDS
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +149,45 @@ def check_local_inputs(paths: Sequence[str], pattern: str | None = None, recursi
     return total if all_local else None
 
 
+# --- rejected input lines ------------------------------------------------------------------------------
+
+def first_line_where(spark: Any, path: str, flag: Callable[[Any], Any]) -> int | None:
+    """The number (from 1) of the first line of one file for which ``flag(value column)`` is true.
+
+    A second look at one file, only when lines were rejected: Spark's readers do not number lines.
+    """
+    from pyspark.sql import functions as F
+
+    text = spark.read.option("lineSep", "\n").text(path)
+    flagged = text.select(F.coalesce(flag(F.col("value")), F.lit(False)))
+    found = flagged.rdd.zipWithIndex().filter(lambda pair: bool(pair[0][0])).map(lambda pair: pair[1]).take(1)
+    return found[0] + 1 if found else None
+
+
+def report_rejected(prog: str, rejected: Any, count: int, total: int, first: str, line: int | None,
+                    target: str | None, max_bad: int, err: TextIO | None = None) -> str | None:
+    """Rejected input lines: written to ``target`` as JSON Lines (``file``, ``reason``, ``value``), a
+    warning on stderr, or :class:`BadRecordsError` (exit 4) past ``max_bad``.  Returns where they went."""
+    where = f"{first}" + (f" line {line}" if line else "")
+    if target:
+        rejected.coalesce(1).write.mode("overwrite").json(target)
+    said = f"{count} of {total} input lines rejected (first: {where})" + (
+        f"; written to {target}" if target else "; give --rejected-path DIR to keep them")
+    if count > max_bad:
+        raise BadRecordsError(f"{said}; more than --max-bad-records {max_bad}, nothing else written")
+    (err or sys.stderr).write(f"{prog}: warning: {said}\n")
+    return target
+
+
+def add_rejected_arguments(parser: argparse.ArgumentParser, default_where: str) -> None:
+    parser.add_argument("--max-bad-records", type=int, default=0, metavar="N",
+                        help="malformed input lines accepted (counted, reported and written to the rejected "
+                             "output) before the job fails with exit status 4 (default 0)")
+    parser.add_argument("--rejected-path", default="", metavar="DIR",
+                        help="where rejected lines go, as JSON Lines {file, reason, value} (default "
+                             f"{default_where})")
+
+
 # --- failures ------------------------------------------------------------------------------------------
 
 def _java_root_cause(java_exc: Any) -> str:
@@ -202,8 +248,25 @@ def error_class(exc: BaseException) -> str | None:
         return None
 
 
+def progress_bar(args: argparse.Namespace, stream: TextIO | None = None) -> bool:
+    """Spark's console progress bar: only on a terminal (in a captured log it is a run of ``\\r``
+    redraws that the next line would be glued to), and never with ``--quiet``."""
+    if getattr(args, "quiet", False):
+        return False
+    stream = stream or sys.stderr
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def _write_error(prog: str, message: str, stream: TextIO) -> None:
-    stream.write(f"{prog}: error: {message}\n")
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):
+        tty = False
+    # on a terminal a progress bar may be half drawn: clear its line, so the error starts one
+    stream.write(("\r\x1b[K" if tty else "") + f"{prog}: error: {message}\n")
     stream.flush()
 
 

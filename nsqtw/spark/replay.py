@@ -50,24 +50,30 @@ from typing import Any
 from collections.abc import Iterable, Iterator, Sequence
 from urllib.parse import quote, urlsplit
 
-from .cli import (InputError, Progress, UsageError, add_common_arguments, check_local_inputs, describe_error, error_class,
-                  local_path, run_main)
-from .session import add_spark_arguments, get_session, parse_conf
+from .cli import (InputError, JobError, Progress, UsageError, add_common_arguments, add_rejected_arguments,
+                  check_local_inputs, describe_error, error_class, first_line_where, local_path, progress_bar,
+                  report_rejected, run_main)
+from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
 
-__all__ = ["read_archives", "deduplicate", "filter_time", "encode_mpub", "HttpPublisher", "publish_rows",
+__all__ = ["read_archives", "read_archive_lines", "split_archive_lines", "jsonl_files", "ping_nsqd", "deduplicate", "filter_time", "encode_mpub", "HttpPublisher", "publish_rows",
            "write_archive", "parse_time", "main"]
 
 JSONL_SCHEMA = "topic STRING, channel STRING, node STRING, id STRING, timestamp BIGINT, attempts INT, body STRING"
 COLUMNS = ["topic", "channel", "node", "id", "timestamp", "attempts", "body", "source", "source_mtime", "line"]
 
 
-def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic: str | None = None,
-                  pattern: str | None = None, recursive: bool = False) -> Any:
-    """Archive lines as rows: topic, channel, id, timestamp (ns), attempts, body (bytes), source..."""
+#: Why a line of a jsonl archive was rejected (``reason`` in the rejected output).
+REJECT_MALFORMED = "malformed JSON (a torn or garbled line)"
+REJECT_ID = "id is not 16 hex digits"
+REJECT_TOPIC = "no topic"
+REJECT_BODY = "body is missing or not base64"
+
+
+def read_archive_lines(spark: Any, paths: Sequence[str], pattern: str | None = None, recursive: bool = False) -> Any:
+    """Every non-empty archive line: ``value``, ``source``, ``source_mtime``, ``line`` (an ordering
+    key), ``j`` (parsed as jsonl), ``body_bin`` and ``reject`` (null for a valid jsonl record, else why not)."""
     from pyspark.sql import functions as F
 
-    if fmt not in ("auto", "jsonl", "raw"):
-        raise ValueError(f"unknown archive format {fmt!r}")
     reader = spark.read.option("lineSep", "\n")
     if pattern:
         reader = reader.option("pathGlobFilter", pattern)
@@ -79,34 +85,91 @@ def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic
         F.col("_metadata.file_modification_time").alias("source_mtime"),
         F.monotonically_increasing_id().alias("line"),
     ).where(F.length("value") > 0)
-    parsed = F.from_json(F.col("value"), JSONL_SCHEMA)
-    is_json = (F.col("j.id").rlike("^[0-9a-f]{16}$") & F.col("j.topic").isNotNull()
-               & F.col("j.body").isNotNull())
-    lines = lines.withColumn("j", parsed if fmt != "raw" else F.lit(None).cast(_jsonl_struct()))
-    jsonl = lines.where(is_json).select(
+    parsed = F.from_json(F.col("value"), JSONL_SCHEMA + ", _corrupt_record STRING",
+                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
+    lines = lines.withColumn("j", parsed)
+    lines = lines.withColumn("body_bin", F.try_to_binary(F.col("j.body"), F.lit("base64")))
+    reject = (F.when(F.col("j").isNull() | F.col("j._corrupt_record").isNotNull(), F.lit(REJECT_MALFORMED))
+              .when(~F.coalesce(F.col("j.id").rlike("^[0-9a-f]{16}$"), F.lit(False)), F.lit(REJECT_ID))
+              .when(F.col("j.topic").isNull(), F.lit(REJECT_TOPIC))
+              .when(F.col("body_bin").isNull(), F.lit(REJECT_BODY)))
+    return lines.withColumn("reject", reject)
+
+
+def jsonl_files(lines: Any) -> list[str]:
+    """The files holding at least one valid jsonl record (``--format auto`` reads them as jsonl)."""
+    from pyspark.sql import functions as F
+
+    return sorted(r["source"] for r in lines.where(F.col("reject").isNull()).select("source").distinct().collect())
+
+
+def _as_jsonl(lines: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return lines.select(
         F.col("j.topic").alias("topic"), F.col("j.channel").alias("channel"), F.col("j.node").alias("node"),
-        F.col("j.id").alias("id"),
-        F.col("j.timestamp").alias("timestamp"), F.col("j.attempts").alias("attempts"),
-        F.unbase64(F.col("j.body")).alias("body"), "source", "source_mtime", "line")
+        F.col("j.id").alias("id"), F.col("j.timestamp").alias("timestamp"), F.col("j.attempts").alias("attempts"),
+        F.col("body_bin").alias("body"), "source", "source_mtime", "line")
+
+
+def _as_raw(lines: Any, raw_topic: str | None) -> Any:
+    from pyspark.sql import functions as F
+
     name = F.regexp_extract(F.col("source"), r"([^/]+)$", 1)
     topic = F.lit(raw_topic) if raw_topic else F.split(name, r"\.").getItem(0)
-    raw = lines.where(~F.coalesce(is_json, F.lit(False))).select(
+    return lines.select(
         topic.alias("topic"), F.lit(None).cast("string").alias("channel"), F.lit(None).cast("string").alias("node"),
         F.lit(None).cast("string").alias("id"),
         F.lit(None).cast("long").alias("timestamp"), F.lit(None).cast("int").alias("attempts"),
         F.col("value").cast("binary").alias("body"), "source", "source_mtime", "line")
-    if fmt == "jsonl":
-        return jsonl
+
+
+def split_archive_lines(lines: Any, fmt: str = "auto", raw_topic: str | None = None,
+                        jsonl_sources: Sequence[str] | None = None) -> tuple[Any, Any]:
+    """(records, rejected lines) from :func:`read_archive_lines`.
+
+    ``jsonl``: valid records; any other line is rejected.  ``raw``: every line is a body.  ``auto``:
+    decided per file: a file with a valid jsonl record (``jsonl_sources``) is a jsonl archive, and its
+    other lines are rejected (a torn record never becomes a message body); any other file is raw.
+    """
+    from pyspark.sql import functions as F
+
+    if fmt not in ("auto", "jsonl", "raw"):
+        raise ValueError(f"unknown archive format {fmt!r}")
+    valid = F.col("reject").isNull()
+    rejected_cols = [F.col("source").alias("file"), F.col("reject").alias("reason"), F.col("value")]
     if fmt == "raw":
-        return raw
-    return jsonl.unionByName(raw)
+        return _as_raw(lines, raw_topic), lines.where(F.lit(False)).select(*rejected_cols)
+    if fmt == "jsonl":
+        return _as_jsonl(lines.where(valid)), lines.where(~valid).select(*rejected_cols)
+    in_jsonl = F.col("source").isin(list(jsonl_sources or []))
+    records = _as_jsonl(lines.where(in_jsonl & valid)).unionByName(_as_raw(lines.where(~in_jsonl), raw_topic))
+    return records, lines.where(in_jsonl & ~valid).select(*rejected_cols)
 
 
-def _jsonl_struct() -> Any:
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-    return StructType([StructField("topic", StringType()), StructField("channel", StringType()),
-                       StructField("node", StringType()), StructField("id", StringType()), StructField("timestamp", LongType()),
-                       StructField("attempts", IntegerType()), StructField("body", StringType())])
+def read_archives(spark: Any, paths: Sequence[str], fmt: str = "auto", raw_topic: str | None = None,
+                  pattern: str | None = None, recursive: bool = False) -> Any:
+    """Archive lines as rows: topic, channel, id, timestamp (ns), attempts, body (bytes), source...
+
+    Rejected lines (see :func:`split_archive_lines`) are left out: the CLI counts and reports them.
+    """
+    if fmt not in ("auto", "jsonl", "raw"):
+        raise ValueError(f"unknown archive format {fmt!r}")
+    lines = read_archive_lines(spark, paths, pattern, recursive)
+    sources = jsonl_files(lines) if fmt == "auto" else None
+    return split_archive_lines(lines, fmt, raw_topic, sources)[0]
+
+
+def _flag_rejected_jsonl(value: Any) -> Any:
+    """A jsonl line that :func:`read_archive_lines` rejects (for numbering the first one)."""
+    from pyspark.sql import functions as F
+
+    j = F.from_json(value, JSONL_SCHEMA + ", _corrupt_record STRING",
+                    {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
+    body = F.try_to_binary(j["body"], F.lit("base64"))
+    return (F.length(value) > 0) & (j.isNull() | j["_corrupt_record"].isNotNull()
+                                    | ~F.coalesce(j["id"].rlike("^[0-9a-f]{16}$"), F.lit(False))
+                                    | j["topic"].isNull() | body.isNull())
 
 
 def parse_time(text: str) -> int:
@@ -307,6 +370,25 @@ def write_archive(df: Any, output: str, output_format: str = "jsonl", compressio
     writer.text(output)
 
 
+def ping_nsqd(address: str, timeout: float = 5.0) -> None:
+    """``GET /ping`` on an nsqd HTTP address: :class:`JobError` (one line) unless it answers 200 OK."""
+    scheme, port, host = HttpPublisher._split(address)
+    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    conn = cls(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/ping")
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            raise JobError(f"--nsqd-http-address {address}: GET /ping answered {resp.status} {resp.reason}; "
+                           "nothing read or published")
+    except (OSError, http.client.HTTPException) as e:
+        raise JobError(f"--nsqd-http-address {address}: nsqd not reachable ({getattr(e, 'strerror', None) or e}); "
+                       "nothing read or published") from None
+    finally:
+        conn.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nsqtw-replay",
@@ -333,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-format", choices=("jsonl", "raw"), default="jsonl")
     p.add_argument("--compression", default="gzip", help="gzip (default), none, or any Spark text codec")
     p.add_argument("--dry-run", action="store_true", help="count only")
+    add_rejected_arguments(p, "<output>/_rejected when the archive is written; otherwise not kept")
     add_common_arguments(p)
     add_spark_arguments(p)
     return p
@@ -357,6 +440,8 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.max_batch_bytes < 8:
         raise UsageError(f"--max-batch-bytes must be at least 8, not {args.max_batch_bytes}")
+    if args.max_bad_records < 0:
+        raise UsageError(f"--max-bad-records must not be negative, not {args.max_bad_records}")
     if args.rate < 0:
         raise UsageError(f"--rate must not be negative, not {args.rate}")
     for address in args.nsqd_http_address:
@@ -368,6 +453,7 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
         local = local_path(args.output)
         if local is not None and os.path.exists(local):
             raise UsageError(f"--output {args.output} already exists (a clean archive goes to a new directory)")
+    check_master(args.master)
     conf = parse_conf(args.conf)
     files = check_local_inputs(args.paths, args.pattern or None, args.recursive, args.allow_empty)
     return {"since": since, "until": until, "conf": conf, "files": files}
@@ -378,23 +464,44 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
     and missing or empty input."""
     out = out or sys.stdout
     checked = check_args(args)
+    if args.nsqd_http_address and not args.dry_run:
+        for address in args.nsqd_http_address:
+            ping_nsqd(address)  # before any Spark work: an unreachable nsqd fails in seconds, not after the job
+    from pyspark.sql import functions as F
+
     progress = Progress("nsqtw-replay", getattr(args, "quiet", False), err)
     own = spark is None
+    if own and args.master:
+        reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
     if own:
-        progress(f"starting Spark ({args.master})")
-        spark = get_session("nsqtw-replay", args.master, checked["conf"], progress=not args.quiet,
+        progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
+        spark = get_session("nsqtw-replay", args.master, checked["conf"], progress=progress_bar(args),
                             verbose=args.verbose)
-    df = result = None
+        progress(f"Spark {spark.version} on {spark.sparkContext.master}")
+    df = result = lines = None
     try:
         found = "" if checked["files"] is None else f" ({checked['files']} files)"
         progress(f"reading archives from {', '.join(args.paths)}{found}")
         try:
-            df = read_archives(spark, args.paths, args.format, args.topic or None, args.pattern or None,
-                               args.recursive)
+            lines = read_archive_lines(spark, args.paths, args.pattern or None, args.recursive).cache()
+            sources = jsonl_files(lines) if args.format == "auto" else None
         except Exception as e:
             if error_class(e) == "PATH_NOT_FOUND":
                 raise InputError("input not found: " + describe_error(e)) from e
             raise
+        df, rejected = split_archive_lines(lines, args.format, args.topic or None, sources)
+        bad = rejected.count()
+        deferred = None
+        if bad:
+            total_lines = lines.count()
+            first = rejected.agg(F.min("file")).collect()[0][0]
+            line = first_line_where(spark, first, _flag_rejected_jsonl)
+            rejected_info = (rejected, bad, total_lines, first, line)
+            if args.output and not args.dry_run and not args.rejected_path and bad <= args.max_bad_records:
+                deferred = rejected_info  # written beside the archive once it is written
+            else:
+                report_rejected("nsqtw-replay", rejected, bad, total_lines, first, line, args.rejected_path or None,
+                                args.max_bad_records, err)
         df = filter_time(df, checked["since"], checked["until"]).cache()
         read = df.count()
         if read == 0:
@@ -413,6 +520,10 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
             progress(f"writing the archive to {args.output}")
             write_archive(result, args.output, args.output_format, args.compression)
             out.write(f"archive written to {args.output}\n")
+        if deferred is not None:
+            report_rejected("nsqtw-replay", *deferred, args.output.rstrip("/") + "/_rejected", args.max_bad_records,
+                            err)
+        figures["rejected"] = bad
         if args.nsqd_http_address and not args.dry_run:
             progress(f"publishing {kept} messages to {', '.join(args.nsqd_http_address)}")
             publisher = HttpPublisher(args.nsqd_http_address)
@@ -426,7 +537,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
         progress("done")
         return figures
     finally:
-        for frame in (df, result):
+        for frame in (lines, df, result):
             if frame is not None:
                 frame.unpersist()
         if own:

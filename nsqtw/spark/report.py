@@ -15,7 +15,7 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 __all__ = ["line_chart", "render_report", "nice_ticks", "utc_text", "SUMMARY_COLUMNS", "summary_table",
-           "format_summary", "drain_text"]
+           "format_summary", "drain_text", "series_colors"]
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -84,11 +84,13 @@ def time_label(t: float, span: float) -> str:
 
 
 def line_chart(title: str, series: dict[str, list[Point]], unit: str = "", width: int = 900,
-               height: int = 280, marks: Mapping[str, Sequence[Any]] | None = None) -> str:
+               height: int = 280, marks: Mapping[str, Sequence[Any]] | None = None,
+               colors: Mapping[str, str] | None = None) -> str:
     """An SVG line chart; x is time (UTC), one coloured polyline and legend entry per series.
 
     ``marks``: ``restarts`` [(time, node)] drawn as dashed red lines, ``gaps`` [(start, end, node)]
-    as grey bands (no snapshots there)."""
+    as grey bands (no snapshots there).  ``colors``: a series' colour, so that it keeps it across
+    charts (by default the palette in order)."""
     esc = html.escape
     points = [p for pts in series.values() for p in pts]
     head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 24 * ((len(series) + 3) // 4)}" ' \
@@ -140,7 +142,7 @@ def line_chart(title: str, series: dict[str, list[Point]], unit: str = "", width
         parts.append(f'<text x="14" y="{top + ph / 2:.0f}" font-size="11" transform="rotate(-90 14 '
                      f'{top + ph / 2:.0f})" text-anchor="middle">{esc(unit)}</text>')
     for i, (name, pts) in enumerate(series.items()):
-        color = PALETTE[i % len(PALETTE)]
+        color = (colors or {}).get(name) or PALETTE[i % len(PALETTE)]
         if pts:
             coords = " ".join(f"{sx(t.timestamp()):.1f},{sy(v):.1f}" for t, v in sorted(pts))
             parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}">'
@@ -176,8 +178,9 @@ def _fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def drain_text(state: str | None, seconds: float | None) -> str:
-    """The "drain in" cell: a time while draining, "keeping up", "never" only for a growing backlog."""
+def drain_text(state: str | None, seconds: float | None, growth: float | None = None) -> str:
+    """The "drain in" cell: a time while draining, "keeping up", "never" only for a growing backlog
+    (with its growth rate, messages/s, when known)."""
     if state == "empty":
         return "0s"
     if state == "draining":
@@ -185,24 +188,39 @@ def drain_text(state: str | None, seconds: float | None) -> str:
     if state == "keeping up":
         return "keeping up"
     if state == "growing":
-        return "never"
+        return f"never (+{_fmt(float(growth))}/s)" if growth is not None else "never"
     return "-"
 
 
+def _short_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return datetime.fromtimestamp(value.timestamp(), timezone.utc).strftime("%m-%d %H:%MZ")
+
+
 SUMMARY_COLUMNS = ("node", "topic", "channel", "pub/s", "fin/s", "requeued", "timed out", "depth max",
-                   "backlog", "drain in", "clients", "e2e p99 ms", "restarts")
+                   "backlog", "drain in", "drain at", "clients", "e2e p99 ms", "restarts")
+
+
+def _get(row: Any, key: str) -> Any:
+    try:
+        return row[key]
+    except (KeyError, ValueError, IndexError):
+        return None
 
 
 def summary_table(rows: Sequence[Any]) -> list[list[str]]:
+    """Rates over the whole input; "drain in" from the series' last window with rates ("drain at")."""
     table = []
     for r in rows:
+        topic_empty = r["channel"] is None and r["drain_state"] == "empty"
         table.append([
             r["node"], r["topic"], r["channel"] if r["channel"] is not None else "(topic)",
             _fmt(r["publish_rate"]), _fmt(r["finish_rate"]),
             _fmt(r["requeued"], 0), _fmt(r["timed_out"], 0), _fmt(r["depth_max"]),
             _fmt(r["backlog_last"]),
-            "-" if r["channel"] is None and r["drain_state"] == "empty"
-            else drain_text(r["drain_state"], r["time_to_drain_s"]),
+            "-" if topic_empty else drain_text(r["drain_state"], r["time_to_drain_s"], _get(r, "backlog_growth_rate")),
+            "-" if topic_empty else _short_time(_get(r, "drain_window_start")),
             _fmt(r["clients_max"]), _fmt(r["e2e_p99_ms"]), _fmt(r["restarts"]),
         ])
     return table
@@ -222,7 +240,7 @@ def format_summary(rows: Sequence[Any], total: int | None = None) -> str:
     out = [fmt_line(SUMMARY_COLUMNS), "  ".join("-" * w for w in widths)]
     out.extend(fmt_line(line) for line in table)
     if total is not None and total > len(rows):
-        out.append(f"... {total - len(rows)} more rows in the Parquet output")
+        out.append(f"... {total - len(rows)} more series in the output (--limit to print more)")
     return "\n".join(out) + "\n"
 
 
@@ -233,6 +251,17 @@ table{border-collapse:collapse;font-size:12px} th,td{padding:3px 8px;border-bott
 th{background:#f3f3f3;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#666;font-size:12px;max-width:900px}
 """
+
+
+def series_colors(charts: Any) -> dict[str, str]:
+    """One colour per series name over all charts (in order of first appearance), so a channel is
+    the same colour in its finish-rate, depth, requeue and timeout charts."""
+    colors: dict[str, str] = {}
+    for series in charts:
+        for name in series:
+            if name not in colors:
+                colors[name] = PALETTE[len(colors) % len(PALETTE)]
+    return colors
 
 
 def render_report(summary_rows: Sequence[Any], series: dict[str, dict[str, list[Point]]], window: str,
@@ -252,10 +281,12 @@ def render_report(summary_rows: Sequence[Any], series: dict[str, dict[str, list[
             f"windows of {esc(window)}; {esc(utc_text(span[0]))} .. {esc(utc_text(span[1]))}. "
             "Finish rate = messages put to the channel minus the change of its backlog "
             "(depth + in flight + deferred). Dashed red lines: restarts (counters reset); grey bands: "
-            "no snapshots from a node.</p>"]
+            "no snapshots from a node. In the table, pub/s and fin/s are means over the whole span; drain in "
+            "comes from each series' last window with rates (drain at).</p>"]
+    colors = series_colors(series.get(key, {}) for _title, key, _unit in charts)
     for title, key, unit in charts:
         body.append(f"<h2>{esc(title)}</h2>")
-        body.append(line_chart(title, series.get(key, {}), unit, marks=marks))
+        body.append(line_chart(title, series.get(key, {}), unit, marks=marks, colors=colors))
     body.append("<h2>Summary</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in SUMMARY_COLUMNS) + "</tr>")
     for line in summary_table(summary_rows):
         body.append("<tr>" + "".join(

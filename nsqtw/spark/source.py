@@ -53,18 +53,21 @@ always true in local mode), ``failOnDataLoss`` (true), ``msgTimeout``,
 
 from __future__ import annotations
 
+import contextlib
+import copyreg
 import fcntl
 import json
 import logging
 import os
 import re
+import struct
 import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from collections.abc import Iterator, Sequence
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from .consumer import BlockingConsumer
 from .spool import DataLossError, Spool, read_range
@@ -80,45 +83,96 @@ _TRUE = ("true", "1", "yes", "on")
 
 
 class WorkerImportError(RuntimeError):
-    """Spark's Python workers cannot import nsqtw, so ``format("nsq")`` cannot run there."""
+    """Spark's Python processes cannot run ``format("nsq")`` (the planner on the driver or a worker)."""
 
 
-def _probe(module: str) -> Any:
-    """Run in a Spark Python worker: import ``module``, say where from (or which error)."""
-    def probe(_partition: Any) -> Any:
-        import importlib
-        import sys as worker_sys
-        try:
-            mod = importlib.import_module(module)
-        except Exception as e:  # reported to the driver, not raised: the driver words the advice
-            yield ("error", f"{type(e).__name__}: {e}", worker_sys.executable)
-        else:
-            yield ("ok", getattr(mod, "__file__", ""), worker_sys.executable)
-    return probe
+@contextlib.contextmanager
+def _shipped_by_value() -> Iterator[None]:
+    """While registering: pickle nsqtw's classes and functions by value, not by module reference.
 
-
-def check_workers(spark: Any, module: str = "nsqtw.spark.source") -> str:
-    """Fail at once, with the fix, when Spark's Python workers cannot import nsqtw.
-
-    The data source class travels to the workers by reference (module and name), so each worker
-    must import ``nsqtw`` itself; otherwise the query dies inside a worker with
-    ``ModuleNotFoundError: No module named 'nsqtw'``.  One tiny task finds out first.
-    Returns the worker's interpreter.
+    Spark runs a Python data source in Python processes of its own: the planner (``schema``,
+    ``streamReader``, the offsets and the consumer thread) is a Python worker that the driver's JVM
+    spawns with ``spark.pyspark.python``, and ``read`` runs on the executors.  ``--py-files`` does not
+    reach the planner, and a packed environment (``--archives``) is not unpacked on the driver in
+    client mode.  Shipped by value, the source needs nsqtw only in the driver program; Spark's other
+    Python processes need only pyspark and pyarrow, as any PySpark job does.  Scoped: the registry
+    is restored afterwards, so nothing else pickles differently.
     """
-    sc = spark.sparkContext
+    from pyspark import cloudpickle
+
+    import nsqtw
+
+    already = nsqtw.__name__ in cloudpickle.list_registry_pickle_by_value()
+    if not already:
+        cloudpickle.register_pickle_by_value(nsqtw)
+    # module-level struct.Struct objects (the codecs') do not pickle: rebuilt from their format
+    saved = copyreg.dispatch_table.get(struct.Struct)
+    copyreg.dispatch_table[struct.Struct] = _reduce_struct
     try:
-        status, detail, executable = sc.parallelize([0], 1).mapPartitions(_probe(module)).collect()[0]
-    except Exception as e:  # the worker itself failed to start (a wrong PYSPARK_PYTHON...)
+        yield
+    finally:
+        if saved is None:
+            copyreg.dispatch_table.pop(struct.Struct, None)
+        else:
+            copyreg.dispatch_table[struct.Struct] = saved
+        if not already:
+            cloudpickle.unregister_pickle_by_value(nsqtw)
+
+
+class _Struct(struct.Struct):
+    """A ``struct.Struct`` that pickles (by its format): what a shipped codec's Struct becomes, so the
+    planner process can ship the reader on to the executors in turn."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Struct, (self.format,))
+
+
+def _reduce_struct(s: struct.Struct) -> tuple[Any, ...]:
+    return (_Struct, (s.format,))
+
+
+class _ProbeReader(DataSourceReader):
+    def read(self, partition: Any) -> Iterator[tuple[str, str]]:
+        import sys as worker_sys
+        yield (worker_sys.executable, f"{worker_sys.version_info[0]}.{worker_sys.version_info[1]}")
+
+
+class _ProbeDataSource(DataSource):
+    """``format("nsqtw_probe")``: one row through the path ``format("nsq")`` takes (planner, executor)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsqtw_probe"
+
+    def schema(self) -> str:
+        return "python STRING, version STRING"
+
+    def reader(self, schema: Any) -> _ProbeReader:
+        return _ProbeReader()
+
+
+def check_workers(spark: Any) -> str:
+    """Fail at once, with the fix, when Spark's Python processes cannot run the source.
+
+    Reads one row through a probe data source registered exactly as :func:`register` registers
+    ``format("nsq")``: planned by the driver-side Python worker (``spark.pyspark.python``), read on
+    an executor.  Returns the executor's interpreter.
+    """
+    with _shipped_by_value():
+        spark.dataSource.register(_ProbeDataSource)
+    try:
+        row = spark.read.format("nsqtw_probe").load().collect()[0]
+    except Exception as e:  # a worker that does not start (a wrong spark.pyspark.python, no pyarrow...)
         from .cli import describe_error
-        status, detail, executable = "error", describe_error(e), getattr(sc, "pythonExec", "?")
-    if status == "ok":
-        return str(executable)
-    raise WorkerImportError(
-        f"nsq source: Spark's Python workers cannot import {module} ({detail}; worker Python: "
-        f"{executable}, from PYSPARK_PYTHON or spark.pyspark.python, default python3). The workers run "
-        "format('nsq') and need nsqtw: in local mode set PYSPARK_PYTHON to this interpreter "
-        f"({sys.executable}) before the SparkSession is created; on a cluster install nsqtw on every "
-        "executor (pip install nsqtw) or ship it with spark-submit --py-files nsqtw.zip (spark.submit.pyFiles)")
+        worker = getattr(spark.sparkContext, "pythonExec", None) or os.environ.get("PYSPARK_PYTHON", "python3")
+        raise WorkerImportError(
+            f"nsq source: Spark's Python workers cannot run a Python data source ({describe_error(e)}; "
+            f"worker Python: {worker}, from spark.pyspark.python or PYSPARK_PYTHON, default python3). They "
+            f"need this driver's Python version ({sys.version_info[0]}.{sys.version_info[1]}) with pyspark and "
+            "pyarrow; nsqtw itself is shipped with the query. In local mode set PYSPARK_PYTHON to this "
+            f"interpreter ({sys.executable}) before the SparkSession is created; on a cluster set "
+            "spark.pyspark.python to such a Python on every node") from e
+    return str(row["python"])
 
 
 class SourceProcessDied(RuntimeError):
@@ -182,11 +236,13 @@ def await_termination(query: Any, timeout: float | None = None) -> Any:
 
 
 def register(spark: Any, check: bool = True) -> None:
-    """Make ``format("nsq")`` known to this SparkSession; first check (``check``) that Spark's Python
-    workers can import nsqtw, and raise :class:`WorkerImportError` with the fix when they cannot."""
+    """Make ``format("nsq")`` known to this SparkSession, its code shipped with it (Spark's Python
+    processes need pyspark, not nsqtw); first check (``check``) that they can run a Python data source,
+    and raise :class:`WorkerImportError` with the fix when they cannot."""
     if check:
         check_workers(spark)
-    spark.dataSource.register(NsqDataSource)
+    with _shipped_by_value():
+        spark.dataSource.register(NsqDataSource)
 
 
 class SpoolPartition(InputPartition):
@@ -396,13 +452,14 @@ class NsqStreamReader(DataSourceStreamReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, SpoolPartition)
-        topic, channel = partition.topic, partition.channel
-        if partition.records is not None:
-            for mid, ts, attempts, body in partition.records:
+        # a SpoolPartition; its class arrives by value (a copy per pickle), so no isinstance here
+        part: Any = partition
+        topic, channel = part.topic, part.channel
+        if part.records is not None:
+            for mid, ts, attempts, body in part.records:
                 yield _row(topic, channel, mid, ts, attempts, body)
             return
-        for path, a, b in partition.pieces:
+        for path, a, b in part.pieces:
             for m in read_range(path, a, b):
                 yield _row(topic, channel, m.id, m.timestamp, m.attempts, m.body)
 

@@ -52,17 +52,21 @@ have ``channel`` null and ``level`` "topic".  Output: Parquet partitioned by
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import glob
+import math
 import os
 import sys
 from typing import Any
 from collections.abc import Sequence
 
 from ..options import OptionError, parse_duration
-from .cli import InputError, Progress, UsageError, add_common_arguments, check_local_inputs, describe_error, error_class, run_main
+from .cli import (InputError, Progress, UsageError, add_common_arguments, add_rejected_arguments, check_local_inputs,
+                  describe_error, error_class, first_line_where, local_path, progress_bar, report_rejected, run_main)
 from .report import SUMMARY_COLUMNS, format_summary, render_report, summary_table, utc_text
-from .session import add_spark_arguments, get_session, parse_conf
+from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
 
-__all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "snapshot_rows", "compute_stats", "summarize",
+__all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "read_snapshot_lines", "shuffle_partitions", "summary_document", "snapshot_rows", "compute_stats", "summarize",
            "format_summary", "summary_table", "SUMMARY_COLUMNS", "chart_series", "chart_marks", "main"]
 
 _E2E = "STRUCT<count: BIGINT, percentiles: ARRAY<STRUCT<quantile: DOUBLE, value: DOUBLE>>>"
@@ -79,12 +83,38 @@ KEYS = ["node", "topic", "channel"]
 DEFAULT_PATTERN = "nsqd-stats.*"
 
 
-def read_snapshots(spark: Any, paths: Sequence[str], pattern: str | None = DEFAULT_PATTERN) -> Any:
-    """Export lines from files or directories (any Hadoop URI); a torn last line is dropped."""
-    reader = spark.read.schema(SNAPSHOT_SCHEMA).option("mode", "DROPMALFORMED")
+#: Why a line was rejected (the ``reason`` of ``_rejected`` records).
+MALFORMED = "malformed JSON, or a field of the wrong type"
+NOT_A_SNAPSHOT = "not an export record (no timestamp or stats)"
+
+
+def read_snapshot_lines(spark: Any, paths: Sequence[str], pattern: str | None = DEFAULT_PATTERN) -> Any:
+    """Every export line, parsed: the snapshot's columns plus ``_file``, ``_value`` (the line) and
+    ``_bad`` (null for a good record, else why it is rejected: :data:`MALFORMED`, :data:`NOT_A_SNAPSHOT`).
+
+    A record with one field of the wrong type (a string ``message_count``) is rejected whole, never
+    half used.
+    """
+    from pyspark.sql import functions as F
+
+    reader = spark.read.option("lineSep", "\n")
     if pattern:
         reader = reader.option("pathGlobFilter", pattern)
-    return reader.json(list(paths))
+    lines = reader.text(list(paths)).where(F.length(F.trim("value")) > 0)
+    parsed = F.from_json("value", SNAPSHOT_SCHEMA + ", _corrupt_record STRING",
+                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
+    rows = lines.select(F.col("value").alias("_value"), F.col("_metadata.file_path").alias("_file"),
+                        parsed.alias("j"))
+    bad = (F.when(F.col("j").isNull() | F.col("j._corrupt_record").isNotNull(), F.lit(MALFORMED))
+           .when(F.col("j.timestamp").isNull() | F.col("j.stats").isNull(), F.lit(NOT_A_SNAPSHOT)))
+    return rows.select("j.timestamp", "j.node", "j.stats", "_file", "_value", bad.alias("_bad"))
+
+
+def read_snapshots(spark: Any, paths: Sequence[str], pattern: str | None = DEFAULT_PATTERN) -> Any:
+    """The good export records of :func:`read_snapshot_lines` (files or directories, any Hadoop URI)."""
+    from pyspark.sql import functions as F
+
+    return read_snapshot_lines(spark, paths, pattern).where(F.col("_bad").isNull())
 
 
 def snapshot_rows(snapshots: Any) -> Any:
@@ -168,8 +198,16 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
                  | F.coalesce(col("req") < col("p_req"), F.lit(False))
                  | F.coalesce(col("tmo") < col("p_tmo"), F.lit(False)))
     reset = F.coalesce(restart | decreased, F.lit(False))
+    # nsqd's counters never go below zero: such a snapshot is not used for rates, and flagged
+    negative = F.coalesce((col("msg") < 0) | (col("bytes") < 0) | (col("req") < 0) | (col("tmo") < 0)
+                          | (col("depth") < 0) | (col("backlog") < 0), F.lit(False))
+    p_negative = F.coalesce((col("p_msg") < 0) | (col("p_bytes") < 0) | (col("p_req") < 0) | (col("p_tmo") < 0)
+                            | (col("p_backlog") < 0), F.lit(False))
+    # a counter that went down without a restart: a topic or channel deleted and re-created (a
+    # reset), or a broken exporter; counted as a reset and flagged
+    anomaly = negative | (col("p_t").isNotNull() & F.coalesce(decreased & ~restart, F.lit(False)))
 
-    usable = col("p_t").isNotNull()
+    usable = col("p_t").isNotNull() & ~negative & ~p_negative
     if max_gap and max_gap > 0:
         usable = usable & ((col("t") - col("p_t")) <= F.lit(float(max_gap)))
 
@@ -188,6 +226,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         delta("msg").alias("d_msg"), delta("bytes").alias("d_bytes"), delta("req").alias("d_req"),
         delta("tmo").alias("d_tmo"), finished.alias("d_fin"), d_backlog.alias("d_backlog"),
         F.when(usable & reset, 1).otherwise(0).alias("reset"),
+        F.when(anomaly, 1).otherwise(0).alias("anomaly"),
         # a restart counts in the window holding its start_time, other resets in the snapshot's own
         F.when(usable & F.coalesce(restarted_inside, F.lit(False)), F.floor(col("start_time") / W))
         .otherwise(own).alias("reset_k"),
@@ -222,6 +261,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         F.sum(col("d_tmo") * col("wgt")).alias("timed_out"),
         F.sum(col("d_backlog") * col("wgt")).alias("backlog_change"),
         F.sum(F.when(col("k") == col("reset_k"), col("reset")).otherwise(0)).alias("restarts"),
+        F.sum(F.when(sample, col("anomaly")).otherwise(0)).alias("counter_anomalies"),
     )
     quantiles = F.array_distinct(F.transform("e2e_all", lambda p: p["quantile"]))
     e2e_ms = F.when(F.size("e2e_all") > 0, F.map_from_arrays(
@@ -270,7 +310,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
                 "depth_max", "depth_mean", "depth_last", "backlog_last", "backlog_growth_rate",
                 "drain_state", drain.alias("time_to_drain_s"),
                 "clients_max", "clients_mean", e2e_ms.alias("e2e_ms"),
-                "restarts",
+                "restarts", "counter_anomalies",
             ))
 
 
@@ -290,6 +330,12 @@ def summarize(result: Any) -> Any:
         F.max_by("drain_state", F.when(col("drain_state").isNotNull(), col("window_start"))).alias("drain_state"),
         F.max_by("time_to_drain_s", F.when(col("drain_state").isNotNull(), col("window_start")))
         .alias("time_to_drain_s"),
+        F.max_by("backlog_growth_rate", F.when(col("drain_state").isNotNull(), col("window_start")))
+        .alias("backlog_growth_rate"),
+        F.max(F.when(col("drain_state").isNotNull(), col("window_start"))).alias("drain_window_start"),
+        F.max(F.when(col("drain_state").isNotNull(), col("window_end"))).alias("drain_window_end"),
+        F.sum("depth_mean").alias("depth_sum"),
+        F.sum("counter_anomalies").alias("counter_anomalies"),
         F.max("clients_max").alias("clients_max"),
         F.max(F.col("e2e_ms").getItem("0.99")).alias("e2e_p99_ms"),
         F.sum("restarts").alias("restarts"),
@@ -298,33 +344,52 @@ def summarize(result: Any) -> Any:
         .orderBy("topic", F.col("channel").asc_nulls_first(), "node"))
 
 
-def chart_series(result: Any, top: int = 8) -> dict[str, dict[str, list[Any]]]:
-    """Cluster-wide series (summed over nodes) for the report: the busiest topics and channels."""
+def _series_name(row: Any) -> str:
+    return row["topic"] if row["channel"] is None else f"{row['topic']}/{row['channel']}"
+
+
+_CHARTS = (("publish_rate", "topic", "publish_rate", "published"), ("finish_rate", "channel", "finish_rate", "finished"),
+           ("depth", "channel", "depth", "depth_sum"), ("requeue_rate", "channel", "requeue_rate", "requeued"),
+           ("timeout_rate", "channel", "timeout_rate", "timed_out"), ("topic_depth", "topic", "depth", "depth_sum"))
+
+
+def chart_series(result: Any, top: int = 8, summary_rows: Sequence[Any] | None = None) -> dict[str, dict[str, list[Any]]]:
+    """Cluster-wide series (summed over nodes) for the report: the busiest topics and channels.
+
+    The busiest are ranked from the summary (``summary_rows``, :func:`summarize`'s rows; computed when
+    not given), then one job collects the windows of just those series.
+    """
     from pyspark.sql import functions as F
 
     col = F.col
+    if summary_rows is None:
+        summary_rows = summarize(result).collect()
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    for r in summary_rows:
+        t = totals.setdefault((r["level"], _series_name(r)), {})
+        for field in ("published", "finished", "requeued", "timed_out", "depth_sum"):
+            t[field] = t.get(field, 0.0) + float(r[field] or 0.0)
+    chosen: dict[str, list[str]] = {}
+    for key, level, _metric, total in _CHARTS:
+        ranked = sorted((-v[total], name) for (lv, name), v in totals.items() if lv == level and v[total] > 0)
+        chosen[key] = [name for _neg, name in ranked[:top]]
+    out: dict[str, dict[str, list[Any]]] = {key: {n: [] for n in names} for key, names in chosen.items()}
+    wanted = sorted({n for names in chosen.values() for n in names})
+    if not wanted:
+        return out
     named = result.withColumn("series", F.when(col("channel").isNull(), col("topic"))
                               .otherwise(F.concat_ws("/", "topic", "channel")))
-    per_t = named.groupBy("level", "series", "window_start").agg(
+    per_t = named.where(col("series").isin(wanted)).groupBy("level", "series", "window_start").agg(
         F.sum("publish_rate").alias("publish_rate"), F.sum("finish_rate").alias("finish_rate"),
         F.sum("depth_mean").alias("depth"), F.sum("requeue_rate").alias("requeue_rate"),
         F.sum("timeout_rate").alias("timeout_rate"))
-    out: dict[str, dict[str, list[Any]]] = {}
-    plan = (("publish_rate", "topic", "publish_rate"), ("finish_rate", "channel", "finish_rate"),
-            ("depth", "channel", "depth"), ("requeue_rate", "channel", "requeue_rate"),
-            ("timeout_rate", "channel", "timeout_rate"), ("topic_depth", "topic", "depth"))
-    for key, level, metric in plan:
-        ranked = (per_t.where(col("level") == level).groupBy("series")
-                  .agg(F.sum(metric).alias("total")).where(col("total") > 0)
-                  .orderBy(col("total").desc()).limit(top).collect())
-        names = [r["series"] for r in ranked]
-        series: dict[str, list[Any]] = {n: [] for n in names}
-        if names:
-            for r in (per_t.where((col("level") == level) & col("series").isin(names))
-                      .select("series", "window_start", metric).orderBy("window_start").collect()):
-                if r[metric] is not None:
-                    series[r["series"]].append((r["window_start"], float(r[metric])))
-        out[key] = series
+    for r in per_t.collect():
+        for key, level, metric, _total in _CHARTS:
+            if r["level"] == level and r["series"] in out[key] and r[metric] is not None:
+                out[key][r["series"]].append((r["window_start"], float(r[metric])))
+    for series in out.values():
+        for points in series.values():
+            points.sort()
     return out
 
 
@@ -369,19 +434,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nsqtw-stats",
         description="Rates, depths and latencies per node/topic/channel/window from nsqd "
                     "--stats-export-path snapshots (JSON Lines), with Spark. Exit status: 0 done, "
-                    "1 the Spark job failed, 2 bad arguments, 3 input missing or empty.")
+                    "1 the Spark job failed, 2 bad arguments, 3 input missing or empty, "
+                    "4 more malformed input lines than --max-bad-records.")
     p.add_argument("paths", nargs="+", help="snapshot files or directories: local paths or Hadoop URIs "
                                             "(file:///, hdfs://, s3a://...)")
     p.add_argument("--window", default="1m", help="window length, a Go duration (default 1m)")
     p.add_argument("--max-gap", default="1h",
                    help="longest interval between two snapshots still used for rates (default 1h; 0 = any)")
     p.add_argument("-o", "--output", default="nsq-stats.parquet",
-                   help="Parquet output directory, partitioned by date (default ./nsq-stats.parquet; '' = none)")
+                   help="output directory, partitioned by date (default ./nsq-stats.parquet; '' = none)")
+    p.add_argument("--format", choices=OUTPUT_FORMATS, default="parquet",
+                   help="output format (default parquet; csv has a header and e2e_ms as a JSON object)")
     p.add_argument("--mode", choices=("overwrite", "append"), default="overwrite",
                    help="overwrite replaces only the dates present in the input (default)")
     p.add_argument("--pattern", default=DEFAULT_PATTERN,
                    help=f"file name glob inside directories (default {DEFAULT_PATTERN!r}; '' = every file)")
+    add_rejected_arguments(p, "<output>/_rejected; none without an output")
     p.add_argument("--html", default="", help="also write a one-page HTML report with SVG charts to this file")
+    p.add_argument("--summary-json", default="", metavar="FILE",
+                   help="also write the summary as JSON (figures for a scheduler: series, rows, rejected "
+                        "lines, every series' totals)")
     p.add_argument("--limit", type=int, default=50, help="rows of the printed summary (default 50)")
     p.add_argument("--top", type=int, default=8, help="series per chart in the HTML report (default 8)")
     add_common_arguments(p)
@@ -389,8 +461,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+OUTPUT_FORMATS = ("parquet", "csv", "json")
+
+
+def _parent_must_exist(flag: str, path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: directory {parent} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: is a directory")
+
+
+def _output_must_be_a_directory(flag: str, path: str) -> None:
+    local = local_path(path)
+    if local is not None and os.path.exists(local) and not os.path.isdir(local):
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+
+
+def _local_bytes(paths: Sequence[str], pattern: str | None) -> int | None:
+    """The size of the local input (for sizing shuffles), None when some of it is not local."""
+    total = 0
+    for path in paths:
+        local = local_path(path)
+        if local is None:
+            return None
+        for found in glob.glob(local) if glob.has_magic(local) else [local]:
+            for root, _dirs, files in os.walk(found) if os.path.isdir(found) else [("", [], [found])]:
+                for name in files:
+                    if pattern and root and not fnmatch.fnmatchcase(name, pattern):
+                        continue
+                    try:
+                        total += os.path.getsize(os.path.join(root, name))
+                    except OSError:
+                        pass
+    return total
+
+
+def shuffle_partitions(input_bytes: int | None, cores: int | None = None) -> int:
+    """Shuffle partitions for a local master: two per core, more for a big input (one per 128 MiB),
+    at most Spark's default 200.  Spark's 200 cost ~75 CPU-s of fixed work on small inputs."""
+    cores = cores or os.cpu_count() or 2
+    wanted = 2 * cores
+    if input_bytes:
+        wanted = max(wanted, math.ceil(input_bytes / (128 << 20)))
+    return max(1, min(200, wanted))
+
+
 def check_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything that can be wrong before Spark starts: values, and local inputs that are not there."""
+    """Everything that can be wrong before Spark starts: values, outputs, and local inputs that are not there."""
     try:
         window = parse_duration(args.window, "window")
         max_gap = parse_duration(args.max_gap, "max-gap")
@@ -404,66 +522,181 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--limit must not be negative, not {args.limit}")
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, not {args.top}")
+    if args.max_bad_records < 0:
+        raise UsageError(f"--max-bad-records must not be negative, not {args.max_bad_records}")
     if args.html:
-        parent = os.path.dirname(os.path.abspath(args.html))
-        if not os.path.isdir(parent):
-            raise UsageError(f"--html {args.html}: directory {parent} does not exist")
+        _parent_must_exist("--html", args.html)
+    if args.summary_json:
+        _parent_must_exist("--summary-json", args.summary_json)
+    if args.output:
+        _output_must_be_a_directory("--output", args.output)
+    if args.rejected_path:
+        _output_must_be_a_directory("--rejected-path", args.rejected_path)
+    check_master(args.master)
     conf = parse_conf(args.conf)
     files = check_local_inputs(args.paths, args.pattern or None, allow_empty=args.allow_empty)
-    return {"window": window, "max_gap": max_gap, "conf": conf, "files": files}
+    return {"window": window, "max_gap": max_gap, "conf": conf, "files": files,
+            "bytes": _local_bytes(args.paths, args.pattern or None)}
+
+
+def _flag_bad(value: Any) -> Any:
+    """The parse of :func:`read_snapshot_lines` as a flag on a line (blank lines are not rejected)."""
+    from pyspark.sql import functions as F
+
+    parsed = F.from_json(value, SNAPSHOT_SCHEMA + ", _corrupt_record STRING",
+                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
+    return (F.length(F.trim(value)) > 0) & (parsed.isNull() | parsed["_corrupt_record"].isNotNull()
+                                            | parsed["timestamp"].isNull() | parsed["stats"].isNull())
+
+
+def _handle_rejected(spark: Any, lines: Any, args: argparse.Namespace, figures: dict[str, Any], err: Any) -> None:
+    """Say how many lines were rejected and where the first one is; write them out; fail past the threshold."""
+    from pyspark.sql import functions as F
+
+    first = figures["first_rejected_file"]
+    line = first_line_where(spark, first, _flag_bad) if first else None
+    figures["first_rejected_line"] = line
+    target = args.rejected_path or (args.output.rstrip("/") + "/_rejected" if args.output else "")
+    rejected = lines.where(F.col("_bad").isNotNull()).select(
+        F.col("_file").alias("file"), F.col("_bad").alias("reason"), F.col("_value").alias("value"))
+    figures["rejected_path"] = report_rejected("nsqtw-stats", rejected, figures["rejected_lines"],
+                                               figures["input_lines"], first, line, target or None,
+                                               args.max_bad_records, err)
+
+
+def _delete_path(spark: Any, path: str) -> None:
+    """Delete a directory through Hadoop's FileSystem (any URI Spark reads)."""
+    jvm = spark.sparkContext._jvm
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if fs.exists(target):
+        fs.delete(target, True)
+
+
+def _write_result(result: Any, output: str, fmt: str, mode: str) -> None:
+    from pyspark.sql import functions as F
+
+    writer_df = result
+    if fmt == "csv":  # CSV has no map type: e2e_ms as a JSON object
+        writer_df = result.withColumn("e2e_ms", F.to_json("e2e_ms"))
+    writer = writer_df.write.mode(mode).partitionBy("date")
+    if fmt == "csv":
+        writer.option("header", "true").csv(output)
+    elif fmt == "json":
+        writer.json(output)
+    else:
+        writer.parquet(output)
+
+
+def _json_value(value: Any) -> Any:
+    from datetime import datetime
+
+    if isinstance(value, datetime):
+        return utc_text(value).replace(" ", "T")
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def summary_document(rows: Sequence[Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """``--summary-json``: the run's figures and every series' summary row."""
+    return {**{k: _json_value(v) for k, v in figures.items()},
+            "series": [{k: _json_value(v) for k, v in r.asDict().items()} for r in rows]}
 
 
 def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any = None) -> dict[str, Any]:
     """The job behind the CLI; returns figures for callers and tests.
 
-    Raises :class:`~nsqtw.spark.cli.JobError` (one line) for bad arguments and missing or empty input.
+    Raises :class:`~nsqtw.spark.cli.JobError` (one line) for bad arguments, missing or empty input and
+    more malformed lines than ``--max-bad-records``.
     """
     out = out or sys.stdout
     checked = check_args(args)
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
     window, max_gap = checked["window"], checked["max_gap"]
     progress = Progress("nsqtw-stats", getattr(args, "quiet", False), err)
     own = spark is None
+    if own and args.master:
+        reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
     if own:
-        progress(f"starting Spark ({args.master})")
-        spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=not args.quiet,
-                            verbose=args.verbose)
+        progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
+        spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=progress_bar(args),
+                            verbose=args.verbose,
+                            local_conf={"spark.sql.shuffle.partitions": str(shuffle_partitions(checked["bytes"]))})
+        progress(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = None
     try:
         found = "" if checked["files"] is None else f" ({checked['files']} files)"
         progress(f"reading snapshots from {', '.join(args.paths)}{found}")
-        snapshots = _read_or_fail(spark, args.paths, args.pattern or None)
+        lines = _read_or_fail(spark, args.paths, args.pattern or None)
+        observed = Observation("nsqtw_stats_input")
+        counted = lines.observe(observed, F.count(F.lit(1)).alias("lines"), F.count("_bad").alias("bad"),
+                                F.min(F.when(F.col("_bad").isNotNull(), F.col("_file"))).alias("first_bad_file"))
         progress(f"computing {args.window} windows")
-        result = compute_stats(snapshots, window, max_gap).cache()
-        rows_total = result.count()
-        if rows_total == 0:
+        result = compute_stats(counted.where(F.col("_bad").isNull()), window, max_gap).cache()
+        # the one pass over the input: it fills the cache, the rest reads the (small) result
+        all_rows = summarize(result).collect()
+        try:
+            metrics = observed.get
+        except Exception:  # no metrics when Spark optimized the (empty) plan away: count again, cheaply
+            metrics = lines.agg(F.count(F.lit(1)).alias("lines"), F.count("_bad").alias("bad"), F.min(
+                F.when(F.col("_bad").isNotNull(), F.col("_file"))).alias("first_bad_file")).collect()[0].asDict()
+        figures: dict[str, Any] = {
+            "window": args.window, "input_lines": int(metrics.get("lines") or 0),
+            "rejected_lines": int(metrics.get("bad") or 0), "first_rejected_file": metrics.get("first_bad_file"),
+            "first_rejected_line": None, "rejected_path": None,
+        }
+        if figures["rejected_lines"]:
+            _handle_rejected(spark, lines, args, figures, err)
+        elif args.output and not args.rejected_path:
+            _delete_path(spark, args.output.rstrip("/") + "/_rejected")  # a previous run's, now stale
+        total = len(all_rows)
+        if total == 0:
             what = f"no snapshots in {', '.join(args.paths)}" + (
                 f" (files matching --pattern {args.pattern!r} hold no export records)" if args.pattern else "")
             if not args.allow_empty:
                 raise InputError(what + " (--allow-empty to accept that)")
             out.write(f"nsqtw-stats: 0 node/topic/channel series: {what}; nothing written\n")
-            return {"series": 0, "rows": []}
+            return {"series": 0, "rows": [], **figures}
+        first = min(r["first"] for r in all_rows)
+        last = max(r["last"] for r in all_rows)
+        anomalies = sum(int(r["counter_anomalies"] or 0) for r in all_rows)
+        figures.update({"master": spark.sparkContext.master, "series_count": total, "first": first, "last": last, "counter_anomalies": anomalies,
+                        "output": args.output or None, "format": args.format, "rows_written": 0})
+        if anomalies:
+            (err or sys.stderr).write(
+                f"nsqtw-stats: warning: {anomalies} snapshots with a counter that went down without a restart "
+                "(a topic or channel re-created, or a broken exporter) or below zero; negative counters are not "
+                "used for rates (column counter_anomalies)\n")
         if args.output:
-            progress(f"writing {rows_total} rows to {args.output}")
-            result.write.mode(args.mode).partitionBy("date").parquet(args.output)
+            rows_total = result.count()
+            progress(f"writing {rows_total} rows to {args.output} ({args.format})")
+            _write_result(result, args.output, args.format, args.mode)
+            figures["rows_written"] = rows_total
         progress("summarizing")
-        summary = summarize(result)
-        total = summary.count()
-        rows = summary.limit(args.limit).collect()
-        from pyspark.sql import functions as F
-        span = result.agg(F.min("window_start"), F.max("window_end")).collect()[0]
+        rows = all_rows[:args.limit]
         out.write(f"nsqtw-stats: {total} node/topic/channel series, windows of {args.window}, "
-                  f"{utc_text(span[0])} .. {utc_text(span[1])}\n\n")
+                  f"{utc_text(first)} .. {utc_text(last)}\n")
+        out.write(f"pub/s and fin/s: means over each series' snapshots in {utc_text(first)} .. {utc_text(last)}; "
+                  "drain in: the backlog's trend in the series' last window with rates (drain at)\n\n")
         out.write(format_summary(rows, total))
+        if args.summary_json:
+            import json
+            with open(args.summary_json, "w", encoding="utf-8") as f:
+                json.dump(summary_document(all_rows, figures), f, indent=1)
+                f.write("\n")
         if args.html:
             progress(f"writing the report to {args.html}")
-            html = render_report(summary_rows=summary.limit(max(args.limit, 200)).collect(),
-                                 series=chart_series(result, args.top), window=args.window,
-                                 span=(span[0], span[1]), total=total, marks=chart_marks(result))
+            html = render_report(summary_rows=all_rows[:max(args.limit, 200)],
+                                 series=chart_series(result, args.top, all_rows), window=args.window,
+                                 span=(first, last), total=total, marks=chart_marks(result))
             with open(args.html, "w", encoding="utf-8") as f:
                 f.write(html)
             out.write(f"\nreport written to {args.html}\n")
         progress("done")
-        return {"series": total, "rows": rows}
+        return {"series": total, "rows": rows, **figures}
     finally:
         if result is not None:
             result.unpersist()
@@ -472,9 +705,9 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
 
 
 def _read_or_fail(spark: Any, paths: Sequence[str], pattern: str | None) -> Any:
-    """:func:`read_snapshots`, with Spark's "path does not exist" as one :class:`InputError` line."""
+    """:func:`read_snapshot_lines`, with Spark's "path does not exist" as one :class:`InputError` line."""
     try:
-        return read_snapshots(spark, paths, pattern)
+        return read_snapshot_lines(spark, paths, pattern)
     except Exception as e:
         if error_class(e) == "PATH_NOT_FOUND":
             raise InputError("input not found: " + describe_error(e)) from e

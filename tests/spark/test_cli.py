@@ -161,3 +161,99 @@ def test_progress_goes_to_stderr_quiet_silences_it(tmp_path, capsys) -> None:
     assert captured.out == ""
     assert stats.main([str(tmp_path), "--quiet", "--window", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("master,words", [
+    ("bogus://x", "--master 'bogus://x': not a Spark master URL"),
+    ("local[0]", "--master 'local[0]': not a Spark master URL"),
+    ("yarn-client", "--master 'yarn-client': not a Spark master URL"),
+    ("spark://host-without-port", "--master spark://host-without-port: expected spark://host:port"),
+])
+def test_bad_master_is_a_usage_error_before_spark(tmp_path, master, words) -> None:
+    (tmp_path / "nsqd-stats.2024-01-01_00.a_4151.jsonl").write_bytes(b"{}\n")
+    code, err = _run(stats.main, [str(tmp_path), "-o", "", "--master", master])
+    assert code == cli.EXIT_USAGE
+    _one_line(err, "nsqtw-stats: error: " + words)
+
+
+def test_unreachable_master_fails_at_once_naming_it(tmp_path) -> None:
+    """spark://127.0.0.1:<closed>: one line naming the master and the reason, no JVM (Spark itself
+    retries for over a minute, then says 'Cannot call methods on a stopped SparkContext')."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "nsqd-stats.2024-01-01_00.a_4151.jsonl").write_bytes(b"{}\n")
+    for main in (stats.main, replay.main):
+        argv = [str(tmp_path), "--master", f"spark://127.0.0.1:{port}"] + (["-o", ""] if main is stats.main
+                                                                            else ["--dry-run"])
+        code, err = _run(main, argv)
+        assert code == cli.EXIT_FAILED
+        _one_line(err, f"error: cannot reach the Spark master spark://127.0.0.1:{port} (127.0.0.1:{port}: ",
+                  "refused")
+
+
+def test_stats_output_that_is_a_file_fails_before_spark(tmp_path) -> None:
+    (tmp_path / "nsqd-stats.2024-01-01_00.a_4151.jsonl").write_bytes(b"{}\n")
+    target = tmp_path / "out"
+    target.write_bytes(b"not a directory")
+    code, err = _run(stats.main, [str(tmp_path), "-o", str(target)])
+    assert code == cli.EXIT_USAGE
+    _one_line(err, f"--output {target}: exists and is not a directory")
+
+
+def test_module_without_a_command_prints_usage_on_stderr(capsys) -> None:
+    from nsqtw.spark.__main__ import main
+
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("usage: python -m nsqtw.spark {stats,replay,submit-file}")
+    assert main(["submit-file"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert path.endswith("nsqtw/spark/submit.py")
+    import os
+    assert os.path.isfile(path)
+
+
+def test_submit_file_runs_as_a_script_without_relative_imports(tmp_path) -> None:
+    """What spark-submit does with it: run it as a file (no package context)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from nsqtw.spark import submit
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, submit.__file__, "stats", str(tmp_path / "missing"), "-o", ""],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == cli.EXIT_INPUT, proc.stderr
+    assert proc.stderr.startswith("nsqtw-stats: error: input not found") and "relative import" not in proc.stderr
+
+
+def test_progress_bar_only_on_a_terminal() -> None:
+    import argparse
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert cli.progress_bar(argparse.Namespace(quiet=False), Tty()) is True
+    assert cli.progress_bar(argparse.Namespace(quiet=True), Tty()) is False
+    assert cli.progress_bar(argparse.Namespace(quiet=False), io.StringIO()) is False
+
+
+def test_error_line_starts_a_line_on_a_terminal() -> None:
+    """A half-drawn progress bar is cleared first; in a log (no terminal) the line is plain."""
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    err.write("[Stage 0:>   (0 + 1) / 1]")
+    cli._write_error("nsqtw-stats", "boom", err)
+    assert err.getvalue().endswith("\r\x1b[Knsqtw-stats: error: boom\n")
+    plain = io.StringIO()
+    cli._write_error("nsqtw-stats", "boom", plain)
+    assert plain.getvalue() == "nsqtw-stats: error: boom\n"

@@ -66,3 +66,33 @@ def test_gaps_and_restarts_marked() -> None:
     assert svg.count('class="gap"') == 1 and "no snapshots from n1:4151" in svg
     assert svg.count('class="restart"') == 1 and "restart (counters reset) of n2:4151" in svg
     assert 'class="gap"' not in line_chart("x", series)
+
+
+def test_a_series_keeps_its_colour_across_charts() -> None:
+    """A channel drawn in several charts has one colour in all of them, whatever else each chart holds."""
+    from datetime import datetime, timezone
+
+    from nsqtw.spark.report import render_report
+
+    t = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    pts = [(t, 1.0)]
+    series = {"finish_rate": {"a/c1": pts, "b/c2": pts}, "depth": {"b/c2": pts}, "requeue_rate": {"x/y": pts, "b/c2": pts}}
+    page = render_report([], series, "1m", (t, t), 0)
+    import re
+    colours = set(re.findall(r'<polyline fill="none" stroke="(#[0-9a-f]+)"[^>]*><title>b/c2</title>', page))
+    assert len(colours) == 1
+    assert len(set(re.findall(r'stroke="(#[0-9a-f]+)"[^>]*><title>(?:a/c1|b/c2|x/y)</title>', page))) == 3
+
+
+def test_summary_says_a_growing_backlog_grows_and_when() -> None:
+    from datetime import datetime, timezone
+
+    from nsqtw.spark.report import drain_text, format_summary
+
+    assert drain_text("growing", None, 12.5) == "never (+12.50/s)" and drain_text("growing", None) == "never"
+    row = {"node": "n", "topic": "t", "channel": "c", "publish_rate": 20.0, "finish_rate": 7.5, "requeued": 0,
+           "timed_out": 0, "depth_max": 100, "backlog_last": 100, "drain_state": "growing", "time_to_drain_s": None,
+           "backlog_growth_rate": 12.5, "drain_window_start": datetime(2024, 1, 1, 10, 5, tzinfo=timezone.utc),
+           "clients_max": 1, "e2e_p99_ms": None, "restarts": 0}
+    text = format_summary([row])
+    assert "never (+12.50/s)" in text and "01-01 10:05Z" in text and "drain at" in text

@@ -96,14 +96,66 @@ def test_readme_streaming_example_runs_as_written(tmp_path) -> None:
         nsqd.stop()
 
 
-def test_worker_without_the_module_fails_with_the_fix(spark) -> None:
-    """A worker that cannot import the module: WorkerImportError naming the worker's Python and the
-    fixes (PYSPARK_PYTHON, --py-files, install on the executors)."""
-    from nsqtw.spark.source import WorkerImportError, check_workers
+def test_readme_example_is_the_shipped_example() -> None:
+    """README's program is examples/stream_events.py, and it leaves the master to spark-submit."""
+    src = readme_example()
+    assert src == (ROOT / "examples" / "stream_events.py").read_text(encoding="utf-8")
+    assert "builder.master(" not in src and "SparkSession.builder.appName" in src
 
-    with pytest.raises(WorkerImportError) as e:
-        check_workers(spark, module="nsqtw_absent_module")
+
+def test_worker_that_cannot_run_a_data_source_fails_with_the_fix(spark) -> None:
+    """The probe goes through the planner's path: a worker Python that does not start (what
+    spark.pyspark.python names) gives WorkerImportError naming it and the fix."""
+    from nsqtw.spark.source import WorkerImportError, check_workers, register
+
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    sc.pythonExec = "/nonexistent/bin/python3"
+    try:
+        with pytest.raises(WorkerImportError) as e:
+            check_workers(spark)
+    finally:
+        sc.pythonExec = saved
     text = str(e.value)
-    assert "No module named 'nsqtw_absent_module'" in text
-    assert "PYSPARK_PYTHON" in text and "--py-files" in text and "pip install nsqtw" in text
-    assert check_workers(spark)  # this session's workers do import nsqtw
+    assert "/nonexistent/bin/python3" in text and "spark.pyspark.python" in text and "pyarrow" in text
+    assert check_workers(spark)  # this session's workers do
+    register(spark, check=False)
+
+
+def test_source_is_shipped_by_value_and_the_registry_restored() -> None:
+    """What register() hands Spark unpickles in a Python that has pyspark but not nsqtw, and pickles
+    again there (the planner ships the reader on to the executors); nothing stays registered."""
+    pytest.importorskip("pyspark")
+    from pyspark import cloudpickle
+
+    # pickled outside pytest: pytest rewrites the asserts of an installed plugin's whole package
+    dump = ("import sys\nfrom pyspark import cloudpickle\nfrom nsqtw.spark import source\n"
+            "with source._shipped_by_value():\n    blob = cloudpickle.dumps(source.NsqDataSource)\n"
+            "assert 'nsqtw' not in cloudpickle.list_registry_pickle_by_value()\n"
+            "sys.stdout.buffer.write(blob)\n")
+    blob = subprocess.run([sys.executable, "-c", dump], capture_output=True, check=True, timeout=60, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
+    code = ("import pickle, sys\n"
+            f"sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]\n"
+            "try:\n    import nsqtw\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('nsqtw importable')\n"
+            "from pyspark import cloudpickle\n"
+            "cls = pickle.loads(sys.stdin.buffer.read())\n"
+            "reader = cls({'topic': 't', 'nsqd': '127.0.0.1:1', 'spoolDir': '/nonexistent'}).streamReader(None)\n"
+            "again = pickle.loads(cloudpickle.dumps(reader))\n"
+            "print(type(again).__name__, again.topic)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    site = os.path.dirname(os.path.dirname(os.path.dirname(cloudpickle.__file__)))
+    env["PYTHONPATH"] = _isolated_site(site)
+    proc = subprocess.run([sys.executable, "-S", "-c", code], input=blob, capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout.decode().split() == ["NsqStreamReader", "t"]
+
+
+def _isolated_site(site: str) -> str:
+    """A directory holding only pyspark and py4j from ``site`` (links), for a Python without nsqtw."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="nsqtw-nonsqtw-site-")
+    for name in ("pyspark", "py4j"):
+        os.symlink(os.path.join(site, name), os.path.join(d, name))
+    return d

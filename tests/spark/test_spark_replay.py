@@ -105,7 +105,7 @@ def test_cli_writes_deduplicated_archive(spark, archive_dir, tmp_path) -> None:
     out = tmp_path / "clean"
     buf = io.StringIO()
     figures = run(_args(str(archive_dir), "--output", str(out)), spark=spark, out=buf)
-    assert figures == {"read": 17, "kept": 13, "duplicates": 4, "published": 0}
+    assert figures == {"read": 17, "kept": 13, "duplicates": 4, "published": 0, "rejected": 0}
     records = {}
     for root, _dirs, files in os.walk(out):
         for name in files:
@@ -216,3 +216,58 @@ def test_raw_and_jsonl_copies_are_not_deduplicated_against_each_other(spark, tmp
     (tmp_path / "orders.h1.log").write_bytes(_node_rec("orders", "nsqd-1:4150", 1, b"same"))
     (tmp_path / "orders.h2.log").write_bytes(b"same\n")
     assert len(deduplicate(read_archives(spark, [str(tmp_path)])).collect()) == 2
+
+
+def test_torn_and_bad_id_records_are_rejected_not_replayed(spark, tmp_path) -> None:
+    """In a jsonl archive (auto or jsonl), a torn record, a non-hex id and a non-base64 body are
+    rejected, counted and located; never message bodies. Past --max-bad-records: exit 4, nothing
+    written; under it: the archive, and its _rejected beside it."""
+    from nsqtw.spark import cli
+    from nsqtw.spark.replay import run
+
+    src = tmp_path / "in"
+    src.mkdir()
+    bad_id = _rec("events", 9).replace(b'"%016x"' % (0xabc000 + 9), b'"not-a-hex-id-000"')
+    bad_body = _rec("events", 8).replace(b'"body": "', b'"body": "***')
+    (src / "events.h1.log").write_bytes(_rec("events", 1) + b'{"topic": "events", "id": "00000000' + b"\n"
+                                        + bad_id + _rec("events", 2) + bad_body)
+    (src / "clicks.h1.log").write_bytes(b'{"a": 1}\nplain\n')  # a raw archive of JSON bodies stays raw
+    # auto: the raw file's lines are bodies; jsonl: they are rejected too
+    for fmt, count, first in (("auto", 3, "events.h1.log line 2)"), ("jsonl", 5, "clicks.h1.log line 1)")):
+        out = tmp_path / f"out-{fmt}"
+        with pytest.raises(cli.BadRecordsError) as e:
+            run(_args(str(src), "--format", fmt, "-o", str(out), "--quiet"), spark=spark, out=io.StringIO())
+        assert e.value.code == 4 and str(e.value).startswith(f"{count} of 7 input lines rejected")
+        assert first in str(e.value) and not out.exists()
+    out = tmp_path / "out"
+    err = io.StringIO()
+    figures = run(_args(str(src), "-o", str(out), "--quiet", "--compression", "none", "--max-bad-records", "3"),
+                  spark=spark, out=io.StringIO(), err=err)
+    assert figures["rejected"] == 3 and figures["kept"] == 4  # events 1, 2; clicks {"a": 1}, plain
+    assert err.getvalue().startswith("nsqtw-replay: warning: 3 of 7 input lines rejected (first: ")
+    reasons = sorted(r["reason"] for r in spark.read.json(str(out / "_rejected")).collect())
+    assert reasons == ["body is missing or not base64", "id is not 16 hex digits", "malformed JSON (a torn or garbled line)"]
+    bodies = sorted(base64.b64decode(json.loads(ln)["body"]) for p in out.glob("topic=*/*")
+                    if not p.name.startswith((".", "_")) for ln in p.read_bytes().splitlines())
+    assert bodies == sorted([b"events-message-1", b"events-message-2", b'{"a": 1}', b"plain"])
+
+
+def test_unreachable_nsqd_fails_before_spark(tmp_path, monkeypatch) -> None:
+    """--nsqd-http-address that does not answer: exit 1 and one line, before Spark starts."""
+    import socket
+
+    from nsqtw.spark import cli, replay
+
+    def no_spark(*_a, **_k):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(replay, "get_session", no_spark)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "events.h.log").write_bytes(b"a\n")
+    args = replay.build_parser().parse_args([str(tmp_path), "--nsqd-http-address", f"127.0.0.1:{port}", "--quiet"])
+    with pytest.raises(cli.JobError) as e:
+        replay.run(args, spark=None, out=io.StringIO())
+    assert e.value.code == 1 and f"127.0.0.1:{port}: nsqd not reachable" in str(e.value)
+    assert "nothing read or published" in str(e.value)

@@ -148,11 +148,16 @@ def test_cli_writes_parquet_by_date_summary_and_html(spark, snapshot_dir, tmp_pa
 
     out_dir = tmp_path / "out.parquet"
     report = tmp_path / "report.html"
-    args = build_parser().parse_args([str(snapshot_dir), "-o", str(out_dir), "--html", str(report)])
-    buf = io.StringIO()
-    res = run(args, spark=spark, out=buf)
-    assert res["series"] == 3
-    assert sorted(os.listdir(out_dir))[-1] == "date=2023-11-14"
+    # the fixture's torn last line is rejected: accepted here with --max-bad-records 1
+    args = build_parser().parse_args([str(snapshot_dir), "-o", str(out_dir), "--html", str(report),
+                                      "--max-bad-records", "1"])
+    buf, err = io.StringIO(), io.StringIO()
+    res = run(args, spark=spark, out=buf, err=err)
+    assert res["series"] == 3 and res["rejected_lines"] == 1 and res["first_rejected_line"] == 6
+    assert "nsqtw-stats: warning: 1 of 23 input lines rejected (first: " in err.getvalue()
+    assert sorted(os.listdir(out_dir))[-1] == "date=2023-11-14" and "_rejected" in os.listdir(out_dir)
+    rejected = spark.read.json(str(out_dir / "_rejected")).collect()
+    assert [r["value"] for r in rejected] == ['{"timestamp":17']
     back = spark.read.parquet(str(out_dir))
     assert back.where("node = 'a.example:4151' AND channel = 'c'").count() == 5
     text = buf.getvalue()
@@ -163,3 +168,27 @@ def test_cli_writes_parquet_by_date_summary_and_html(spark, snapshot_dir, tmp_pa
     page = report.read_text()
     assert page.count("<svg") == 6 and "<script" not in page and "http://www.w3.org/2000/svg" in page
     assert "<polyline" in page and "orders/c" in page
+
+
+def test_csv_and_json_outputs_and_summary_json(spark, snapshot_dir, tmp_path) -> None:
+    """--format csv|json write the same table (CSV: a header, e2e_ms as JSON); --summary-json holds the
+    run's figures and every series' row for a scheduler."""
+    import json
+
+    from nsqtw.spark.stats import build_parser, run
+
+    for fmt in ("csv", "json"):
+        out_dir = tmp_path / f"out.{fmt}"
+        summary = tmp_path / f"summary-{fmt}.json"
+        args = build_parser().parse_args([str(snapshot_dir), "-o", str(out_dir), "--format", fmt, "--quiet",
+                                          "--max-bad-records", "1", "--summary-json", str(summary)])
+        res = run(args, spark=spark, out=io.StringIO(), err=io.StringIO())
+        reader = spark.read.option("header", "true") if fmt == "csv" else spark.read
+        back = getattr(reader, fmt)(str(out_dir))
+        assert back.count() == res["rows_written"] > 0
+        assert back.where("node = 'a.example:4151' AND channel = 'c'").count() == 5
+        doc = json.loads(summary.read_text())
+        assert doc["series_count"] == 3 and doc["rejected_lines"] == 1 and doc["first_rejected_line"] == 6
+        assert doc["format"] == fmt and doc["rows_written"] == res["rows_written"]
+        assert {s["topic"] for s in doc["series"]} == {"orders"} and len(doc["series"]) == 3
+        assert doc["first"].endswith("Z") and "T" in doc["first"]
