@@ -14,10 +14,9 @@ import os
 import random
 from functools import partial
 from typing import Any
-from collections.abc import Callable
 
-from twisted.application.service import MultiService, Service
-from twisted.internet import defer, task
+from twisted.application.service import MultiService
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from .core.broker import Broker, Event
@@ -25,6 +24,7 @@ from .core.scan import ChannelSampler, scan_channels
 from .core.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError, format_duration
 from .tcp import NsqdFactory
+from ..runtime.loop import LoopService
 from ..runtime.turn import TurnBatcher
 from ..runtime.listen import LazyFactory, ListeningService
 
@@ -45,37 +45,6 @@ def _import_http_api() -> None:
     """The HTTP API's imports (klein, werkzeug, twisted.web): the slow part of building it."""
     import nsqtw.nsqd.http  # noqa: F401
     import nsqtw.runtime.responses  # noqa: F401
-
-
-class _LoopService(Service):
-    """A LoopingCall on the injected clock that runs while the service runs; a failing
-    step is logged and the loop goes on."""
-
-    def __init__(self, clock: Any, interval: float, step: Callable[[], Any], name: str) -> None:
-        self.clock = clock
-        self.interval = interval
-        self.step = step
-        self.setName(name)
-        self._loop: task.LoopingCall | None = None
-
-    def _safe_step(self) -> None:
-        try:
-            self.step()
-        except Exception:
-            log.failure("{name} step failed", name=self.name)
-
-    def startService(self) -> None:
-        super().startService()
-        self._loop = task.LoopingCall(self._safe_step)
-        self._loop.clock = self.clock
-        self._loop.start(self.interval, now=False)
-
-    def stopService(self) -> Any:
-        super().stopService()
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
-        return None
 
 
 class NsqdService(MultiService):
@@ -155,10 +124,10 @@ class NsqdService(MultiService):
                                                                warm=_import_http_api), "HTTPS",
                                                    "https-address", endpoint=endpoint)
             self.https_listener.setServiceParent(self)
-        _LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
+        LoopService(reactor, options.queue_scan_interval, self.scan_once, "queue-scan").setServiceParent(self)
         #: messages that could not be written at a clean shutdown (the disk refused them)
         self.lost_at_shutdown = 0
-        _LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
+        LoopService(reactor, HELD_RETRY_INTERVAL, self.retry_held, "held-retry").setServiceParent(self)
         if options.stats_export_path:
             from .stats.export import StatsExportService
             StatsExportService(self).setServiceParent(self)

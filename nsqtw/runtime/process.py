@@ -29,9 +29,10 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from twisted.application.service import IServiceCollection, Service
-from twisted.internet import task
+from twisted.application.service import IServiceCollection
 from twisted.logger import Logger
+
+from .loop import LoopService
 
 __all__ = ["apply_daemon_policy", "freeze_start_up_objects", "MemoryTrimService", "FULL_COLLECTION_EVERY",
            "TRIM_INTERVAL"]
@@ -45,7 +46,7 @@ FULL_COLLECTION_EVERY = 100
 TRIM_INTERVAL = 1.0
 
 
-class MemoryTrimService(Service):
+class MemoryTrimService(LoopService):
     """Give freed heap pages back to the OS once a second (glibc ``malloc_trim``), on ``clock``.
 
     Queued messages are long-lived blobs interleaved with short-lived read buffers; the holes
@@ -53,30 +54,8 @@ class MemoryTrimService(Service):
     embedded broker never runs it (a trim walks the host's whole heap on the host's reactor)."""
 
     def __init__(self, clock: Any, interval: float = TRIM_INTERVAL) -> None:
-        self.setName("memory-trim")
-        self.clock = clock
-        self.interval = interval
-        self._loop: task.LoopingCall | None = None
-
-    def _step(self) -> None:
         from .memory import release_free_memory
-        try:
-            release_free_memory()
-        except Exception:  # pragma: no cover - never a reason to stop the daemon
-            log.failure("memory-trim step failed")
-
-    def startService(self) -> None:
-        super().startService()
-        self._loop = task.LoopingCall(self._step)
-        self._loop.clock = self.clock
-        self._loop.start(self.interval, now=False)
-
-    def stopService(self) -> Any:
-        super().stopService()
-        loop, self._loop = self._loop, None
-        if loop is not None and loop.running:
-            loop.stop()
-        return None
+        super().__init__(clock, interval, release_free_memory, "memory-trim")
 
 
 def freeze_start_up_objects() -> None:
