@@ -24,6 +24,7 @@ from .core.scan import ChannelSampler, scan_channels
 from .core.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError, format_duration
 from .tcp import NsqdFactory
+from ..backend.durability import fsync
 from ..runtime.loop import LoopService
 from ..runtime.turn import TurnBatcher
 from ..runtime.listen import LazyFactory, ListeningService
@@ -71,6 +72,8 @@ class NsqdService(MultiService):
         #: same on every reactor
         self.turn = TurnBatcher(reactor)
         # first child: MultiService stops children in reverse, so the disk worker stops last
+        #: a data directory deleted on stop: no fsync, no reserve for the final flush
+        self.throwaway = throwaway
         self.sync_worker = SyncWorker(reactor, threaded=sync_thread and not throwaway, fsync=not throwaway,
                                       turn=self.turn)
         self.sync_worker.setServiceParent(self)
@@ -356,14 +359,14 @@ class NsqdService(MultiService):
         the final flush even when the disk filled meanwhile.  Best effort: a disk too full
         for it at start only logs a warning."""
         size = self.options.disk_reserve_bytes
-        if size <= 0:
+        if size <= 0 or self.throwaway:  # a throwaway directory's contents are never needed
             return
         try:
             fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 if os.fstat(fd).st_size < size:
                     os.pwrite(fd, bytes(size), 0)
-                    os.fsync(fd)
+                    fsync(fd)
             finally:
                 os.close(fd)
         except OSError as e:
