@@ -98,7 +98,20 @@ class NsqdService(MultiService):
                                       turn=self.turn)
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
-        self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+        #: this process's identity on replication links (tells a node from itself)
+        self.instance = os.urandom(16)
+        #: the links to --replica-peer nodes (None: not replicated, the plain broker's publish)
+        self.replication: Any = None
+        self.broker: Broker
+        if options.replica_peers:
+            from .core.replication import ReplicatedBroker
+            from .replication import ReplicationService
+            self.broker = ReplicatedBroker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+            self.replication = ReplicationService(options, reactor, instance=self.instance,
+                                                  name=options.broadcast_address, turn=self.turn)
+            self.broker.replicate = self.replication.record
+        else:
+            self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
         from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments
         self.metadata_fragments = TopicFragments(self.broker.topics)
         self.metadata_writer = MetadataWriter(self.metadata_fragments,
@@ -119,7 +132,7 @@ class NsqdService(MultiService):
                 connect_timeout=options.http_client_connect_timeout,
                 request_timeout=options.http_client_request_timeout, rng=self.rng)
         self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
-                                       sync_barrier=self.sync_barrier if options.sync_every == 1 else None,
+                                       sync_barrier=self.sync_barrier if self.durable_publish else None,
                                        tls_context=self.tls_context, authorizer=self.authorizer,
                                        turn=self.turn)
         self.tcp_factory.noisy = False
@@ -128,6 +141,17 @@ class NsqdService(MultiService):
         self.broker.listeners.append(self._on_event)
         self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP", "tcp-address")
         self.tcp_listener.setServiceParent(self)
+        if self.replication is not None:
+            self.replication.setServiceParent(self)
+        self.shadow_files: Any = None
+        self.replication_listener: ListeningService | None = None
+        if options.replication_address:
+            from .replication import ShadowFactory, ShadowFiles
+            self.shadow_files = ShadowFiles(self.data_path, fsync=options.sync_every == 1 and not throwaway)
+            shadow = ShadowFactory(options.node_id, self.instance, options.broadcast_address, self.shadow_files)
+            self.replication_listener = ListeningService(reactor, options.replication_address, shadow,
+                                                         "REPLICATION", "replication-address")
+            self.replication_listener.setServiceParent(self)
         self.http_listener: ListeningService | None = None
         self.https_listener: ListeningService | None = None
         if options.http_address:
@@ -225,9 +249,31 @@ class NsqdService(MultiService):
         d.addErrback(lambda f: None)
         return d
 
+    @property
+    def durable_publish(self) -> bool:
+        """True when a publisher's answer waits for :meth:`sync_barrier` (``--sync-every=1``,
+        or replication)."""
+        return self.options.sync_every == 1 or self.replication is not None
+
     def sync_barrier(self) -> defer.Deferred:
-        """Fires once everything published so far is fsynced (the ``--sync-every=1`` OK)."""
-        return self.sync_worker.flush_and_sync_all()
+        """Fires once everything published so far is as durable as promised: fsynced with
+        ``--sync-every=1``, stored by ``--replication-min-acks`` peers when replicated (both
+        when both); fails (``PUB failed <reason>``) when that cannot be had."""
+        if self.replication is None:
+            return self.sync_worker.flush_and_sync_all()
+        replicated = self.replication.barrier()
+        if self.options.sync_every != 1:
+            return replicated
+        both = defer.gatherResults([self.sync_worker.flush_and_sync_all(), replicated], consumeErrors=True)
+        both.addErrback(lambda f: f.value.subFailure if isinstance(f.value, defer.FirstError) else f)
+        return both
+
+    def replication_health(self) -> tuple[bool, str] | None:
+        """``(ok, text)`` of the replicated publish for /ping; None when not replicated."""
+        return self.replication.health() if self.replication is not None else None
+
+    def replication_stats(self) -> dict[str, Any] | None:
+        return self.replication.stats() if self.replication is not None else None
 
     def set_options(self, **changes: Any) -> None:
         self.options = self.options.replace(**changes)
@@ -261,9 +307,14 @@ class NsqdService(MultiService):
     def https_port(self) -> int | None:
         return self.https_listener.bound_port if self.https_listener else None
 
+    @property
+    def replication_port(self) -> int | None:
+        return self.replication_listener.bound_port if self.replication_listener else None
+
     def ready(self) -> defer.Deferred:
         """Fires (with this service) once every listener is bound."""
-        waits = [s.ready for s in (self.tcp_listener, self.http_listener, self.https_listener) if s is not None]
+        waits = [s.ready for s in (self.tcp_listener, self.http_listener, self.https_listener,
+                                   self.replication_listener) if s is not None]
         d = defer.gatherResults(waits, consumeErrors=True)
         d.addCallback(lambda _: self)
         return d
@@ -328,6 +379,8 @@ class NsqdService(MultiService):
             return self._stopping
         broker = self.broker
         broker.close()
+        if self.replication_listener is not None:
+            self.replication_listener.factory.close_links()
         for proto in list(self.tcp_factory.protocols):
             proto._stop_timers()
             proto.transport.loseConnection()
@@ -347,6 +400,8 @@ class NsqdService(MultiService):
         d = defer.DeferredList(waits, consumeErrors=True)
 
         def stop_worker(_: Any) -> Any:
+            if self.shadow_files is not None:
+                self.shadow_files.close()
             return defer.maybeDeferred(self.sync_worker.stopService)
 
         def unlock(result: Any) -> Any:

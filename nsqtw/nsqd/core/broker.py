@@ -355,12 +355,15 @@ class Broker:
         if topic.exiting:
             raise Exiting()
         run, nbytes = self.make_run([body], now)
+        self._put_deferred(topic, run[0], nbytes, now + delay)
+        return topic
+
+    def _put_deferred(self, topic: Topic, frame: bytes, nbytes: int, due: float) -> None:
         try:
-            topic.put_deferred(run[0], nbytes, now + delay)
+            topic.put_deferred(frame, nbytes, due)
         except BackendError as e:
             self.health = f"NOK - {e}"
             raise
-        return topic
 
     # --- shutdown -----------------------------------------------------------------
 
