@@ -79,11 +79,16 @@ __all__ = ["NsqdHTTPAPI"]
 
 def replication_text(doc: dict[str, Any]) -> str:
     """The replication section of the text /stats."""
-    lines = [f"\nReplication: {doc['status']} ({doc['peers_in_sync']} peers in sync, "
-             f"min acks {doc['min_acks']}, degraded mode {doc['degraded_mode']})"]
-    for p in doc["peers"]:
-        extra = f" - {p['reason']}" if p.get("reason") else ""
-        lines.append(f"   [peer {p['address']}] {p['state']} unacked batches: {p['unacked_batches']}{extra}")
+    lines = []
+    if "status" in doc:
+        lines.append(f"\nReplication: {doc['status']} ({doc['peers_in_sync']} peers in sync, "
+                     f"min acks {doc['min_acks']}, degraded mode {doc['degraded_mode']})")
+        for p in doc["peers"]:
+            extra = f" - {p['reason']}" if p.get("reason") else ""
+            lines.append(f"   [peer {p['address']}] {p['state']} unacked batches: {p['unacked_batches']}{extra}")
+    for sh in doc.get("shadows", ()):
+        lines.append(f"\nShadow of node {sh['origin_node_id']}: {sh['unfinished_messages']} unfinished messages, "
+                     f"{sh['topics']} topics, log {sh['log_bytes']} bytes")
     return "\n".join(lines) + "\n"
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}

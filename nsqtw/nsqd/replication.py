@@ -16,6 +16,8 @@ files; Go's nsqd ignores it), fsynced before the ACK when ``--sync-every=1``.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
@@ -26,8 +28,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import NsqdOptions, split_host_port
-from ..protocol.replication import LinkError
-from .core.replication import OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver
+from ..protocol.names import is_ephemeral
+from ..protocol import replication as wire
+from ..protocol.replication import LinkError, batch_body, decode_batch, read_shadow_records, shadow_record
+from .core.replication import OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState
 
 __all__ = ["ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
 
@@ -35,6 +39,11 @@ log = Logger(namespace="nsqtw.nsqd")
 
 #: seconds between attempts to reach a peer
 RECONNECT_INTERVAL = 1.0
+#: seconds between consumer-state batches (FINs and REQs)
+CONSUMER_STATE_INTERVAL = 0.1
+#: a shadow log is compacted once larger than this and four times what is unfinished
+COMPACT_MIN_BYTES = 16 * 1024 * 1024
+_SHADOW_NAME = re.compile(r"nsqtw-shadow\.([0-9]+)\.log\Z")
 
 
 def shadow_path(data_path: str, origin_node_id: int) -> str:
@@ -45,25 +54,91 @@ def shadow_path(data_path: str, origin_node_id: int) -> str:
 
 
 class ShadowFiles:
-    """Append-only shadow logs, one per origin; ``fsync`` before each acknowledgement when
-    ``--sync-every=1`` (otherwise the OS writes them out, as the diskqueue's unsynced tail)."""
+    """Each origin's shadow: its state in memory (:class:`ShadowState`) and its append-only log
+    on disk, replayed at start.  Each batch is appended (and fsynced when ``--sync-every=1``)
+    before it is acknowledged; once the log is much larger than what is still unfinished, it
+    is rewritten as a snapshot of the unfinished messages (the finished ones are dropped)."""
 
-    def __init__(self, data_path: str, fsync: bool) -> None:
+    def __init__(self, data_path: str, fsync: bool, compact_min: int = COMPACT_MIN_BYTES) -> None:
         self.data_path = data_path
         self.fsync = fsync
+        self.compact_min = compact_min
         self._fds: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+        self.states: dict[int, ShadowState] = {}
+        self.compactions = 0
 
-    def append(self, origin: int, record: bytes) -> None:
+    def load(self) -> None:
+        """Replay every shadow log of the data path (a record cut short by a crash ends it)."""
+        if not os.path.isdir(self.data_path):
+            return
+        for name in sorted(os.listdir(self.data_path)):
+            m = _SHADOW_NAME.match(name)
+            if m is None:
+                continue
+            origin = int(m.group(1))
+            with open(os.path.join(self.data_path, name), "rb") as f:
+                data = f.read()
+            state = self.states.setdefault(origin, ShadowState())
+            for _, entries in read_shadow_records(data):
+                state.apply(entries)
+            self.sizes[origin] = len(data)
+            log.info("REPLICATION: shadow of node {id}: {n} unfinished messages", id=origin,
+                     n=len(state.messages))
+
+    def store(self, origin: int, body: bytes) -> None:
+        _, entries = decode_batch(body)
+        state = self.states.get(origin)
+        if state is None:
+            state = self.states[origin] = ShadowState()
+        self._append(origin, shadow_record(body))
+        state.apply(entries)
+        size = self.sizes.get(origin, 0)
+        if size > self.compact_min and size > 4 * state.live_bytes:
+            self.compact(origin)
+
+    def _fd(self, origin: int) -> int:
         fd = self._fds.get(origin)
         if fd is None:
             fd = os.open(shadow_path(self.data_path, origin), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._fds[origin] = fd
+        return fd
+
+    def _append(self, origin: int, record: bytes) -> None:
+        fd = self._fd(origin)
         view = memoryview(record)
         while view:
             n = os.write(fd, view)
             view = view[n:]
         if self.fsync:
             os.fsync(fd)
+        self.sizes[origin] = self.sizes.get(origin, 0) + len(record)
+
+    def compact(self, origin: int) -> None:
+        """Rewrite an origin's log as one snapshot record of what is unfinished."""
+        state = self.states[origin]
+        record = shadow_record(batch_body(0, state.snapshot()))
+        path = shadow_path(self.data_path, origin)
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(record)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        old = self._fds.pop(origin, None)
+        if old is not None:
+            os.close(old)
+        self.sizes[origin] = len(record)
+        self.compactions += 1
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [{"origin_node_id": origin, "unfinished_messages": len(state.messages),
+                 "topics": len(state.topics), "log_bytes": self.sizes.get(origin, 0)}
+                for origin, state in sorted(self.states.items())]
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -118,7 +193,7 @@ class ShadowFactory(Factory):
             p.transport.abortConnection()
 
     def buildProtocol(self, addr: Any) -> Protocol:
-        p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.append))
+        p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.store))
         p.factory = self
         return p
 
@@ -163,8 +238,10 @@ class ReplicationService(Service):
     """The origin's links to its peers and its publish barrier."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, instance: bytes, name: str,
-                 turn: Any) -> None:
+                 turn: Any, topology: Callable[[], list[tuple[str, list[str]]]]) -> None:
         self.setName("replication")
+        self.topology = topology
+        self._state_loop: task.LoopingCall | None = None
         self.options = options
         self.reactor = reactor
         self.turn = turn
@@ -182,6 +259,20 @@ class ReplicationService(Service):
     def record(self, topic: str, due_ns: int, frames: bytes, count: int) -> None:
         self.origin.record(topic, due_ns, frames, count)
         self.turn.soon(self._flush)
+
+    def on_event(self, event: str, topic: str, channel: str | None) -> None:
+        """The broker's topic and channel creations and deletions, in order on the link."""
+        if is_ephemeral(topic) or (channel is not None and is_ephemeral(channel)):
+            return
+        kind = _EVENT_KINDS.get(event)
+        if kind is None:
+            return
+        self.origin.op(kind, topic, channel or "")
+        self.turn.soon(self._flush)
+
+    def _consumer_state(self) -> None:
+        if self.origin.move_consumer_state():
+            self.flush()
 
     def barrier(self) -> defer.Deferred[Any]:
         """Fires once ``--replication-min-acks`` peers stored everything recorded so far;
@@ -228,12 +319,17 @@ class ReplicationService(Service):
         self._loop = task.LoopingCall(self._check_stalled)
         self._loop.clock = self.reactor
         self._loop.start(min(1.0, timeout / 4), now=False)
+        self._state_loop = task.LoopingCall(self._consumer_state)
+        self._state_loop.clock = self.reactor
+        self._state_loop.start(CONSUMER_STATE_INTERVAL, now=False)
 
     def stopService(self) -> None:
         super().stopService()
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
+        for loop in (self._loop, self._state_loop):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._loop = self._state_loop = None
+        self._consumer_state()  # the last FINs go out with the links' close
         for call in self._retries.values():
             if call.active():
                 call.cancel()
@@ -277,6 +373,12 @@ class ReplicationService(Service):
 
     def link_up(self, link: _PeerLink, node_id: int, name: str) -> None:
         self.origin.linked(link.address, node_id, self.reactor.seconds())
+        # the peer learns every topic and channel there is (creating one again changes nothing)
+        for topic, channels in self.topology():
+            self.origin.op(wire.TOPIC_NEW, topic)
+            for ch in channels:
+                self.origin.op(wire.CHANNEL_NEW, topic, ch)
+        self.turn.soon(self._flush)
         log.info("REPLICATION: peer {peer} ({name}, node {id}) in sync", peer=link.address, name=name, id=node_id)
 
     def link_failed(self, link: _PeerLink, reason: str) -> None:
@@ -312,6 +414,10 @@ class ReplicationService(Service):
     def _refuse(tokens: list[Any], reason: str) -> None:
         for d in tokens:
             d.errback(Failure(PublishRefused(reason)))
+
+
+_EVENT_KINDS = {"topic_created": wire.TOPIC_NEW, "topic_deleted": wire.TOPIC_DEL,
+                "channel_created": wire.CHANNEL_NEW, "channel_deleted": wire.CHANNEL_DEL}
 
 
 class _LinkFactory(Factory):

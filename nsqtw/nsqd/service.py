@@ -108,8 +108,13 @@ class NsqdService(MultiService):
             from .replication import ReplicationService
             self.broker = ReplicatedBroker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
             self.replication = ReplicationService(options, reactor, instance=self.instance,
-                                                  name=options.broadcast_address, turn=self.turn)
+                                                  name=options.broadcast_address, turn=self.turn,
+                                                  topology=self._topology)
+            origin = self.replication.origin
             self.broker.replicate = self.replication.record
+            self.broker.replicate_fin = origin.fin
+            self.broker.replicate_req = origin.req
+            self.broker.listeners.append(self.replication.on_event)
         else:
             self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
         from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments
@@ -273,7 +278,17 @@ class NsqdService(MultiService):
         return self.replication.health() if self.replication is not None else None
 
     def replication_stats(self) -> dict[str, Any] | None:
-        return self.replication.stats() if self.replication is not None else None
+        if self.replication is None and self.shadow_files is None:
+            return None
+        doc: dict[str, Any] = self.replication.stats() if self.replication is not None else {}
+        if self.shadow_files is not None:
+            doc["shadows"] = self.shadow_files.stats()
+        return doc
+
+    def _topology(self) -> list[tuple[str, list[str]]]:
+        """Every durable topic and its durable channels (what a peer's shadow mirrors)."""
+        return [(t.name, [c for c in t.channels if not c.endswith("#ephemeral")])
+                for t in self.broker.topics.values() if not t.ephemeral]
 
     def set_options(self, **changes: Any) -> None:
         self.options = self.options.replace(**changes)
@@ -342,6 +357,8 @@ class NsqdService(MultiService):
                             ch.pause()
             finally:
                 broker.loading = False
+            if self.shadow_files is not None:
+                self.shadow_files.load()  # the origins' shadows this node keeps
             # as Go's nsqd, refuse to start when nsqd.dat cannot be written (read-only data path)
             try:
                 self.sync_worker.run_here(partial(write_metadata, self.data_path, metadata_from_broker(broker)))

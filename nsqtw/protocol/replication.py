@@ -7,10 +7,16 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
     [u32 size][u8 type][body: size - 1 bytes]
 
 ``HELLO``  u16 version, u16 node id, 16-byte instance token, utf-8 name
-``BATCH``  u64 sequence, u32 count, then count entries
-           ``[u16 topic length][topic][i64 due (ns since the epoch, 0: deliver now)]
-           [u32 length][message frames]`` (the frames exactly as nsqd stores them:
-           size, type, timestamp, attempts, ID, body)
+``BATCH``  u64 sequence, u32 count, then count items, in the order they happened:
+           ``[u8 kind][u16 length][topic][u16 length][channel][i64 due][u32 length][data]``
+
+           * ``MSG``: published messages; ``due`` in ns since the epoch (0: deliver now),
+             ``data`` the message frames exactly as nsqd stores them (size, type,
+             timestamp, attempts, ID, body)
+           * ``TOPIC_NEW``, ``TOPIC_DEL``, ``CHANNEL_NEW``, ``CHANNEL_DEL``: no data
+           * ``FIN``: ``data`` the 16-byte IDs a channel finished
+           * ``REQ``: ``data`` 24 bytes each: an ID a channel requeued and its new due
+             time (i64 ns since the epoch)
 ``ACK``    u64 sequence: every batch up to it is stored in the peer's shadow log
 ``ERROR``  utf-8 text; the sender closes the link after it
 
@@ -26,7 +32,8 @@ from collections.abc import Iterator, Sequence
 
 __all__ = [
     "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
-    "LinkError", "LinkDecoder", "Hello", "Entry",
+    "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
+    "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "decode_batch",
     "encode_ack", "decode_ack", "encode_error",
     "shadow_record", "read_shadow_records", "split_frames",
@@ -41,6 +48,16 @@ ACK = 3
 ERROR = 4
 _TYPES = frozenset((HELLO, BATCH, ACK, ERROR))
 
+# the kinds of BATCH items
+MSG = 0
+TOPIC_NEW = 1
+TOPIC_DEL = 2
+CHANNEL_NEW = 3
+CHANNEL_DEL = 4
+FIN = 5
+REQ = 6
+_KINDS = frozenset((MSG, TOPIC_NEW, TOPIC_DEL, CHANNEL_NEW, CHANNEL_DEL, FIN, REQ))
+
 #: the largest frame a link accepts (a batch is cut well below it by the sender)
 MAX_FRAME = 256 * 1024 * 1024
 
@@ -50,6 +67,8 @@ _SEQ = struct.Struct(">Q")
 _BATCH_HEAD = struct.Struct(">QI")
 _U16 = struct.Struct(">H")
 _ENTRY_MID = struct.Struct(">qI")
+_KIND_LEN = struct.Struct(">BH")
+_REQ = struct.Struct(">16sq")
 _U32 = struct.Struct(">I")
 
 
@@ -69,8 +88,20 @@ class Hello:
         self.name = name
 
 
-#: one replicated publish: (topic, due in ns since the epoch or 0, message frames)
-Entry = tuple[str, int, bytes]
+#: one BATCH item: (kind, topic, channel, due in ns since the epoch or 0, data)
+Entry = tuple[int, str, str, int, bytes]
+
+
+def message_entry(topic: str, due: int, frames: bytes) -> Entry:
+    return (MSG, topic, "", due, frames)
+
+
+def req_data(items: Sequence[tuple[bytes, int]]) -> bytes:
+    return b"".join(_REQ.pack(mid, due) for mid, due in items)
+
+
+def split_req(data: bytes) -> list[tuple[bytes, int]]:
+    return [(bytes(m), int(d)) for m, d in _REQ.iter_unpack(data)]
 
 
 def encode_frame(kind: int, body: bytes) -> bytes:
@@ -96,12 +127,15 @@ def decode_hello(body: bytes) -> Hello:
 
 def batch_body(seq: int, entries: Sequence[Entry]) -> bytes:
     parts = [_BATCH_HEAD.pack(seq, len(entries))]
-    for topic, due, frames in entries:
+    for kind, topic, channel, due, data in entries:
         name = topic.encode()
-        parts.append(_U16.pack(len(name)))
+        parts.append(_KIND_LEN.pack(kind, len(name)))
         parts.append(name)
-        parts.append(_ENTRY_MID.pack(due, len(frames)))
-        parts.append(frames)
+        ch = channel.encode()
+        parts.append(_U16.pack(len(ch)))
+        parts.append(ch)
+        parts.append(_ENTRY_MID.pack(due, len(data)))
+        parts.append(data)
     return b"".join(parts)
 
 
@@ -115,15 +149,21 @@ def decode_batch(body: bytes) -> tuple[int, list[Entry]]:
         pos = _BATCH_HEAD.size
         out: list[Entry] = []
         for _ in range(count):
+            kind, n = _KIND_LEN.unpack_from(body, pos)
+            if kind not in _KINDS:
+                raise LinkError(f"unknown BATCH item kind {kind}")
+            pos += 3
+            topic = body[pos:pos + n].decode()
+            pos += n
             (n,) = _U16.unpack_from(body, pos)
             pos += 2
-            topic = body[pos:pos + n].decode()
+            channel = body[pos:pos + n].decode()
             pos += n
             due, size = _ENTRY_MID.unpack_from(body, pos)
             pos += _ENTRY_MID.size
             if pos + size > len(body):
                 raise LinkError("truncated BATCH entry")
-            out.append((topic, due, body[pos:pos + size]))
+            out.append((kind, topic, channel, due, body[pos:pos + size]))
             pos += size
     except (struct.error, UnicodeDecodeError):
         raise LinkError("malformed BATCH") from None

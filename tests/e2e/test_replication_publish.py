@@ -19,7 +19,7 @@ from twisted.internet.endpoints import TCP4ServerEndpoint
 from nsqtw.embed import start_nsqd
 from nsqtw.nsqd.replication import shadow_path
 from nsqtw.protocol.frames import FRAME_ERROR
-from nsqtw.protocol.replication import read_shadow_records, split_frames
+from nsqtw.protocol.replication import MSG, read_shadow_records, split_frames
 from nsqtw.testing import body_command, command, connect_raw, mpub_command
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def shadow(peer, origin_id: int) -> list[tuple[str, int, bytes]]:
     with open(path, "rb") as f:
         data = f.read()
     return [(topic, due, frame) for _, entries in read_shadow_records(data)
-            for topic, due, frames in entries for frame in split_frames(frames)]
+            for kind, topic, _, due, frames in entries if kind == MSG for frame in split_frames(frames)]
 
 
 @pytest_twisted.async_yield_fixture

@@ -16,7 +16,8 @@ from nsqtw.protocol import replication as wire
 
 
 def test_codec_round_trip_and_split_reads():
-    entries = [("t", 0, b"\x00\x00\x00\x03abc"), ("u#x", 123456789, b"")]
+    entries = [(wire.MSG, "t", "", 0, b"\x00\x00\x00\x03abc"), (wire.REQ, "u#x", "c", 0, wire.req_data([(b"i" * 16, 5)])),
+               (wire.CHANNEL_NEW, "t", "ch", 0, b"")]
     data = wire.MAGIC + wire.encode_hello(7, b"i" * 16, "node") + wire.encode_batch(5, entries) + wire.encode_ack(5)
     dec = wire.LinkDecoder(expect_magic=True)
     frames = []
@@ -36,12 +37,13 @@ def test_codec_refuses_other_protocols():
     with pytest.raises(wire.LinkError):
         wire.LinkDecoder().feed(b"\x00\x00\x00\x1e\x00\x00\x00\x01E_BAD_PROTOCOL")  # an nsqd's error frame
     with pytest.raises(wire.LinkError):
-        wire.decode_batch(wire.batch_body(1, [("t", 0, b"abc")])[:-1])
+        wire.decode_batch(wire.batch_body(1, [wire.message_entry("t", 0, b"abc")])[:-1])
+    assert wire.split_req(wire.req_data([(b"i" * 16, 5)])) == [(b"i" * 16, 5)]
 
 
 def test_shadow_log_ends_at_a_torn_record():
-    rec = wire.shadow_record(wire.batch_body(1, [("t", 0, b"x")]))
-    rec2 = wire.shadow_record(wire.batch_body(2, [("t", 0, b"y")]))
+    rec = wire.shadow_record(wire.batch_body(1, [wire.message_entry("t", 0, b"x")]))
+    rec2 = wire.shadow_record(wire.batch_body(2, [wire.message_entry("t", 0, b"y")]))
     assert [s for s, _ in wire.read_shadow_records(rec + rec2[:-1])] == [1]
 
 
@@ -130,7 +132,7 @@ def test_link_ends_check_who_is_at_the_other_end():
     answer = recv.feed(link.start())
     hello, acks = link.feed(answer)
     assert hello is not None and hello.node_id == 2 and acks == []
-    out = recv.feed(wire.encode_batch(1, [("t", 0, b"x")]) + wire.encode_batch(2, [("t", 0, b"y")]))
+    out = recv.feed(wire.encode_batch(1, [wire.message_entry("t", 0, b"x")]) + wire.encode_batch(2, [wire.message_entry("t", 0, b"y")]))
     assert link.feed(out) == (None, [2])  # one ACK for both batches of the read
     assert [o for o, _ in stored] == [1, 1]
     # same node id, the node itself, a V2 client, a full disk
@@ -145,7 +147,7 @@ def test_link_ends_check_who_is_at_the_other_end():
         raise OSError(28, "No space left on device")
     disk = ShadowReceiver(2, b"p" * 16, "peer", full)
     disk.feed(link.start())
-    assert b"E_STORE_FAILED" in disk.feed(wire.encode_batch(1, [("t", 0, b"x")])) and disk.closed
+    assert b"E_STORE_FAILED" in disk.feed(wire.encode_batch(1, [wire.message_entry("t", 0, b"x")])) and disk.closed
     with pytest.raises(wire.LinkError, match="E_STORE_FAILED"):
         OriginLink(1, b"o" * 16, "origin").feed(wire.encode_hello(2, b"p" * 16, "peer")
                                                  + wire.encode_error("E_STORE_FAILED full"))

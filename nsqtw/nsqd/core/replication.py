@@ -23,10 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ...protocol import replication as wire
+from ...errors import FinFailed
 from .broker import Broker
+from .channel import Channel
+from .client import ClientState
 from .topic import Topic
 
-__all__ = ["ReplicatedBroker", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
+__all__ = ["ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
            "IN_SYNC", "CONNECTING", "OUT_OF_SYNC"]
 
 IN_SYNC = "in_sync"
@@ -66,6 +69,9 @@ class ReplicationOrigin:
         self.min_acks = min_acks
         self.accept_degraded = accept_degraded
         self.pending: list[wire.Entry] = []
+        #: FINs and REQs per (topic, channel) since the last consumer-state batch
+        self.fins: dict[tuple[str, str], list[bytes]] = {}
+        self.reqs: dict[tuple[str, str], list[tuple[bytes, int]]] = {}
         self.pending_count = 0
         self.next_seq = 1
         self.last_sent = 0
@@ -78,8 +84,39 @@ class ReplicationOrigin:
 
     def record(self, topic: str, due_ns: int, frames: bytes, count: int) -> None:
         """A publish was stored locally: ``count`` message frames for ``topic``."""
-        self.pending.append((topic, due_ns, frames))
+        self.pending.append((wire.MSG, topic, "", due_ns, frames))
         self.pending_count += count
+
+    def op(self, kind: int, topic: str, channel: str = "") -> None:
+        """A topic or channel was created or deleted: in order with the publishes."""
+        self.pending.append((kind, topic, channel, 0, b""))
+
+    def fin(self, topic: str, channel: str, mid: bytes) -> None:
+        """A channel finished a message: sent with the next consumer-state batch."""
+        key = (topic, channel)
+        fins = self.fins.get(key)
+        if fins is None:
+            self.fins[key] = [mid]
+        else:
+            fins.append(mid)
+
+    def req(self, topic: str, channel: str, mid: bytes, due_ns: int) -> None:
+        """A channel requeued a message, due again at ``due_ns``."""
+        self.reqs.setdefault((topic, channel), []).append((mid, due_ns))
+
+    def move_consumer_state(self) -> bool:
+        """Queue the FINs and REQs gathered since the last call (every ~100 ms) as one item per
+        channel; True if there was any (send a batch)."""
+        if not self.fins and not self.reqs:
+            return False
+        pending = self.pending
+        for (topic, channel), items in self.reqs.items():
+            pending.append((wire.REQ, topic, channel, 0, wire.req_data(items)))
+        for (topic, channel), ids in self.fins.items():
+            pending.append((wire.FIN, topic, channel, 0, b"".join(ids)))
+        self.fins = {}
+        self.reqs = {}
+        return True
 
     def take_batch(self, now: float) -> tuple[bytes, list[PeerState]] | None:
         """The next batch frame and the peers to send it to (every peer in sync), or None."""
@@ -273,15 +310,15 @@ class OriginLink:
 class ShadowReceiver:
     """The peer's end of one link: the origin's HELLO, then batches to store and acknowledge.
 
-    ``append(origin_node_id, record)`` writes one shadow log record (raising ``OSError``
-    when the disk refuses it)."""
+    ``store(origin_node_id, batch_body)`` keeps one batch in that origin's shadow (raising
+    ``OSError`` when the disk refuses it)."""
 
     def __init__(self, node_id: int, instance: bytes, name: str,
-                 append: Callable[[int, bytes], None]) -> None:
+                 store: Callable[[int, bytes], None]) -> None:
         self.node_id = node_id
         self.instance = instance
         self.name = name
-        self.append = append
+        self.store = store
         self.origin: wire.Hello | None = None
         self.closed = False
         self.batches = 0
@@ -317,9 +354,11 @@ class ShadowReceiver:
                     return b"".join(out) + self._refuse("E_BAD_PROTOCOL malformed BATCH")
                 seq = int.from_bytes(body[:8], "big")
                 try:
-                    self.append(self.origin.node_id, wire.shadow_record(body))
+                    self.store(self.origin.node_id, body)
                 except OSError as e:
                     return b"".join(out) + self._refuse(f"E_STORE_FAILED {e}")
+                except wire.LinkError as e:
+                    return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
                 self.batches += 1
                 self.last_seq = acked = seq
             else:
@@ -337,23 +376,174 @@ class ShadowReceiver:
 
 
 
+class ReplicatedChannel(Channel):
+    """A :class:`Channel` that tells the broker's ``replicate_fin``/``replicate_req`` what its
+    consumers finished and requeued (ephemeral channels tell nothing)."""
+
+    __slots__ = ("_in_many",)
+
+    def __init__(self, topic: Topic, name: str, broker: Broker, backend: Any, now: float) -> None:
+        super().__init__(topic, name, broker, backend, now)
+        self._in_many = False
+
+    def finish(self, client: ClientState, mid: bytes, now: float) -> None:
+        super().finish(client, mid, now)
+        if not self._in_many and not self.ephemeral:
+            self.broker.replicate_fin(self.topic.name, self.name, mid)  # type: ignore[attr-defined]  # its broker is a ReplicatedBroker
+
+    def finish_many(self, client: ClientState, ids: list[bytes], now: float) -> list[FinFailed]:
+        inflight = self.inflight
+        owned = [mid for mid in ids if (ep := inflight.get(mid)) is not None and ep.client is client]
+        self._in_many = True
+        try:
+            errors = super().finish_many(client, ids, now)
+        finally:
+            self._in_many = False
+        if not self.ephemeral:
+            fin = self.broker.replicate_fin  # type: ignore[attr-defined]  # its broker is a ReplicatedBroker
+            name = self.topic.name
+            for mid in owned:
+                fin(name, self.name, mid)
+        return errors
+
+    def requeue(self, client: ClientState, mid: bytes, delay: float, now: float) -> None:
+        super().requeue(client, mid, delay, now)
+        if not self.ephemeral:
+            self.broker.replicate_req(self.topic.name, self.name, mid,  # type: ignore[attr-defined]  # its broker is a ReplicatedBroker
+                                      int((now + delay) * 1e9) if delay > 0 else 0)
+
+
+def _ignore(*args: Any) -> None:
+    pass
+
+
 class ReplicatedBroker(Broker):
     """A :class:`Broker` that hands every accepted publish (its stored frames) to
-    ``replicate(topic, due_ns, frames, count)``; used only when ``--replica-peer`` is given,
-    so an unreplicated nsqd runs the plain broker's publish path unchanged.  Ephemeral
-    topics are not replicated (their messages may be dropped anyway)."""
+    ``replicate(topic, due_ns, frames, count)``, and its channels' FINs and REQs to
+    ``replicate_fin``/``replicate_req``; used only when ``--replica-peer`` is given, so an
+    unreplicated nsqd runs the plain broker's and channel's paths unchanged.  Ephemeral
+    topics and channels are not replicated (their messages may be dropped anyway)."""
 
-    replicate: Callable[[str, int, bytes, int], None] | None = None
+    channel_class = ReplicatedChannel
+    replicate: Callable[[str, int, bytes, int], None] = _ignore
+    replicate_fin: Callable[[str, str, bytes], None] = _ignore
+    replicate_req: Callable[[str, str, bytes, int], None] = _ignore
 
     def _put(self, topic: Topic, run: Any, nbytes: int) -> None:
         super()._put(topic, run, nbytes)
-        replicate = self.replicate
-        if replicate is not None and not topic.ephemeral:
+        if not topic.ephemeral:
             blob, offsets, length = run
-            replicate(topic.name, 0, blob if len(blob) == length else blob[:length], len(offsets))
+            self.replicate(topic.name, 0, blob if len(blob) == length else blob[:length], len(offsets))
 
     def _put_deferred(self, topic: Topic, frame: bytes, nbytes: int, due: float) -> None:
         super()._put_deferred(topic, frame, nbytes, due)
-        replicate = self.replicate
-        if replicate is not None and not topic.ephemeral:
-            replicate(topic.name, int(due * 1e9), frame, 1)
+        if not topic.ephemeral:
+            self.replicate(topic.name, int(due * 1e9), frame, 1)
+
+
+# --- the peer's shadow of one origin --------------------------------------------------
+
+
+class ShadowMessage:
+    """One message of an origin held by a peer: what adoption would republish."""
+
+    __slots__ = ("topic", "due", "frame", "pending", "open")
+
+    def __init__(self, topic: str, due: int, frame: bytes, pending: set[str] | None) -> None:
+        self.topic = topic
+        self.due = due
+        self.frame = frame
+        #: channels that have not finished it; None while the topic has no channel (the
+        #: channels created next get it, as the origin's topic hands its backlog to them)
+        self.pending = pending
+        self.open = pending is None
+
+
+class ShadowState:
+    """An origin's topics, channels and unfinished messages, rebuilt from its BATCH items in
+    order: a message is dropped once every channel that got it finished it (or was deleted)."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, set[str]] = {}
+        self.messages: dict[bytes, ShadowMessage] = {}
+        self.live_bytes = 0
+
+    def apply(self, entries: list[wire.Entry]) -> None:
+        opened: list[ShadowMessage] = []
+        for kind, topic, channel, due, data in entries:
+            if kind == wire.MSG:
+                channels = self.topics.setdefault(topic, set())
+                for frame in wire.split_frames(data):
+                    m = ShadowMessage(topic, due, frame, set(channels) if channels else None)
+                    self.messages[frame[18:34]] = m
+                    self.live_bytes += len(frame)
+            elif kind == wire.FIN:
+                messages = self.messages
+                for i in range(0, len(data), 16):
+                    mid = data[i:i + 16]
+                    held = messages.get(mid)
+                    if held is not None and held.pending is not None and channel in held.pending:
+                        held.pending.discard(channel)
+                        if not held.pending:
+                            self._drop(mid, held)
+            elif kind == wire.REQ:
+                for mid, when in wire.split_req(data):
+                    held = self.messages.get(mid)
+                    if held is not None:
+                        held.due = when
+            elif kind == wire.TOPIC_NEW:
+                self.topics.setdefault(topic, set())
+            elif kind == wire.CHANNEL_NEW:
+                channels = self.topics.setdefault(topic, set())
+                if channel not in channels:
+                    channels.add(channel)
+                    for m in self._of_topic(topic):
+                        if m.pending is None or m.open:
+                            m.pending = (m.pending or set()) | {channel}
+                            if not m.open:
+                                m.open = True
+                            opened.append(m)
+            elif kind == wire.CHANNEL_DEL:
+                self.topics.get(topic, set()).discard(channel)
+                for mid, m in list(self._items_of_topic(topic)):
+                    if m.pending is not None and channel in m.pending:
+                        m.pending.discard(channel)
+                        if not m.pending:
+                            self._drop(mid, m)
+            elif kind == wire.TOPIC_DEL:
+                self.topics.pop(topic, None)
+                for mid, m in list(self._items_of_topic(topic)):
+                    self._drop(mid, m)
+        for m in opened:  # channels created in one batch all get the backlog; later ones do not
+            m.open = False
+
+    def _of_topic(self, topic: str) -> list[ShadowMessage]:
+        return [m for m in self.messages.values() if m.topic == topic]
+
+    def _items_of_topic(self, topic: str) -> list[tuple[bytes, ShadowMessage]]:
+        return [(mid, m) for mid, m in self.messages.items() if m.topic == topic]
+
+    def _drop(self, mid: bytes, m: ShadowMessage) -> None:
+        del self.messages[mid]
+        self.live_bytes -= len(m.frame)
+
+    def unfinished(self) -> list[ShadowMessage]:
+        """Every message some channel has not finished, in publish order."""
+        return list(self.messages.values())
+
+    def snapshot(self) -> list[wire.Entry]:
+        """BATCH items that rebuild this state from nothing (a compacted shadow log)."""
+        out: list[wire.Entry] = []
+        for topic, channels in self.topics.items():
+            out.append((wire.TOPIC_NEW, topic, "", 0, b""))
+            for ch in sorted(channels):
+                out.append((wire.CHANNEL_NEW, topic, ch, 0, b""))
+        fins: dict[tuple[str, str], list[bytes]] = {}
+        for mid, m in self.messages.items():
+            out.append(wire.message_entry(m.topic, m.due, m.frame))
+            if m.pending is not None:
+                for ch in self.topics.get(m.topic, set()) - m.pending:
+                    fins.setdefault((m.topic, ch), []).append(mid)
+        for (topic, ch), ids in fins.items():
+            out.append((wire.FIN, topic, ch, 0, b"".join(ids)))
+        return out
