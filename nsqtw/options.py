@@ -596,6 +596,9 @@ class NsqdOptions:
     replication_timeout: float = opt(default=5.0, flag="replication-timeout", kind=DURATION,
                                      help="[nsqtw] a peer that does not acknowledge a batch (or answer HELLO) "
                                           "within this is out of sync and its link is dropped")
+    adopt_after: float = opt(default=10.0, flag="adopt-after", kind=DURATION,
+                             help="[nsqtw] with a --replication-address: once every link from an origin has "
+                                  "been down this long, deliver its unfinished messages from here")
     # internal knobs NSQ does not expose as flags ------------------------------------
     client_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
     queue_scan_interval: float = opt(default=0.1, flag=None, kind=DURATION)
@@ -694,7 +697,8 @@ class NsqdOptions:
         if self.replica_peers and not 1 <= self.replication_min_acks <= len(self.replica_peers):
             raise OptionError(f"--replication-min-acks must be [1,{len(self.replica_peers)}] with "
                               f"{len(self.replica_peers)} --replica-peer (got {self.replication_min_acks})")
-        require_positive_durations(("replication-timeout", self.replication_timeout))
+        require_positive_durations(("replication-timeout", self.replication_timeout),
+                                   ("adopt-after", self.adopt_after))
 
     @property
     def heartbeat_interval(self) -> float:

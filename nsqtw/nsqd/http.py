@@ -86,6 +86,9 @@ def replication_text(doc: dict[str, Any]) -> str:
         for p in doc["peers"]:
             extra = f" - {p['reason']}" if p.get("reason") else ""
             lines.append(f"   [peer {p['address']}] {p['state']} unacked batches: {p['unacked_batches']}{extra}")
+    for ad in doc.get("adopted", ()):
+        lines.append(f"\nAdopted node {ad['origin_node_id']}: {ad['messages']} messages republished here"
+                     + (f", {ad['refused']} refused" if ad["refused"] else ""))
     for sh in doc.get("shadows", ()):
         lines.append(f"\nShadow of node {sh['origin_node_id']}: {sh['unfinished_messages']} unfinished messages, "
                      f"{sh['topics']} topics, log {sh['log_bytes']} bytes")

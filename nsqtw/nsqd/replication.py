@@ -31,9 +31,11 @@ from ..options import NsqdOptions, split_host_port
 from ..protocol.names import is_ephemeral
 from ..protocol import replication as wire
 from ..protocol.replication import LinkError, batch_body, decode_batch, read_shadow_records, shadow_record
-from .core.replication import OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState
+from .core.replication import (
+    AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
+)
 
-__all__ = ["ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
+__all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
 
 log = Logger(namespace="nsqtw.nsqd")
 
@@ -135,6 +137,20 @@ class ShadowFiles:
         self.sizes[origin] = len(record)
         self.compactions += 1
 
+    def retire(self, origin: int, stamp: int) -> str:
+        """The origin was adopted: forget its shadow; its log is kept, renamed
+        ``nsqtw-shadow.<id>.adopted.<stamp>`` (the adopted epoch, never replayed again)."""
+        fd = self._fds.pop(origin, None)
+        if fd is not None:
+            os.close(fd)
+        self.states.pop(origin, None)
+        self.sizes.pop(origin, None)
+        path = shadow_path(self.data_path, origin)
+        kept = os.path.join(self.data_path, f"nsqtw-shadow.{origin}.adopted.{stamp}")
+        if os.path.exists(path):
+            os.replace(path, kept)
+        return kept
+
     def stats(self) -> list[dict[str, Any]]:
         return [{"origin_node_id": origin, "unfinished_messages": len(state.messages),
                  "topics": len(state.topics), "log_bytes": self.sizes.get(origin, 0)}
@@ -159,6 +175,9 @@ class _ShadowProtocol(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.protocols.discard(self)
+        origin = self.receiver.origin
+        if origin is not None and self.factory.adoption is not None:
+            self.factory.adoption.origin_down(origin.node_id)
 
     def dataReceived(self, data: bytes) -> None:
         receiver = self.receiver
@@ -167,6 +186,8 @@ class _ShadowProtocol(Protocol):
         if out:
             self.transport.write(out)
         if receiver.origin is not None and was is None:
+            if self.factory.adoption is not None:
+                self.factory.adoption.origin_up(receiver.origin.node_id)
             log.info("REPLICATION: origin {name} (node {id}) linked from {peer}", name=receiver.origin.name,
                      id=receiver.origin.node_id, peer=self.transport.getPeer())
         if receiver.closed:
@@ -186,6 +207,7 @@ class ShadowFactory(Factory):
         self.name = name
         self.files = files
         self.protocols: set[_ShadowProtocol] = set()
+        self.adoption: AdoptionService | None = None
 
     def close_links(self) -> None:
         """The node stops: drop every origin's link (the origins see the peer out of sync)."""
@@ -196,6 +218,69 @@ class ShadowFactory(Factory):
         p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.store))
         p.factory = self
         return p
+
+
+class AdoptionService(Service):
+    """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so: every unfinished
+    message is republished into this node's queues (``adopt(state)``), and the shadow retired."""
+
+    def __init__(self, files: ShadowFiles, policy: AdoptionPolicy, reactor: Any,
+                 adopt: Callable[[ShadowState], tuple[int, int]], interval: float) -> None:
+        self.setName("adoption")
+        self.files = files
+        self.policy = policy
+        self.reactor = reactor
+        self.adopt_into = adopt
+        self.interval = interval
+        self.links: dict[int, int] = {}
+        #: (origin node id, messages adopted, refused, when) of every adoption so far
+        self.adopted: list[tuple[int, int, int, float]] = []
+        self._loop: task.LoopingCall | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        now = self.reactor.seconds()
+        for origin in self.files.states:  # shadows from before the start: adopt unless they link
+            if not self.links.get(origin):
+                self.policy.origin_down(origin, now)
+        self._loop = task.LoopingCall(self.check)
+        self._loop.clock = self.reactor
+        self._loop.start(self.interval, now=False)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
+    def origin_up(self, origin: int) -> None:
+        self.links[origin] = self.links.get(origin, 0) + 1
+        self.policy.origin_up(origin, self.reactor.seconds())
+
+    def origin_down(self, origin: int) -> None:
+        n = self.links.get(origin, 0) - 1
+        if n > 0:
+            self.links[origin] = n
+            return
+        self.links.pop(origin, None)
+        self.policy.origin_down(origin, self.reactor.seconds())
+
+    def check(self) -> None:
+        now = self.reactor.seconds()
+        for origin in self.policy.due(now):
+            if self.links.get(origin) or origin not in self.files.states:
+                continue
+            state = self.files.states[origin]
+            adopted, refused = self.adopt_into(state)
+            kept = self.files.retire(origin, int(now * 1e9))
+            self.adopted.append((origin, adopted, refused, now))
+            log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here"
+                     "{refused} (its shadow log kept as {kept})", id=origin, n=adopted, kept=kept,
+                     refused=f", {refused} REFUSED" if refused else "")
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [{"origin_node_id": o, "messages": n, "refused": r, "at": when}
+                for o, n, r, when in self.adopted]
 
 
 # --- the origin side ----------------------------------------------------------------

@@ -149,6 +149,7 @@ class NsqdService(MultiService):
         if self.replication is not None:
             self.replication.setServiceParent(self)
         self.shadow_files: Any = None
+        self.adoption: Any = None
         self.replication_listener: ListeningService | None = None
         if options.replication_address:
             from .replication import ShadowFactory, ShadowFiles
@@ -157,6 +158,12 @@ class NsqdService(MultiService):
             self.replication_listener = ListeningService(reactor, options.replication_address, shadow,
                                                          "REPLICATION", "replication-address")
             self.replication_listener.setServiceParent(self)
+            from .core.replication import AdoptAfterTimeout
+            from .replication import AdoptionService
+            self.adoption = AdoptionService(self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor,
+                                            self._adopt, interval=min(1.0, options.adopt_after / 4))
+            shadow.adoption = self.adoption
+            self.adoption.setServiceParent(self)
         self.http_listener: ListeningService | None = None
         self.https_listener: ListeningService | None = None
         if options.http_address:
@@ -283,7 +290,16 @@ class NsqdService(MultiService):
         doc: dict[str, Any] = self.replication.stats() if self.replication is not None else {}
         if self.shadow_files is not None:
             doc["shadows"] = self.shadow_files.stats()
+            doc["adopted"] = self.adoption.stats()
         return doc
+
+    def _adopt(self, state: Any) -> tuple[int, int]:
+        """Republish an adopted origin's unfinished messages here (see core.replication.adopt);
+        the new topics and channels are registered with nsqlookupd as any others."""
+        from .core.replication import adopt
+        result = adopt(self.broker, state, self.reactor.seconds())
+        self.settle()
+        return result
 
     def _topology(self) -> list[tuple[str, list[str]]]:
         """Every durable topic and its durable channels (what a peer's shadow mirrors)."""

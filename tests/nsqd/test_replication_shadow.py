@@ -111,3 +111,36 @@ def test_shadow_files_replay_and_compact(tmp_path):
     assert sorted(again.states[1].messages) == [mid(99), mid(100)]
     assert again.states[1].messages[mid(99)].pending == {"a"}
     assert shadow_path(str(tmp_path), 1).endswith("nsqtw-shadow.1.log")
+
+
+def test_adopt_after_timeout_policy():
+    from nsqtw.nsqd.core.replication import AdoptAfterTimeout
+
+    p = AdoptAfterTimeout(10.0)
+    p.origin_down(1, 0.0)
+    p.origin_down(2, 5.0)
+    assert p.due(9.9) == []
+    assert p.due(10.0) == [1] and p.due(11.0) == []  # once per time it went down
+    p.origin_up(2, 12.0)  # came back in time
+    assert p.due(100.0) == []
+
+
+def test_adopt_puts_each_message_on_the_channels_that_had_not_finished_it():
+    from twisted.internet import task
+
+    from nsqtw.nsqd.core.broker import Broker
+    from nsqtw.nsqd.core.replication import adopt
+    from nsqtw.options import NsqdOptions
+
+    clock = task.Clock()
+    clock.advance(100)
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"), msg("t", 1, 2),
+             msg("t", 3, due=int(130 * 1e9)), msg("u", 4), fin("t", "a", 1)])
+    b = Broker(NsqdOptions(), clock.seconds())
+    assert adopt(b, s, clock.seconds()) == (4, 0)
+    a, bb = b.topics["t"].channels["a"], b.topics["t"].channels["b"]
+    assert a.depth() == 1 and bb.depth() == 2  # 1 was finished on a
+    assert [d for d, _, f in a.deferred] == [130.0] and [d for d, _, f in bb.deferred] == [130.0]
+    assert b.topics["u"].mem.depth() == 1 and not b.topics["u"].channels  # waits for its first channel
+    assert {("t", "a"), ("t", "b"), ("u", None)} <= set(b.registrations())

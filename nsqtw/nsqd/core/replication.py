@@ -20,16 +20,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ...protocol import replication as wire
+from ...backend.runs import run_of_frame
 from ...errors import FinFailed
 from .broker import Broker
 from .channel import Channel
 from .client import ClientState
 from .topic import Topic
 
-__all__ = ["ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
+__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
            "IN_SYNC", "CONNECTING", "OUT_OF_SYNC"]
 
 IN_SYNC = "in_sync"
@@ -547,3 +548,70 @@ class ShadowState:
         for (topic, ch), ids in fins.items():
             out.append((wire.FIN, topic, ch, 0, b"".join(ids)))
         return out
+
+
+# --- adoption ---------------------------------------------------------------------------
+
+
+class AdoptionPolicy(Protocol):
+    """Decides when a peer adopts an origin's shadow: the one place that decision is made
+    (today :class:`AdoptAfterTimeout`; a lease held in etcd could be another)."""
+
+    def origin_up(self, origin: int, now: float) -> None:
+        """A link from ``origin`` is up (it lives)."""
+
+    def origin_down(self, origin: int, now: float) -> None:
+        """The last link from ``origin`` is gone (or this node started with its shadow)."""
+
+    def due(self, now: float) -> list[int]:
+        """Origins to adopt now (each returned once per time it went down)."""
+
+
+class AdoptAfterTimeout:
+    """Adopt an origin whose links have all been down for ``--adopt-after``."""
+
+    def __init__(self, adopt_after: float) -> None:
+        self.adopt_after = adopt_after
+        self.down_since: dict[int, float] = {}
+
+    def origin_up(self, origin: int, now: float) -> None:
+        self.down_since.pop(origin, None)
+
+    def origin_down(self, origin: int, now: float) -> None:
+        self.down_since.setdefault(origin, now)
+
+    def due(self, now: float) -> list[int]:
+        out = [o for o, since in self.down_since.items() if now - since >= self.adopt_after]
+        for o in out:
+            del self.down_since[o]
+        return out
+
+
+def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
+    """Republish every unfinished message of an origin's shadow into ``broker``: to each
+    channel that had not finished it (created if needed), or to its topic when it had no
+    channel yet; the frame is the origin's (ID, timestamp, attempts kept), a message due
+    later (DPUB, delayed REQ) is deferred to its due time.  Returns ``(adopted, refused)``
+    (refused: the queues would not take it, e.g. a full disk and full memory queue)."""
+    adopted = refused = 0
+    for m in state.unfinished():
+        due = m.due / 1e9
+        try:
+            topic = broker.get_topic(m.topic, now)
+            if m.pending is None:
+                if due > now:
+                    topic.put_deferred(m.frame, len(m.frame) - 34, due)
+                else:
+                    topic.put(run_of_frame(m.frame), len(m.frame) - 34)
+            else:
+                for name in sorted(m.pending):
+                    ch = topic.get_channel(name, now)
+                    if due > now:
+                        ch.put_deferred(m.frame, due)
+                    else:
+                        ch.accept(run_of_frame(m.frame))
+                        broker.dirty.add(ch)
+            adopted += 1
+        except Exception:
+            refused += 1
+    return adopted, refused
