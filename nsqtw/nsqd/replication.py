@@ -28,11 +28,12 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..options import NsqdOptions, split_host_port
+from ..runtime import seam
 from ..protocol.names import is_ephemeral
 from ..protocol import replication as wire
 from ..protocol.replication import LinkError, batch_body, decode_batch, read_shadow_records, shadow_record
 from .core.replication import (
-    AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
+    IN_SYNC, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
 )
 
 __all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
@@ -68,6 +69,7 @@ class ShadowFiles:
         self._fds: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
         self.states: dict[int, ShadowState] = {}
+        self._unapplied: list[tuple[int, list[wire.Entry]]] = []
         self.compactions = 0
 
     def load(self) -> None:
@@ -89,15 +91,23 @@ class ShadowFiles:
                      n=len(state.messages))
 
     def store(self, origin: int, body: bytes) -> None:
+        """Append one batch (checked first) to the origin's log: once this returns, the batch
+        may be acknowledged; its effect on the state in memory follows in :meth:`apply`."""
         _, entries = decode_batch(body)
-        state = self.states.get(origin)
-        if state is None:
-            state = self.states[origin] = ShadowState()
         self._append(origin, shadow_record(body))
-        state.apply(entries)
-        size = self.sizes.get(origin, 0)
-        if size > self.compact_min and size > 4 * state.live_bytes:
-            self.compact(origin)
+        self._unapplied.append((origin, entries))
+
+    def apply(self) -> None:
+        """Apply the batches stored since the last call (after their ACK is on its way)."""
+        todo, self._unapplied = self._unapplied, []
+        for origin, entries in todo:
+            state = self.states.get(origin)
+            if state is None:
+                state = self.states[origin] = ShadowState()
+            state.apply(entries)
+            size = self.sizes.get(origin, 0)
+            if size > self.compact_min and size > 4 * state.live_bytes:
+                self.compact(origin)
 
     def _fd(self, origin: int) -> int:
         fd = self._fds.get(origin)
@@ -169,11 +179,21 @@ class _ShadowProtocol(Protocol):
 
     def __init__(self, receiver: ShadowReceiver) -> None:
         self.receiver = receiver
+        self._seam: seam.SocketSeam | None = None
+        self._write: Callable[[bytes], None] = lambda data: None
 
     def connectionMade(self) -> None:
         self.factory.protocols.add(self)
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
+        # the ACK goes out at once (an eager send), before the batch is applied in memory
+        self._seam = seam.attach(self.transport, self, self.dataReceived)
+        self._write = self._seam.write if self._seam is not None else self.transport.write
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        if self._seam is not None:
+            self._seam.detach()
+            self._seam = None
         self.factory.protocols.discard(self)
         origin = self.receiver.origin
         if origin is not None and self.factory.adoption is not None:
@@ -184,7 +204,8 @@ class _ShadowProtocol(Protocol):
         was = receiver.origin
         out = receiver.feed(data)
         if out:
-            self.transport.write(out)
+            self._write(out)
+        self.factory.files.apply()
         if receiver.origin is not None and was is None:
             if self.factory.adoption is not None:
                 self.factory.adoption.origin_up(receiver.origin.node_id)
@@ -447,9 +468,10 @@ class ReplicationService(Service):
         d.addCallbacks(connected, failed)
 
     def _down(self, address: str, reason: str) -> None:
-        was = self.origin.peers[address].state
+        peer = self.origin.peers[address]
+        was, last = peer.state, peer.reason
         released, refused = self.origin.unlinked(address, self.reactor.seconds(), reason)
-        if was != "out_of_sync":
+        if was == IN_SYNC or reason != last:  # once per outage and reason, not at every retry
             log.warn("REPLICATION: peer {peer} out of sync: {why}", peer=address, why=reason)
         self._release(released)
         self._refuse(refused, self.origin.refusal())

@@ -99,11 +99,14 @@ def test_shadow_files_replay_and_compact(tmp_path):
     files = ShadowFiles(str(tmp_path), fsync=False, compact_min=2000)
     files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", *range(100))]))
     files.store(1, wire.batch_body(2, [fin("t", "a", *range(99))]))
+    assert 1 not in files.states  # stored (and acknowledgeable) first, applied after
+    files.apply()
     assert files.compactions == 1  # the log held 100 messages, one is unfinished
     assert len(files.states[1].messages) == 1
     size = (tmp_path / "nsqtw-shadow.1.log").stat().st_size
     assert size < 200
     files.store(1, wire.batch_body(3, [msg("t", 100)]))
+    files.apply()
     files.close()
     # a restarted peer replays the log: same unfinished messages
     again = ShadowFiles(str(tmp_path), fsync=False)

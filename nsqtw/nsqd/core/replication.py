@@ -126,11 +126,13 @@ class ReplicationOrigin:
         seq = self.next_seq
         self.next_seq += 1
         self.last_sent = seq
-        frame = wire.encode_batch(seq, self.pending)
-        self.replicated_messages += self.pending_count
+        targets = [p for p in self.peers.values() if p.state == IN_SYNC]
+        # no peer in sync: nothing is encoded (degraded=accept, or publishes being refused)
+        frame = wire.encode_batch(seq, self.pending) if targets else b""
+        if targets:
+            self.replicated_messages += self.pending_count
         self.pending = []
         self.pending_count = 0
-        targets = [p for p in self.peers.values() if p.state == IN_SYNC]
         for p in targets:
             p.unacked.append((seq, now))
         return frame, targets
@@ -450,7 +452,7 @@ class ShadowMessage:
 
     __slots__ = ("topic", "due", "frame", "pending", "open")
 
-    def __init__(self, topic: str, due: int, frame: bytes, pending: set[str] | None) -> None:
+    def __init__(self, topic: str, due: int, frame: bytes, pending: frozenset[str] | None) -> None:
         self.topic = topic
         self.due = due
         self.frame = frame
@@ -474,17 +476,26 @@ class ShadowState:
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
                 channels = self.topics.setdefault(topic, set())
-                for frame in wire.split_frames(data):
-                    m = ShadowMessage(topic, due, frame, set(channels) if channels else None)
-                    self.messages[frame[18:34]] = m
-                    self.live_bytes += len(frame)
+                # one frozenset shared by every message of the entry (replaced, never changed)
+                pending = frozenset(channels) if channels else None
+                messages = self.messages
+                pos = 0
+                end = len(data)
+                while pos < end:
+                    stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+                    if stop > end:
+                        raise wire.LinkError("truncated message frame")
+                    frame = data[pos:stop]
+                    messages[frame[18:34]] = ShadowMessage(topic, due, frame, pending)
+                    pos = stop
+                self.live_bytes += end
             elif kind == wire.FIN:
                 messages = self.messages
                 for i in range(0, len(data), 16):
                     mid = data[i:i + 16]
                     held = messages.get(mid)
                     if held is not None and held.pending is not None and channel in held.pending:
-                        held.pending.discard(channel)
+                        held.pending = held.pending - {channel}
                         if not held.pending:
                             self._drop(mid, held)
             elif kind == wire.REQ:
@@ -500,7 +511,7 @@ class ShadowState:
                     channels.add(channel)
                     for m in self._of_topic(topic):
                         if m.pending is None or m.open:
-                            m.pending = (m.pending or set()) | {channel}
+                            m.pending = (m.pending or frozenset()) | {channel}
                             if not m.open:
                                 m.open = True
                             opened.append(m)
@@ -508,7 +519,7 @@ class ShadowState:
                 self.topics.get(topic, set()).discard(channel)
                 for mid, m in list(self._items_of_topic(topic)):
                     if m.pending is not None and channel in m.pending:
-                        m.pending.discard(channel)
+                        m.pending = m.pending - {channel}
                         if not m.pending:
                             self._drop(mid, m)
             elif kind == wire.TOPIC_DEL:
