@@ -250,3 +250,27 @@ def test_peer_list_naming_the_node_itself_is_one_fatal_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "FATAL" in lines[0] and "--replica-peer" in lines[0] and "itself" in lines[0]
 
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_sync_every_1_the_ok_waits_for_both_and_a_refusal_names_replication():
+    """--sync-every=1 and replication share the one barrier: OK once both are done; a refusal
+    from the replication side still reads E_PUB_FAILED with its reason."""
+    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
+    origin = await start_nsqd(node_id=1, sync_every=1,
+                              replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
+    try:
+        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        c = await connect_raw(origin.tcp_port)
+        c.send(body_command("PUB", "t", body=b"both"))
+        assert await c.response() == b"OK"
+        assert [f[34:] for _, _, f in shadow(peer, 1)] == [b"both"]
+        await peer.stop()
+        await until(lambda: origin.service.replication.origin.in_sync() == 0)
+        c.send(body_command("PUB", "t", body=b"refused"))
+        assert (await c.error()).startswith(b"E_PUB_FAILED PUB failed replication: 0 of 1 peers in sync")
+        r = await treq.post(f"http://127.0.0.1:{origin.http_port}/pub?topic=t", b"x")
+        assert r.code == 503
+    finally:
+        await origin.stop()
+        await peer.stop()
