@@ -413,6 +413,24 @@ def split_host_port(address: str, flag: str) -> tuple[str, int]:
     return host, number
 
 
+_LOCAL_HOSTS = ("", "0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
+
+
+def _self_addresses(listen: str, hostname: str) -> set[tuple[str, int]]:
+    """``(host, port)`` pairs that reach a listener on ``listen`` from this machine."""
+    if not listen:
+        return set()
+    host, port = split_host_port(listen, "replication-address")
+    hosts = {host.lower()}
+    if host in ("", "0.0.0.0", "::"):
+        hosts.update(_LOCAL_HOSTS)
+        hosts.add(hostname.lower())
+        hosts.add(default_hostname().lower())
+    elif host in ("127.0.0.1", "localhost"):
+        hosts.update(("127.0.0.1", "localhost"))
+    return {(h, port) for h in hosts}
+
+
 def default_node_id(hostname: str | None = None) -> int:
     """NSQ's default: ``crc32(md5(hostname)) % 1024``."""
     name = hostname if hostname is not None else socket.gethostname()
@@ -572,6 +590,22 @@ class NsqdOptions:
     stop_disk_wait: float = opt(default=20.0, flag="stop-disk-wait", kind=DURATION,
                                 help="[nsqtw] how long a stop waits for disk space to write held "
                                      "messages before it gives up and reports them lost")
+    replica_peers: list[str] = opt(flag="replica-peer", cfg="replica_peers", kind=STRLIST, factory=list,
+                                   help="[nsqtw] <addr>:<port> of a peer's --replication-address: every accepted "
+                                        "message is stored there too before its OK (may be given multiple times)")
+    replication_address: str = opt(default="", flag="replication-address", kind=STR,
+                                   help="[nsqtw] <addr>:<port> to listen on for replicating peers (empty disables)")
+    replication_min_acks: int = opt(default=1, flag="replication-min-acks", kind=INT,
+                                    help="[nsqtw] peers that must store a message before the publisher's OK")
+    replication_degraded: str = opt(default="refuse", flag="replication-degraded", kind=STR,
+                                    help="[nsqtw] with fewer peers in sync than --replication-min-acks: refuse "
+                                         "publishes (E_PUB_FAILED) or accept them with the peers there are")
+    replication_timeout: float = opt(default=5.0, flag="replication-timeout", kind=DURATION,
+                                     help="[nsqtw] a peer that does not acknowledge a batch (or answer HELLO) "
+                                          "within this is out of sync and its link is dropped")
+    adopt_after: float = opt(default=10.0, flag="adopt-after", kind=DURATION,
+                             help="[nsqtw] with a --replication-address: once every link from an origin has "
+                                  "been down this long, deliver its unfinished messages from here")
     # internal knobs NSQ does not expose as flags ------------------------------------
     #: bytes kept free in --data-path for the final flush (nsqd.reserve, deleted at the stop)
     disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT)
@@ -650,12 +684,33 @@ class NsqdOptions:
             _check_address("lookupd-tcp-address", a, allow_empty=False, allow_unix=False)
         if self.statsd_address:
             _check_address("statsd-address", self.statsd_address, allow_unix=False)
+        self._validate_replication()
         for f in option_fields(type(self)):
             reason = f.metadata.get("unsupported")
             if reason and getattr(self, f.name) != f.default and not (
                     isinstance(f.default, attr.Factory)  # type: ignore[arg-type]  # attrs' stubs make Factory a function; it is a class
                     and not getattr(self, f.name)):
                 raise OptionError(f"--{f.metadata['flag']} is not supported: {reason}")
+
+    def _validate_replication(self) -> None:
+        if self.replication_address:
+            _check_address("replication-address", self.replication_address, allow_unix=False)
+        own = _self_addresses(self.replication_address, self.broadcast_address)
+        for a in self.replica_peers:
+            _check_address("replica-peer", a, allow_empty=False, allow_unix=False)
+            host, port = split_host_port(a, "replica-peer")
+            if (host.lower(), port) in own:
+                raise OptionError(f"--replica-peer {a} names this node itself (its --replication-address "
+                                  f"{self.replication_address}); list the other nodes only")
+        if len(set(self.replica_peers)) != len(self.replica_peers):
+            raise OptionError("--replica-peer lists the same peer twice")
+        if self.replication_degraded not in ("refuse", "accept"):
+            raise OptionError(f"--replication-degraded must be refuse or accept, not {self.replication_degraded!r}")
+        if self.replica_peers and not 1 <= self.replication_min_acks <= len(self.replica_peers):
+            raise OptionError(f"--replication-min-acks must be [1,{len(self.replica_peers)}] with "
+                              f"{len(self.replica_peers)} --replica-peer (got {self.replication_min_acks})")
+        require_positive_durations(("replication-timeout", self.replication_timeout),
+                                   ("adopt-after", self.adopt_after))
 
     @property
     def heartbeat_interval(self) -> float:

@@ -56,14 +56,43 @@ class NsqdNode(Protocol):
 
     def persist_metadata(self, urgent: bool = False) -> Deferred[Any]: ...
 
+    @property
+    def durable_publish(self) -> bool:
+        """True when a publish is answered only after :meth:`sync_barrier` fires."""
+
     def sync_barrier(self) -> Deferred[Any]:
-        """Fires once what was published before it is as durable as --sync-every promises."""
+        """Fires once what was published before it is as durable as --sync-every (and
+        replication) promise."""
+
+    def replication_health(self) -> tuple[bool, str] | None:
+        """``(ok, text)`` of replicated publishing for /ping; None when not replicated."""
+
+    def replication_stats(self) -> dict[str, Any] | None:
+        """The replication section of /stats; None when not replicated."""
 
     def set_options(self, **changes: Any) -> None: ...
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None: ...
 
 __all__ = ["NsqdHTTPAPI"]
+
+
+def replication_text(doc: dict[str, Any]) -> str:
+    """The replication section of the text /stats."""
+    lines = []
+    if "status" in doc:
+        lines.append(f"\nReplication: {doc['status']} ({doc['peers_in_sync']} peers in sync, "
+                     f"min acks {doc['min_acks']}, degraded mode {doc['degraded_mode']})")
+        for p in doc["peers"]:
+            extra = f" - {p['reason']}" if p.get("reason") else ""
+            lines.append(f"   [peer {p['address']}] {p['state']} unacked batches: {p['unacked_batches']}{extra}")
+    for ad in doc.get("adopted", ()):
+        lines.append(f"\nAdopted node {ad['origin_node_id']}: {ad['messages']} messages republished here"
+                     + (f", {ad['refused']} refused" if ad["refused"] else ""))
+    for sh in doc.get("shadows", ()):
+        lines.append(f"\nShadow of node {sh['origin_node_id']}: {sh['unfinished_messages']} unfinished messages, "
+                     f"{sh['topics']} topics, log {sh['log_bytes']} bytes")
+    return "\n".join(lines) + "\n"
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
 _PEEK_N = re.compile(r"[0-9]{1,9}\Z")
@@ -121,6 +150,10 @@ class NsqdHTTPAPI:
         health = self._broker.health_status()
         if health != "OK":
             return plain(request, health, 500)
+        replication = self.node.replication_health()
+        if replication is not None:
+            ok, text = replication
+            return plain(request, text, 200 if ok else 500)
         return plain(request, health)
 
     @app.route("/info", methods=["GET"])
@@ -176,8 +209,9 @@ class NsqdHTTPAPI:
         return self._ok_when_durable(request)
 
     def _ok_when_durable(self, request: IRequest) -> Any:
-        """``OK`` now, or with --sync-every=1 once the fsync covering the publish is done."""
-        if self.node.options.sync_every != 1:
+        """``OK`` now, or (--sync-every=1, replication) once the fsync covering the publish
+        is done and the peers stored it; 503 with nsqd's message for a failed publish."""
+        if not self.node.durable_publish:
             return v1(request, "OK")
 
         def failed(f: Any) -> Any:
@@ -262,8 +296,14 @@ class NsqdHTTPAPI:
         now = self.node.now()
         doc = broker_stats(self._broker, now, topic=topic, channel=channel,
                            include_clients=include_clients, include_mem=include_mem)
+        replication = self.node.replication_stats()
+        if replication is not None:
+            doc["replication"] = replication  # nsqtw addition, only when --replica-peer is given
         if fmt != "json":
-            return v1(request, render_text(doc, now, self._broker.start_time))
+            text = render_text(doc, now, self._broker.start_time)
+            if replication is not None:
+                text += replication_text(replication)
+            return v1(request, text)
         return v1(request, doc)
 
     @app.route("/metrics", methods=["GET"])

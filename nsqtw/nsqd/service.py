@@ -78,7 +78,25 @@ class NsqdService(MultiService):
                                       turn=self.turn)
         self.sync_worker.setServiceParent(self)
         factory = backend_factory or disk_backends(options, self.sync_worker, self.data_path)
-        self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+        #: this process's identity on replication links (tells a node from itself)
+        self.instance = os.urandom(16)
+        #: the links to --replica-peer nodes (None: not replicated, the plain broker's publish)
+        self.replication: Any = None
+        self.broker: Broker
+        if options.replica_peers:
+            from .core.replication import ReplicatedBroker
+            from .replication import ReplicationService
+            self.broker = ReplicatedBroker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+            self.replication = ReplicationService(options, reactor, instance=self.instance,
+                                                  name=options.broadcast_address, turn=self.turn,
+                                                  topology=self._topology)
+            origin = self.replication.origin
+            self.broker.replicate = self.replication.record
+            self.broker.replicate_fin = origin.fin
+            self.broker.replicate_req = origin.req
+            self.broker.listeners.append(self.replication.on_event)
+        else:
+            self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
         from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments
         self.metadata_fragments = TopicFragments(self.broker.topics)
         self.metadata_writer = MetadataWriter(self.metadata_fragments,
@@ -99,7 +117,7 @@ class NsqdService(MultiService):
                 connect_timeout=options.http_client_connect_timeout,
                 request_timeout=options.http_client_request_timeout, rng=self.rng)
         self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
-                                       sync_barrier=self.sync_barrier if options.sync_every == 1 else None,
+                                       sync_barrier=self.sync_barrier if self.durable_publish else None,
                                        tls_context=self.tls_context, authorizer=self.authorizer,
                                        turn=self.turn)
         self.tcp_factory.noisy = False
@@ -108,6 +126,24 @@ class NsqdService(MultiService):
         self.broker.listeners.append(self._on_event)
         self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP", "tcp-address")
         self.tcp_listener.setServiceParent(self)
+        if self.replication is not None:
+            self.replication.setServiceParent(self)
+        self.shadow_files: Any = None
+        self.adoption: Any = None
+        self.replication_listener: ListeningService | None = None
+        if options.replication_address:
+            from .replication import ShadowFactory, ShadowFiles
+            self.shadow_files = ShadowFiles(self.data_path, fsync=options.sync_every == 1 and not throwaway)
+            shadow = ShadowFactory(options.node_id, self.instance, options.broadcast_address, self.shadow_files)
+            self.replication_listener = ListeningService(reactor, options.replication_address, shadow,
+                                                         "REPLICATION", "replication-address")
+            self.replication_listener.setServiceParent(self)
+            from .core.replication import AdoptAfterTimeout
+            from .replication import AdoptionService
+            self.adoption = AdoptionService(self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor,
+                                            self._adopt, interval=min(1.0, options.adopt_after / 4))
+            shadow.adoption = self.adoption
+            self.adoption.setServiceParent(self)
         self.http_listener: ListeningService | None = None
         self.https_listener: ListeningService | None = None
         if options.http_address:
@@ -208,9 +244,50 @@ class NsqdService(MultiService):
         d.addErrback(lambda f: None)
         return d
 
+    @property
+    def durable_publish(self) -> bool:
+        """True when a publisher's answer waits for :meth:`sync_barrier` (``--sync-every=1``,
+        or replication)."""
+        return self.options.sync_every == 1 or self.replication is not None
+
     def sync_barrier(self) -> defer.Deferred:
-        """Fires once everything published so far is fsynced (the ``--sync-every=1`` OK)."""
-        return self.sync_worker.flush_and_sync_all()
+        """Fires once everything published so far is as durable as promised: fsynced with
+        ``--sync-every=1``, stored by ``--replication-min-acks`` peers when replicated (both
+        when both); fails (``PUB failed <reason>``) when that cannot be had."""
+        if self.replication is None:
+            return self.sync_worker.flush_and_sync_all()
+        replicated = self.replication.barrier()
+        if self.options.sync_every != 1:
+            return replicated
+        both = defer.gatherResults([self.sync_worker.flush_and_sync_all(), replicated], consumeErrors=True)
+        both.addErrback(lambda f: f.value.subFailure if isinstance(f.value, defer.FirstError) else f)
+        return both
+
+    def replication_health(self) -> tuple[bool, str] | None:
+        """``(ok, text)`` of the replicated publish for /ping; None when not replicated."""
+        return self.replication.health() if self.replication is not None else None
+
+    def replication_stats(self) -> dict[str, Any] | None:
+        if self.replication is None and self.shadow_files is None:
+            return None
+        doc: dict[str, Any] = self.replication.stats() if self.replication is not None else {}
+        if self.shadow_files is not None:
+            doc["shadows"] = self.shadow_files.stats()
+            doc["adopted"] = self.adoption.stats()
+        return doc
+
+    def _adopt(self, state: Any) -> tuple[int, int]:
+        """Republish an adopted origin's unfinished messages here (see core.replication.adopt);
+        the new topics and channels are registered with nsqlookupd as any others."""
+        from .core.replication import adopt
+        result = adopt(self.broker, state, self.reactor.seconds())
+        self.settle()
+        return result
+
+    def _topology(self) -> list[tuple[str, list[str]]]:
+        """Every durable topic and its durable channels (what a peer's shadow mirrors)."""
+        return [(t.name, [c for c in t.channels if not c.endswith("#ephemeral")])
+                for t in self.broker.topics.values() if not t.ephemeral]
 
     def set_options(self, **changes: Any) -> None:
         self.options = self.options.replace(**changes)
@@ -244,9 +321,14 @@ class NsqdService(MultiService):
     def https_port(self) -> int | None:
         return self.https_listener.bound_port if self.https_listener else None
 
+    @property
+    def replication_port(self) -> int | None:
+        return self.replication_listener.bound_port if self.replication_listener else None
+
     def ready(self) -> defer.Deferred:
         """Fires (with this service) once every listener is bound."""
-        waits = [s.ready for s in (self.tcp_listener, self.http_listener, self.https_listener) if s is not None]
+        waits = [s.ready for s in (self.tcp_listener, self.http_listener, self.https_listener,
+                                   self.replication_listener) if s is not None]
         d = defer.gatherResults(waits, consumeErrors=True)
         d.addCallback(lambda _: self)
         return d
@@ -274,6 +356,8 @@ class NsqdService(MultiService):
                             ch.pause()
             finally:
                 broker.loading = False
+            if self.shadow_files is not None:
+                self.shadow_files.load()  # the origins' shadows this node keeps
             # as Go's nsqd, refuse to start when nsqd.dat cannot be written (read-only data path)
             try:
                 self.sync_worker.run_here(partial(write_metadata, self.data_path, metadata_from_broker(broker)))
@@ -312,6 +396,8 @@ class NsqdService(MultiService):
             return self._stopping
         broker = self.broker
         broker.close()
+        if self.replication_listener is not None:
+            self.replication_listener.factory.close_links()
         for proto in list(self.tcp_factory.protocols):
             proto._stop_timers()
             proto.transport.loseConnection()
@@ -337,6 +423,8 @@ class NsqdService(MultiService):
         d.addCallback(flush)
 
         def stop_worker(_: Any) -> Any:
+            if self.shadow_files is not None:
+                self.shadow_files.close()
             return defer.maybeDeferred(self.sync_worker.stopService)
 
         def unlock(result: Any) -> Any:

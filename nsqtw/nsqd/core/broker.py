@@ -79,6 +79,9 @@ def memory_only_backends(name: str, ephemeral: bool) -> Any:
 class Broker:
     """All topics and channels of one nsqd."""
 
+    #: the class of the channels it makes (a subclass may make its own)
+    channel_class = Channel
+
     def __init__(self, options: NsqdOptions, now: float, *,
                  backend_factory: BackendFactory | None = None,
                  rng: random.Random | None = None) -> None:
@@ -179,7 +182,7 @@ class Broker:
         if topic.exiting or self.exiting:
             raise Exiting()
         backend = self.backend_factory(f"{topic.name}:{name}", name.endswith("#ephemeral"))
-        ch = Channel(topic, name, self, backend, now)
+        ch = self.channel_class(topic, name, self, backend, now)
         if getattr(backend, "has_deferred_hints", False):  # a sink only where one is needed
             backend.deferred_sink = ch.restore_deferred
         topic.channels[name] = ch
@@ -370,12 +373,15 @@ class Broker:
                 self.health = f"NOK - {why}"
                 raise BackendError(why)
         run, nbytes = self.make_run([body], now)
+        self._put_deferred(topic, run[0], nbytes, now + delay)
+        return topic
+
+    def _put_deferred(self, topic: Topic, frame: bytes, nbytes: int, due: float) -> None:
         try:
-            topic.put_deferred(run[0], nbytes, now + delay)
+            topic.put_deferred(frame, nbytes, due)
         except BackendError as e:
             self.health = f"NOK - {e}"
             raise
-        return topic
 
     # --- shutdown -----------------------------------------------------------------
 

@@ -1,0 +1,628 @@
+"""
+Replicated publish, sans-IO: the origin's bookkeeping and both ends of a replication link.
+
+An nsqd started with ``--replica-peer`` records every message it accepts (its stored frames,
+IDs and timestamps included) in :class:`ReplicationOrigin`; at the end of each reactor turn the
+records go out as one numbered batch to every peer in sync (the group commit of the fsync,
+applied to the network).  A publisher's answer is held (:meth:`ReplicationOrigin.barrier`)
+until ``--replication-min-acks`` peers acknowledged a batch covering it, as ``--sync-every=1``
+holds it until the fsync.  When fewer peers are in sync than required, a publish is refused
+(``E_PUB_FAILED``) unless ``--replication-degraded=accept``: then it waits for the peers
+there are, or for none.
+
+:class:`OriginLink` is the origin's end of one link (HELLO, then ACKs back);
+:class:`ShadowReceiver` is the peer's end: it checks the origin is another node, appends each
+batch to that origin's shadow log (through an injected ``append``) and acknowledges it.
+Nothing here imports a reactor; times are passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ...protocol import replication as wire
+from ...backend.runs import run_of_frame
+from ...errors import FinFailed
+from .broker import Broker
+from .channel import Channel
+from .client import ClientState
+from .topic import Topic
+
+__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
+           "IN_SYNC", "CONNECTING", "OUT_OF_SYNC"]
+
+IN_SYNC = "in_sync"
+CONNECTING = "connecting"
+OUT_OF_SYNC = "out_of_sync"
+
+
+class PublishRefused(Exception):
+    """Fewer peers are in sync than ``--replication-min-acks`` (with degraded=refuse), or the
+    peers dropped out while a publish waited for them."""
+
+
+class PeerState:
+    """What the origin knows of one peer."""
+
+    __slots__ = ("address", "state", "node_id", "base", "acked", "unacked", "since", "reason")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.state = CONNECTING
+        self.node_id: int | None = None
+        #: the last batch sent before this peer came in sync: it never saw those
+        self.base = 0
+        self.acked = 0
+        #: (sequence, sent at) of every batch it has not acknowledged yet
+        self.unacked: deque[tuple[int, float]] = deque()
+        #: when it entered its current state
+        self.since = 0.0
+        self.reason = ""
+
+
+class ReplicationOrigin:
+    """The origin's side: records, batches, acknowledgements and the publish barrier."""
+
+    def __init__(self, peers: list[str], min_acks: int, accept_degraded: bool) -> None:
+        self.peers = {address: PeerState(address) for address in peers}
+        self.min_acks = min_acks
+        self.accept_degraded = accept_degraded
+        self.pending: list[wire.Entry] = []
+        #: FINs and REQs per (topic, channel) since the last consumer-state batch
+        self.fins: dict[tuple[str, str], list[bytes]] = {}
+        self.reqs: dict[tuple[str, str], list[tuple[bytes, int]]] = {}
+        self.pending_count = 0
+        self.next_seq = 1
+        self.last_sent = 0
+        #: (target sequence, token) of every publish answer held for its acknowledgements
+        self.waiting: list[tuple[int, Any]] = []
+        self.replicated_messages = 0
+        self.refused_publishes = 0
+
+    # --- what the broker and the glue tell it ----------------------------------------
+
+    def record(self, topic: str, due_ns: int, frames: bytes, count: int) -> None:
+        """A publish was stored locally: ``count`` message frames for ``topic``."""
+        self.pending.append((wire.MSG, topic, "", due_ns, frames))
+        self.pending_count += count
+
+    def op(self, kind: int, topic: str, channel: str = "") -> None:
+        """A topic or channel was created or deleted: in order with the publishes."""
+        self.pending.append((kind, topic, channel, 0, b""))
+
+    def fin(self, topic: str, channel: str, mid: bytes) -> None:
+        """A channel finished a message: sent with the next consumer-state batch."""
+        key = (topic, channel)
+        fins = self.fins.get(key)
+        if fins is None:
+            self.fins[key] = [mid]
+        else:
+            fins.append(mid)
+
+    def req(self, topic: str, channel: str, mid: bytes, due_ns: int) -> None:
+        """A channel requeued a message, due again at ``due_ns``."""
+        self.reqs.setdefault((topic, channel), []).append((mid, due_ns))
+
+    def move_consumer_state(self) -> bool:
+        """Queue the FINs and REQs gathered since the last call (every ~100 ms) as one item per
+        channel; True if there was any (send a batch)."""
+        if not self.fins and not self.reqs:
+            return False
+        pending = self.pending
+        for (topic, channel), items in self.reqs.items():
+            pending.append((wire.REQ, topic, channel, 0, wire.req_data(items)))
+        for (topic, channel), ids in self.fins.items():
+            pending.append((wire.FIN, topic, channel, 0, b"".join(ids)))
+        self.fins = {}
+        self.reqs = {}
+        return True
+
+    def take_batch(self, now: float) -> tuple[bytes, list[PeerState]] | None:
+        """The next batch frame and the peers to send it to (every peer in sync), or None."""
+        if not self.pending:
+            return None
+        seq = self.next_seq
+        self.next_seq += 1
+        self.last_sent = seq
+        targets = [p for p in self.peers.values() if p.state == IN_SYNC]
+        # no peer in sync: nothing is encoded (degraded=accept, or publishes being refused)
+        frame = wire.encode_batch(seq, self.pending) if targets else b""
+        if targets:
+            self.replicated_messages += self.pending_count
+        self.pending = []
+        self.pending_count = 0
+        for p in targets:
+            p.unacked.append((seq, now))
+        return frame, targets
+
+    def connecting(self, address: str, now: float) -> None:
+        peer = self.peers[address]
+        peer.state = CONNECTING
+        peer.since = now
+
+    def linked(self, address: str, node_id: int, now: float) -> None:
+        """The peer answered HELLO: it receives every batch from the next one on."""
+        peer = self.peers[address]
+        peer.state = IN_SYNC
+        peer.node_id = node_id
+        peer.base = self.last_sent
+        peer.acked = self.last_sent
+        peer.unacked.clear()
+        peer.since = now
+        peer.reason = ""
+
+    def unlinked(self, address: str, now: float, reason: str) -> tuple[list[Any], list[Any]]:
+        """The link is gone (closed, refused, stalled): the peer is out of sync; returns the
+        held answers to release and to refuse now that it no longer counts."""
+        peer = self.peers[address]
+        if peer.state != OUT_OF_SYNC:
+            peer.since = now
+        peer.state = OUT_OF_SYNC
+        peer.reason = reason
+        peer.unacked.clear()
+        return self._settle()
+
+    def acked(self, address: str, seq: int) -> list[Any]:
+        """The peer stored every batch up to ``seq``: the held answers now released."""
+        peer = self.peers[address]
+        if peer.state != IN_SYNC or seq <= peer.acked:
+            return []
+        peer.acked = seq
+        unacked = peer.unacked
+        while unacked and unacked[0][0] <= seq:
+            unacked.popleft()
+        return self._settle()[0]
+
+    def overdue(self, now: float, timeout: float) -> list[str]:
+        """Peers whose oldest batch (or HELLO) went unanswered for ``timeout``: stalled links."""
+        out = []
+        for p in self.peers.values():
+            if p.state == IN_SYNC and p.unacked and now - p.unacked[0][1] >= timeout:
+                out.append(p.address)
+            elif p.state == CONNECTING and now - p.since >= timeout:
+                out.append(p.address)
+        return out
+
+    # --- the barrier ---------------------------------------------------------------
+
+    def in_sync(self) -> int:
+        return sum(1 for p in self.peers.values() if p.state == IN_SYNC)
+
+    def required(self) -> int | None:
+        """Acknowledgements a publish needs now; None when it must be refused."""
+        n = self.in_sync()
+        if n >= self.min_acks:
+            return self.min_acks
+        return n if self.accept_degraded else None
+
+    @property
+    def degraded(self) -> bool:
+        return self.in_sync() < self.min_acks
+
+    def barrier(self, token: Any) -> bool:
+        """Hold an answer until everything recorded so far is acknowledged: True if it may go
+        out now, False if ``token`` comes back from :meth:`acked` or :meth:`unlinked` later;
+        raises :class:`PublishRefused` when too few peers are in sync."""
+        required = self.required()
+        if required is None:
+            self.refused_publishes += 1
+            raise PublishRefused(self.refusal())
+        target = self.next_seq if self.pending else self.last_sent
+        if target == 0 or required == 0 or self._count(target) >= required:
+            return True
+        self.waiting.append((target, token))
+        return False
+
+    def refusal(self) -> str:
+        return (f"replication: {self.in_sync()} of {len(self.peers)} peers in sync, "
+                f"--replication-min-acks={self.min_acks}")
+
+    def _count(self, target: int) -> int:
+        return sum(1 for p in self.peers.values()
+                   if p.state == IN_SYNC and p.base < target <= p.acked)
+
+    def _settle(self) -> tuple[list[Any], list[Any]]:
+        if not self.waiting:
+            return [], []
+        required = self.required()
+        if required is None:
+            failed = [token for _, token in self.waiting]
+            self.waiting = []
+            return [], failed
+        released = []
+        rest = []
+        for target, token in self.waiting:
+            if required == 0 or self._count(target) >= required:
+                released.append(token)
+            else:
+                rest.append((target, token))
+        self.waiting = rest
+        return released, []
+
+    def fail_all(self) -> list[Any]:
+        """Shutdown: every held answer is refused."""
+        failed = [token for _, token in self.waiting]
+        self.waiting = []
+        return failed
+
+    def stats(self, now: float) -> dict[str, Any]:
+        peers = []
+        for p in self.peers.values():
+            entry: dict[str, Any] = {"address": p.address, "state": p.state,
+                                     "unacked_batches": len(p.unacked),
+                                     "seconds_in_state": round(max(0.0, now - p.since), 3)}
+            if p.node_id is not None:
+                entry["node_id"] = p.node_id
+            if p.unacked:
+                entry["lag_seconds"] = round(max(0.0, now - p.unacked[0][1]), 3)
+            if p.reason:
+                entry["reason"] = p.reason
+            peers.append(entry)
+        in_sync = self.in_sync()
+        if in_sync >= self.min_acks:
+            status = "ok"
+        else:
+            status = "degraded-accepting" if self.accept_degraded else "degraded-refusing"
+        return {"min_acks": self.min_acks,
+                "degraded_mode": "accept" if self.accept_degraded else "refuse",
+                "status": status, "peers_in_sync": in_sync,
+                "replicated_messages": self.replicated_messages,
+                "refused_publishes": self.refused_publishes, "peers": peers}
+
+
+class OriginLink:
+    """The origin's end of one link: send MAGIC and HELLO, read the peer's HELLO, then ACKs."""
+
+    def __init__(self, node_id: int, instance: bytes, name: str) -> None:
+        self.node_id = node_id
+        self.instance = instance
+        self._decoder = wire.LinkDecoder()
+        self.hello: wire.Hello | None = None
+        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name)
+
+    def start(self) -> bytes:
+        return self._greeting
+
+    def feed(self, data: bytes) -> tuple[wire.Hello | None, list[int]]:
+        """The peer's HELLO if it came in this read, and the ACKed sequences; raises
+        :class:`~nsqtw.protocol.replication.LinkError` for a peer speaking something else,
+        refusing us (ERROR), or being this very node."""
+        hello = None
+        acks: list[int] = []
+        for kind, body in self._decoder.feed(data):
+            if kind == wire.ERROR:
+                raise wire.LinkError("peer refused: " + body.decode(errors="replace"))
+            if self.hello is None:
+                if kind != wire.HELLO:
+                    raise wire.LinkError("peer did not answer HELLO")
+                hello = self.hello = wire.decode_hello(body)
+                if hello.instance == self.instance:
+                    raise wire.LinkError("the peer is this node itself")
+                if hello.node_id == self.node_id:
+                    raise wire.LinkError(f"the peer has the same --node-id ({hello.node_id}); "
+                                         "replicated nodes need distinct --node-id values")
+            elif kind == wire.ACK:
+                acks.append(wire.decode_ack(body))
+            else:
+                raise wire.LinkError(f"unexpected frame type {kind}")
+        return hello, acks
+
+
+class ShadowReceiver:
+    """The peer's end of one link: the origin's HELLO, then batches to store and acknowledge.
+
+    ``store(origin_node_id, batch_body)`` keeps one batch in that origin's shadow (raising
+    ``OSError`` when the disk refuses it)."""
+
+    def __init__(self, node_id: int, instance: bytes, name: str,
+                 store: Callable[[int, bytes], None]) -> None:
+        self.node_id = node_id
+        self.instance = instance
+        self.name = name
+        self.store = store
+        self.origin: wire.Hello | None = None
+        self.closed = False
+        self.batches = 0
+        self.last_seq = 0
+        self._decoder = wire.LinkDecoder(expect_magic=True)
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to answer; :attr:`closed` once the link must close (after the answer)."""
+        if self.closed:
+            return b""
+        out = []
+        try:
+            frames = self._decoder.feed(data)
+        except wire.LinkError as e:
+            return self._refuse(f"E_BAD_PROTOCOL {e}")
+        acked = 0
+        for kind, body in frames:
+            if self.origin is None:
+                if kind != wire.HELLO:
+                    return self._refuse("E_BAD_PROTOCOL expected HELLO")
+                try:
+                    hello = wire.decode_hello(body)
+                except wire.LinkError as e:
+                    return self._refuse(f"E_BAD_PROTOCOL {e}")
+                if hello.instance == self.instance:
+                    return self._refuse("E_SAME_NODE this is the node itself")
+                if hello.node_id == self.node_id:
+                    return self._refuse(f"E_SAME_NODE_ID both nodes have --node-id={self.node_id}")
+                self.origin = hello
+                out.append(wire.encode_hello(self.node_id, self.instance, self.name))
+            elif kind == wire.BATCH:
+                if len(body) < 8:
+                    return b"".join(out) + self._refuse("E_BAD_PROTOCOL malformed BATCH")
+                seq = int.from_bytes(body[:8], "big")
+                try:
+                    self.store(self.origin.node_id, body)
+                except OSError as e:
+                    return b"".join(out) + self._refuse(f"E_STORE_FAILED {e}")
+                except wire.LinkError as e:
+                    return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
+                self.batches += 1
+                self.last_seq = acked = seq
+            else:
+                return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL unexpected frame type {kind}")
+        if acked:
+            out.append(wire.encode_ack(acked))  # one ACK covers every batch of this read
+        return b"".join(out)
+
+    def _refuse(self, text: str) -> bytes:
+        self.closed = True
+        return wire.encode_error(text)
+
+
+# --- the broker that records what it stores -------------------------------------------
+
+
+
+class ReplicatedChannel(Channel):
+    """A :class:`Channel` that tells the broker's ``replicate_fin``/``replicate_req`` what its
+    consumers finished and requeued (ephemeral channels tell nothing)."""
+
+    __slots__ = ("_in_many",)
+
+    def __init__(self, topic: Topic, name: str, broker: Broker, backend: Any, now: float) -> None:
+        super().__init__(topic, name, broker, backend, now)
+        self._in_many = False
+
+    def finish(self, client: ClientState, mid: bytes, now: float) -> None:
+        super().finish(client, mid, now)
+        if not self._in_many and not self.ephemeral:
+            self.broker.replicate_fin(self.topic.name, self.name, mid)  # type: ignore[attr-defined]  # its broker is a ReplicatedBroker
+
+    def finish_many(self, client: ClientState, ids: list[bytes], now: float) -> list[FinFailed]:
+        inflight = self.inflight
+        owned = [mid for mid in ids if (ep := inflight.get(mid)) is not None and ep.client is client]
+        self._in_many = True
+        try:
+            errors = super().finish_many(client, ids, now)
+        finally:
+            self._in_many = False
+        if not self.ephemeral:
+            fin = self.broker.replicate_fin  # type: ignore[attr-defined]  # its broker is a ReplicatedBroker
+            name = self.topic.name
+            for mid in owned:
+                fin(name, self.name, mid)
+        return errors
+
+    def requeue(self, client: ClientState, mid: bytes, delay: float, now: float) -> None:
+        super().requeue(client, mid, delay, now)
+        if not self.ephemeral:
+            self.broker.replicate_req(self.topic.name, self.name, mid,  # type: ignore[attr-defined]  # its broker is a ReplicatedBroker
+                                      int((now + delay) * 1e9) if delay > 0 else 0)
+
+
+def _ignore(*args: Any) -> None:
+    pass
+
+
+class ReplicatedBroker(Broker):
+    """A :class:`Broker` that hands every accepted publish (its stored frames) to
+    ``replicate(topic, due_ns, frames, count)``, and its channels' FINs and REQs to
+    ``replicate_fin``/``replicate_req``; used only when ``--replica-peer`` is given, so an
+    unreplicated nsqd runs the plain broker's and channel's paths unchanged.  Ephemeral
+    topics and channels are not replicated (their messages may be dropped anyway)."""
+
+    channel_class = ReplicatedChannel
+    replicate: Callable[[str, int, bytes, int], None] = _ignore
+    replicate_fin: Callable[[str, str, bytes], None] = _ignore
+    replicate_req: Callable[[str, str, bytes, int], None] = _ignore
+
+    def _put(self, topic: Topic, run: Any, nbytes: int) -> None:
+        super()._put(topic, run, nbytes)
+        if not topic.ephemeral:
+            blob, offsets, length = run
+            self.replicate(topic.name, 0, blob if len(blob) == length else blob[:length], len(offsets))
+
+    def _put_deferred(self, topic: Topic, frame: bytes, nbytes: int, due: float) -> None:
+        super()._put_deferred(topic, frame, nbytes, due)
+        if not topic.ephemeral:
+            self.replicate(topic.name, int(due * 1e9), frame, 1)
+
+
+# --- the peer's shadow of one origin --------------------------------------------------
+
+
+class ShadowMessage:
+    """One message of an origin held by a peer: what adoption would republish."""
+
+    __slots__ = ("topic", "due", "frame", "pending", "open")
+
+    def __init__(self, topic: str, due: int, frame: bytes, pending: frozenset[str] | None) -> None:
+        self.topic = topic
+        self.due = due
+        self.frame = frame
+        #: channels that have not finished it; None while the topic has no channel (the
+        #: channels created next get it, as the origin's topic hands its backlog to them)
+        self.pending = pending
+        self.open = pending is None
+
+
+class ShadowState:
+    """An origin's topics, channels and unfinished messages, rebuilt from its BATCH items in
+    order: a message is dropped once every channel that got it finished it (or was deleted)."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, set[str]] = {}
+        self.messages: dict[bytes, ShadowMessage] = {}
+        self.live_bytes = 0
+
+    def apply(self, entries: list[wire.Entry]) -> None:
+        opened: list[ShadowMessage] = []
+        for kind, topic, channel, due, data in entries:
+            if kind == wire.MSG:
+                channels = self.topics.setdefault(topic, set())
+                # one frozenset shared by every message of the entry (replaced, never changed)
+                pending = frozenset(channels) if channels else None
+                messages = self.messages
+                pos = 0
+                end = len(data)
+                while pos < end:
+                    stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+                    if stop > end:
+                        raise wire.LinkError("truncated message frame")
+                    frame = data[pos:stop]
+                    messages[frame[18:34]] = ShadowMessage(topic, due, frame, pending)
+                    pos = stop
+                self.live_bytes += end
+            elif kind == wire.FIN:
+                messages = self.messages
+                for i in range(0, len(data), 16):
+                    mid = data[i:i + 16]
+                    held = messages.get(mid)
+                    if held is not None and held.pending is not None and channel in held.pending:
+                        held.pending = held.pending - {channel}
+                        if not held.pending:
+                            self._drop(mid, held)
+            elif kind == wire.REQ:
+                for mid, when in wire.split_req(data):
+                    held = self.messages.get(mid)
+                    if held is not None:
+                        held.due = when
+            elif kind == wire.TOPIC_NEW:
+                self.topics.setdefault(topic, set())
+            elif kind == wire.CHANNEL_NEW:
+                channels = self.topics.setdefault(topic, set())
+                if channel not in channels:
+                    channels.add(channel)
+                    for m in self._of_topic(topic):
+                        if m.pending is None or m.open:
+                            m.pending = (m.pending or frozenset()) | {channel}
+                            if not m.open:
+                                m.open = True
+                            opened.append(m)
+            elif kind == wire.CHANNEL_DEL:
+                self.topics.get(topic, set()).discard(channel)
+                for mid, m in list(self._items_of_topic(topic)):
+                    if m.pending is not None and channel in m.pending:
+                        m.pending = m.pending - {channel}
+                        if not m.pending:
+                            self._drop(mid, m)
+            elif kind == wire.TOPIC_DEL:
+                self.topics.pop(topic, None)
+                for mid, m in list(self._items_of_topic(topic)):
+                    self._drop(mid, m)
+        for m in opened:  # channels created in one batch all get the backlog; later ones do not
+            m.open = False
+
+    def _of_topic(self, topic: str) -> list[ShadowMessage]:
+        return [m for m in self.messages.values() if m.topic == topic]
+
+    def _items_of_topic(self, topic: str) -> list[tuple[bytes, ShadowMessage]]:
+        return [(mid, m) for mid, m in self.messages.items() if m.topic == topic]
+
+    def _drop(self, mid: bytes, m: ShadowMessage) -> None:
+        del self.messages[mid]
+        self.live_bytes -= len(m.frame)
+
+    def unfinished(self) -> list[ShadowMessage]:
+        """Every message some channel has not finished, in publish order."""
+        return list(self.messages.values())
+
+    def snapshot(self) -> list[wire.Entry]:
+        """BATCH items that rebuild this state from nothing (a compacted shadow log)."""
+        out: list[wire.Entry] = []
+        for topic, channels in self.topics.items():
+            out.append((wire.TOPIC_NEW, topic, "", 0, b""))
+            for ch in sorted(channels):
+                out.append((wire.CHANNEL_NEW, topic, ch, 0, b""))
+        fins: dict[tuple[str, str], list[bytes]] = {}
+        for mid, m in self.messages.items():
+            out.append(wire.message_entry(m.topic, m.due, m.frame))
+            if m.pending is not None:
+                for ch in self.topics.get(m.topic, set()) - m.pending:
+                    fins.setdefault((m.topic, ch), []).append(mid)
+        for (topic, ch), ids in fins.items():
+            out.append((wire.FIN, topic, ch, 0, b"".join(ids)))
+        return out
+
+
+# --- adoption ---------------------------------------------------------------------------
+
+
+class AdoptionPolicy(Protocol):
+    """Decides when a peer adopts an origin's shadow: the one place that decision is made
+    (today :class:`AdoptAfterTimeout`; a lease held in etcd could be another)."""
+
+    def origin_up(self, origin: int, now: float) -> None:
+        """A link from ``origin`` is up (it lives)."""
+
+    def origin_down(self, origin: int, now: float) -> None:
+        """The last link from ``origin`` is gone (or this node started with its shadow)."""
+
+    def due(self, now: float) -> list[int]:
+        """Origins to adopt now (each returned once per time it went down)."""
+
+
+class AdoptAfterTimeout:
+    """Adopt an origin whose links have all been down for ``--adopt-after``."""
+
+    def __init__(self, adopt_after: float) -> None:
+        self.adopt_after = adopt_after
+        self.down_since: dict[int, float] = {}
+
+    def origin_up(self, origin: int, now: float) -> None:
+        self.down_since.pop(origin, None)
+
+    def origin_down(self, origin: int, now: float) -> None:
+        self.down_since.setdefault(origin, now)
+
+    def due(self, now: float) -> list[int]:
+        out = [o for o, since in self.down_since.items() if now - since >= self.adopt_after]
+        for o in out:
+            del self.down_since[o]
+        return out
+
+
+def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
+    """Republish every unfinished message of an origin's shadow into ``broker``: to each
+    channel that had not finished it (created if needed), or to its topic when it had no
+    channel yet; the frame is the origin's (ID, timestamp, attempts kept), a message due
+    later (DPUB, delayed REQ) is deferred to its due time.  Returns ``(adopted, refused)``
+    (refused: the queues would not take it, e.g. a full disk and full memory queue)."""
+    adopted = refused = 0
+    for m in state.unfinished():
+        due = m.due / 1e9
+        try:
+            topic = broker.get_topic(m.topic, now)
+            if m.pending is None:
+                if due > now:
+                    topic.put_deferred(m.frame, len(m.frame) - 34, due)
+                else:
+                    topic.put(run_of_frame(m.frame), len(m.frame) - 34)
+            else:
+                for name in sorted(m.pending):
+                    ch = topic.get_channel(name, now)
+                    if due > now:
+                        ch.put_deferred(m.frame, due)
+                    else:
+                        ch.accept(run_of_frame(m.frame))
+                        broker.dirty.add(ch)
+            adopted += 1
+        except Exception:
+            refused += 1
+    return adopted, refused

@@ -1,0 +1,541 @@
+"""
+Replication glue: the links to ``--replica-peer`` nodes, the ``--replication-address`` listener
+and the shadow log files, around the sans-IO :mod:`nsqtw.nsqd.core.replication`.
+
+The origin side (:class:`ReplicationService`) connects to every peer (again every second after
+a failure), sends each end-of-turn batch to the peers in sync, and fires the Deferreds of the
+held publisher answers as acknowledgements come back.  A link whose peer does not answer HELLO,
+or leaves a batch unacknowledged, for ``--replication-timeout`` is dropped (a stalled link:
+out of sync).
+
+The peer side (:class:`ShadowFactory`) stores each origin's batches in
+``<data-path>/nsqtw-shadow.<origin node id>.log`` (an nsqtw-only file beside the diskqueue
+files; Go's nsqd ignores it), fsynced before the ACK when ``--sync-every=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import defer, task
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from ..options import NsqdOptions, split_host_port
+from ..runtime import seam
+from ..protocol.names import is_ephemeral
+from ..protocol import replication as wire
+from ..protocol.replication import LinkError, batch_body, decode_batch, read_shadow_records, shadow_record
+from .core.replication import (
+    IN_SYNC, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
+)
+
+__all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
+
+log = Logger(namespace="nsqtw.nsqd")
+
+#: seconds between attempts to reach a peer
+RECONNECT_INTERVAL = 1.0
+#: seconds between consumer-state batches (FINs and REQs)
+CONSUMER_STATE_INTERVAL = 0.1
+#: a shadow log is compacted once larger than this and four times what is unfinished
+COMPACT_MIN_BYTES = 16 * 1024 * 1024
+_SHADOW_NAME = re.compile(r"nsqtw-shadow\.([0-9]+)\.log\Z")
+
+
+def shadow_path(data_path: str, origin_node_id: int) -> str:
+    return os.path.join(data_path, f"nsqtw-shadow.{origin_node_id}.log")
+
+
+# --- the peer side: shadow logs -------------------------------------------------------
+
+
+class ShadowFiles:
+    """Each origin's shadow: its state in memory (:class:`ShadowState`) and its append-only log
+    on disk, replayed at start.  Each batch is appended (and fsynced when ``--sync-every=1``)
+    before it is acknowledged; once the log is much larger than what is still unfinished, it
+    is rewritten as a snapshot of the unfinished messages (the finished ones are dropped)."""
+
+    def __init__(self, data_path: str, fsync: bool, compact_min: int = COMPACT_MIN_BYTES) -> None:
+        self.data_path = data_path
+        self.fsync = fsync
+        self.compact_min = compact_min
+        self._fds: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+        self.states: dict[int, ShadowState] = {}
+        self._unapplied: list[tuple[int, list[wire.Entry]]] = []
+        self.compactions = 0
+
+    def load(self) -> None:
+        """Replay every shadow log of the data path (a record cut short by a crash ends it)."""
+        if not os.path.isdir(self.data_path):
+            return
+        for name in sorted(os.listdir(self.data_path)):
+            m = _SHADOW_NAME.match(name)
+            if m is None:
+                continue
+            origin = int(m.group(1))
+            with open(os.path.join(self.data_path, name), "rb") as f:
+                data = f.read()
+            state = self.states.setdefault(origin, ShadowState())
+            for _, entries in read_shadow_records(data):
+                state.apply(entries)
+            self.sizes[origin] = len(data)
+            log.info("REPLICATION: shadow of node {id}: {n} unfinished messages", id=origin,
+                     n=len(state.messages))
+
+    def store(self, origin: int, body: bytes) -> None:
+        """Append one batch (checked first) to the origin's log: once this returns, the batch
+        may be acknowledged; its effect on the state in memory follows in :meth:`apply`."""
+        _, entries = decode_batch(body)
+        self._append(origin, shadow_record(body))
+        self._unapplied.append((origin, entries))
+
+    def apply(self) -> None:
+        """Apply the batches stored since the last call (after their ACK is on its way)."""
+        todo, self._unapplied = self._unapplied, []
+        for origin, entries in todo:
+            state = self.states.get(origin)
+            if state is None:
+                state = self.states[origin] = ShadowState()
+            state.apply(entries)
+            size = self.sizes.get(origin, 0)
+            if size > self.compact_min and size > 4 * state.live_bytes:
+                self.compact(origin)
+
+    def _fd(self, origin: int) -> int:
+        fd = self._fds.get(origin)
+        if fd is None:
+            fd = os.open(shadow_path(self.data_path, origin), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fds[origin] = fd
+        return fd
+
+    def _append(self, origin: int, record: bytes) -> None:
+        fd = self._fd(origin)
+        view = memoryview(record)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if self.fsync:
+            os.fsync(fd)
+        self.sizes[origin] = self.sizes.get(origin, 0) + len(record)
+
+    def compact(self, origin: int) -> None:
+        """Rewrite an origin's log as one snapshot record of what is unfinished."""
+        state = self.states[origin]
+        record = shadow_record(batch_body(0, state.snapshot()))
+        path = shadow_path(self.data_path, origin)
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(record)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        old = self._fds.pop(origin, None)
+        if old is not None:
+            os.close(old)
+        self.sizes[origin] = len(record)
+        self.compactions += 1
+
+    def retire(self, origin: int, stamp: int) -> str:
+        """The origin was adopted: forget its shadow; its log is kept, renamed
+        ``nsqtw-shadow.<id>.adopted.<stamp>`` (the adopted epoch, never replayed again)."""
+        fd = self._fds.pop(origin, None)
+        if fd is not None:
+            os.close(fd)
+        self.states.pop(origin, None)
+        self.sizes.pop(origin, None)
+        path = shadow_path(self.data_path, origin)
+        kept = os.path.join(self.data_path, f"nsqtw-shadow.{origin}.adopted.{stamp}")
+        if os.path.exists(path):
+            os.replace(path, kept)
+        return kept
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [{"origin_node_id": origin, "unfinished_messages": len(state.messages),
+                 "topics": len(state.topics), "log_bytes": self.sizes.get(origin, 0)}
+                for origin, state in sorted(self.states.items())]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class _ShadowProtocol(Protocol):
+    #: the reactor's TCP transport
+    transport: Any
+    factory: ShadowFactory
+
+    def __init__(self, receiver: ShadowReceiver) -> None:
+        self.receiver = receiver
+        self._seam: seam.SocketSeam | None = None
+        self._write: Callable[[bytes], None] = lambda data: None
+
+    def connectionMade(self) -> None:
+        self.factory.protocols.add(self)
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
+        # the ACK goes out at once (an eager send), before the batch is applied in memory
+        self._seam = seam.attach(self.transport, self, self.dataReceived)
+        self._write = self._seam.write if self._seam is not None else self.transport.write
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        if self._seam is not None:
+            self._seam.detach()
+            self._seam = None
+        self.factory.protocols.discard(self)
+        origin = self.receiver.origin
+        if origin is not None and self.factory.adoption is not None:
+            self.factory.adoption.origin_down(origin.node_id)
+
+    def dataReceived(self, data: bytes) -> None:
+        receiver = self.receiver
+        was = receiver.origin
+        out = receiver.feed(data)
+        if out:
+            self._write(out)
+        self.factory.files.apply()
+        if receiver.origin is not None and was is None:
+            if self.factory.adoption is not None:
+                self.factory.adoption.origin_up(receiver.origin.node_id)
+            log.info("REPLICATION: origin {name} (node {id}) linked from {peer}", name=receiver.origin.name,
+                     id=receiver.origin.node_id, peer=self.transport.getPeer())
+        if receiver.closed:
+            log.warn("REPLICATION: link from {peer} refused: {why}", peer=self.transport.getPeer(),
+                     why=out[5:].decode(errors="replace"))
+            self.transport.loseConnection()
+
+
+class ShadowFactory(Factory):
+    """The ``--replication-address`` listener's factory."""
+
+    noisy = False
+
+    def __init__(self, node_id: int, instance: bytes, name: str, files: ShadowFiles) -> None:
+        self.node_id = node_id
+        self.instance = instance
+        self.name = name
+        self.files = files
+        self.protocols: set[_ShadowProtocol] = set()
+        self.adoption: AdoptionService | None = None
+
+    def close_links(self) -> None:
+        """The node stops: drop every origin's link (the origins see the peer out of sync)."""
+        for p in list(self.protocols):
+            p.transport.abortConnection()
+
+    def buildProtocol(self, addr: Any) -> Protocol:
+        p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.store))
+        p.factory = self
+        return p
+
+
+class AdoptionService(Service):
+    """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so: every unfinished
+    message is republished into this node's queues (``adopt(state)``), and the shadow retired."""
+
+    def __init__(self, files: ShadowFiles, policy: AdoptionPolicy, reactor: Any,
+                 adopt: Callable[[ShadowState], tuple[int, int]], interval: float) -> None:
+        self.setName("adoption")
+        self.files = files
+        self.policy = policy
+        self.reactor = reactor
+        self.adopt_into = adopt
+        self.interval = interval
+        self.links: dict[int, int] = {}
+        #: (origin node id, messages adopted, refused, when) of every adoption so far
+        self.adopted: list[tuple[int, int, int, float]] = []
+        self._loop: task.LoopingCall | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        now = self.reactor.seconds()
+        for origin in self.files.states:  # shadows from before the start: adopt unless they link
+            if not self.links.get(origin):
+                self.policy.origin_down(origin, now)
+        self._loop = task.LoopingCall(self.check)
+        self._loop.clock = self.reactor
+        self._loop.start(self.interval, now=False)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
+    def origin_up(self, origin: int) -> None:
+        self.links[origin] = self.links.get(origin, 0) + 1
+        self.policy.origin_up(origin, self.reactor.seconds())
+
+    def origin_down(self, origin: int) -> None:
+        n = self.links.get(origin, 0) - 1
+        if n > 0:
+            self.links[origin] = n
+            return
+        self.links.pop(origin, None)
+        self.policy.origin_down(origin, self.reactor.seconds())
+
+    def check(self) -> None:
+        now = self.reactor.seconds()
+        for origin in self.policy.due(now):
+            if self.links.get(origin) or origin not in self.files.states:
+                continue
+            state = self.files.states[origin]
+            adopted, refused = self.adopt_into(state)
+            kept = self.files.retire(origin, int(now * 1e9))
+            self.adopted.append((origin, adopted, refused, now))
+            log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here"
+                     "{refused} (its shadow log kept as {kept})", id=origin, n=adopted, kept=kept,
+                     refused=f", {refused} REFUSED" if refused else "")
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [{"origin_node_id": o, "messages": n, "refused": r, "at": when}
+                for o, n, r, when in self.adopted]
+
+
+# --- the origin side ----------------------------------------------------------------
+
+
+class _PeerLink(Protocol):
+    #: the reactor's TCP transport
+    transport: Any
+
+    def __init__(self, service: ReplicationService, address: str) -> None:
+        self.service = service
+        self.address = address
+        origin = service.origin_identity
+        self.link = OriginLink(*origin)
+        self.up = False
+
+    def connectionMade(self) -> None:
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
+        self.transport.write(self.link.start())
+
+    def dataReceived(self, data: bytes) -> None:
+        try:
+            hello, acks = self.link.feed(data)
+        except LinkError as e:
+            self.service.link_failed(self, str(e))
+            self.transport.abortConnection()
+            return
+        if hello is not None:
+            self.up = True
+            self.service.link_up(self, hello.node_id, hello.name)
+        for seq in acks:
+            self.service.acked(self.address, seq)
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.service.link_lost(self, reason.getErrorMessage() if reason is not None else "closed")
+
+
+class ReplicationService(Service):
+    """The origin's links to its peers and its publish barrier."""
+
+    def __init__(self, options: NsqdOptions, reactor: Any, *, instance: bytes, name: str,
+                 turn: Any, topology: Callable[[], list[tuple[str, list[str]]]]) -> None:
+        self.setName("replication")
+        self.topology = topology
+        self._state_loop: task.LoopingCall | None = None
+        self.options = options
+        self.reactor = reactor
+        self.turn = turn
+        self.origin = ReplicationOrigin(list(options.replica_peers), options.replication_min_acks,
+                                        options.replication_degraded == "accept")
+        self.origin_identity = (options.node_id, instance, name)
+        self.links: dict[str, _PeerLink] = {}
+        self._retries: dict[str, Any] = {}
+        self._connecting: dict[str, Any] = {}
+        self._loop: task.LoopingCall | None = None
+        self._flush = self.flush
+
+    # --- what the broker and the glue call -------------------------------------------
+
+    def record(self, topic: str, due_ns: int, frames: bytes, count: int) -> None:
+        self.origin.record(topic, due_ns, frames, count)
+        self.turn.soon(self._flush)
+
+    def on_event(self, event: str, topic: str, channel: str | None) -> None:
+        """The broker's topic and channel creations and deletions, in order on the link."""
+        if is_ephemeral(topic) or (channel is not None and is_ephemeral(channel)):
+            return
+        kind = _EVENT_KINDS.get(event)
+        if kind is None:
+            return
+        self.origin.op(kind, topic, channel or "")
+        self.turn.soon(self._flush)
+
+    def _consumer_state(self) -> None:
+        if self.origin.move_consumer_state():
+            self.flush()
+
+    def barrier(self) -> defer.Deferred[Any]:
+        """Fires once ``--replication-min-acks`` peers stored everything recorded so far;
+        fails with :class:`PublishRefused` when too few peers are in sync."""
+        d: defer.Deferred[Any] = defer.Deferred()
+        try:
+            if self.origin.barrier(d):
+                d.callback(None)
+        except PublishRefused as e:
+            d.errback(Failure(e))
+        return d
+
+    def flush(self) -> None:
+        """Send what was recorded this turn to every peer in sync, as one batch."""
+        batch = self.origin.take_batch(self.reactor.seconds())
+        if batch is None:
+            return
+        frame, peers = batch
+        for p in peers:
+            link = self.links.get(p.address)
+            if link is not None and link.transport is not None:
+                link.transport.write(frame)
+
+    def health(self) -> tuple[bool, str]:
+        """``(ok, text)`` for /ping: not ok while publishes are refused."""
+        origin = self.origin
+        if not origin.degraded:
+            return True, "OK"
+        text = origin.refusal()
+        if origin.accept_degraded:
+            return True, f"OK - degraded ({text}; publishes accepted)"
+        return False, f"NOK - {text}; publishes refused"
+
+    def stats(self) -> dict[str, Any]:
+        return self.origin.stats(self.reactor.seconds())
+
+    # --- links ------------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()
+        for address in self.origin.peers:
+            self._connect(address)
+        timeout = self.options.replication_timeout
+        self._loop = task.LoopingCall(self._check_stalled)
+        self._loop.clock = self.reactor
+        self._loop.start(min(1.0, timeout / 4), now=False)
+        self._state_loop = task.LoopingCall(self._consumer_state)
+        self._state_loop.clock = self.reactor
+        self._state_loop.start(CONSUMER_STATE_INTERVAL, now=False)
+
+    def stopService(self) -> None:
+        super().stopService()
+        for loop in (self._loop, self._state_loop):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._loop = self._state_loop = None
+        self._consumer_state()  # the last FINs go out with the links' close
+        for call in self._retries.values():
+            if call.active():
+                call.cancel()
+        self._retries.clear()
+        for d in list(self._connecting.values()):
+            d.cancel()
+        self._connecting.clear()
+        for link in list(self.links.values()):
+            link.transport.loseConnection()
+        self._refuse(self.origin.fail_all(), "exiting")
+
+    def _connect(self, address: str) -> None:
+        self._retries.pop(address, None)
+        if not self.running:
+            return
+        host, port = split_host_port(address, "replica-peer")
+        self.origin.connecting(address, self.reactor.seconds())
+        endpoint = HostnameEndpoint(self.reactor, host, port, timeout=self.options.replication_timeout)
+        d = endpoint.connect(_LinkFactory(self, address))
+        self._connecting[address] = d
+
+        def connected(link: _PeerLink) -> None:
+            self._connecting.pop(address, None)
+            self.links[address] = link
+
+        def failed(f: Failure) -> None:
+            self._connecting.pop(address, None)
+            self._down(address, f"connect failed: {f.getErrorMessage()}")
+
+        d.addCallbacks(connected, failed)
+
+    def _down(self, address: str, reason: str) -> None:
+        peer = self.origin.peers[address]
+        was, last = peer.state, peer.reason
+        released, refused = self.origin.unlinked(address, self.reactor.seconds(), reason)
+        if was == IN_SYNC or reason != last:  # once per outage and reason, not at every retry
+            log.warn("REPLICATION: peer {peer} out of sync: {why}", peer=address, why=reason)
+        self._release(released)
+        self._refuse(refused, self.origin.refusal())
+        if self.running and address not in self._retries:
+            self._retries[address] = self.reactor.callLater(RECONNECT_INTERVAL, self._connect, address)
+
+    def link_up(self, link: _PeerLink, node_id: int, name: str) -> None:
+        self.origin.linked(link.address, node_id, self.reactor.seconds())
+        # the peer learns every topic and channel there is (creating one again changes nothing)
+        for topic, channels in self.topology():
+            self.origin.op(wire.TOPIC_NEW, topic)
+            for ch in channels:
+                self.origin.op(wire.CHANNEL_NEW, topic, ch)
+        self.turn.soon(self._flush)
+        log.info("REPLICATION: peer {peer} ({name}, node {id}) in sync", peer=link.address, name=name, id=node_id)
+
+    def link_failed(self, link: _PeerLink, reason: str) -> None:
+        link.up = False
+        self.links.pop(link.address, None)
+        self._down(link.address, reason)
+
+    def link_lost(self, link: _PeerLink, reason: str) -> None:
+        if self.links.get(link.address) is link:
+            del self.links[link.address]
+            self._down(link.address, f"link lost: {reason}")
+
+    def acked(self, address: str, seq: int) -> None:
+        self._release(self.origin.acked(address, seq))
+
+    def _check_stalled(self) -> None:
+        now = self.reactor.seconds()
+        for address in self.origin.overdue(now, self.options.replication_timeout):
+            link = self.links.pop(address, None)
+            pending = self._connecting.pop(address, None)
+            self._down(address, "stalled: no answer within --replication-timeout")
+            if link is not None:
+                link.transport.abortConnection()
+            if pending is not None:
+                pending.cancel()
+
+    @staticmethod
+    def _release(tokens: list[Any]) -> None:
+        for d in tokens:
+            d.callback(None)
+
+    @staticmethod
+    def _refuse(tokens: list[Any], reason: str) -> None:
+        for d in tokens:
+            d.errback(Failure(PublishRefused(reason)))
+
+
+_EVENT_KINDS = {"topic_created": wire.TOPIC_NEW, "topic_deleted": wire.TOPIC_DEL,
+                "channel_created": wire.CHANNEL_NEW, "channel_deleted": wire.CHANNEL_DEL}
+
+
+class _LinkFactory(Factory):
+    noisy = False
+
+    def __init__(self, service: ReplicationService, address: str) -> None:
+        self.service = service
+        self.address = address
+
+    def buildProtocol(self, addr: Any) -> Protocol:
+        p = _PeerLink(self.service, self.address)
+        p.factory = self
+        return p
+

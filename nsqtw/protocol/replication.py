@@ -1,0 +1,255 @@
+"""
+nsqtw's replication link codec (sans-IO): an nsqtw-only protocol, never spoken to NSQ clients.
+
+An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` and sends
+:data:`MAGIC`; then both sides send frames::
+
+    [u32 size][u8 type][body: size - 1 bytes]
+
+``HELLO``  u16 version, u16 node id, 16-byte instance token, utf-8 name
+``BATCH``  u64 sequence, u32 count, then count items, in the order they happened:
+           ``[u8 kind][u16 length][topic][u16 length][channel][i64 due][u32 length][data]``
+
+           * ``MSG``: published messages; ``due`` in ns since the epoch (0: deliver now),
+             ``data`` the message frames exactly as nsqd stores them (size, type,
+             timestamp, attempts, ID, body)
+           * ``TOPIC_NEW``, ``TOPIC_DEL``, ``CHANNEL_NEW``, ``CHANNEL_DEL``: no data
+           * ``FIN``: ``data`` the 16-byte IDs a channel finished
+           * ``REQ``: ``data`` 24 bytes each: an ID a channel requeued and its new due
+             time (i64 ns since the epoch)
+``ACK``    u64 sequence: every batch up to it is stored in the peer's shadow log
+``ERROR``  utf-8 text; the sender closes the link after it
+
+:class:`LinkDecoder` turns received bytes into ``(type, body)`` pairs and refuses a peer
+that speaks anything else (:class:`LinkError`).  The shadow log (a peer's per-origin file,
+:func:`shadow_record` / :func:`read_shadow_records`) stores each batch body as received.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+
+__all__ = [
+    "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
+    "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
+    "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
+    "encode_frame", "encode_hello", "decode_hello", "encode_batch", "decode_batch",
+    "encode_ack", "decode_ack", "encode_error",
+    "shadow_record", "read_shadow_records", "split_frames",
+]
+
+MAGIC = b"  NSQTWR1"
+VERSION = 1
+
+HELLO = 1
+BATCH = 2
+ACK = 3
+ERROR = 4
+_TYPES = frozenset((HELLO, BATCH, ACK, ERROR))
+
+# the kinds of BATCH items
+MSG = 0
+TOPIC_NEW = 1
+TOPIC_DEL = 2
+CHANNEL_NEW = 3
+CHANNEL_DEL = 4
+FIN = 5
+REQ = 6
+_KINDS = frozenset((MSG, TOPIC_NEW, TOPIC_DEL, CHANNEL_NEW, CHANNEL_DEL, FIN, REQ))
+
+#: the largest frame a link accepts (a batch is cut well below it by the sender)
+MAX_FRAME = 256 * 1024 * 1024
+
+_HEAD = struct.Struct(">IB")
+_HELLO = struct.Struct(">HH16s")
+_SEQ = struct.Struct(">Q")
+_BATCH_HEAD = struct.Struct(">QI")
+_U16 = struct.Struct(">H")
+_ENTRY_MID = struct.Struct(">qI")
+_KIND_LEN = struct.Struct(">BH")
+_REQ = struct.Struct(">16sq")
+_U32 = struct.Struct(">I")
+
+
+class LinkError(ValueError):
+    """The peer does not speak this protocol (or sent a malformed frame)."""
+
+
+class Hello:
+    """Who is at the other end of a link."""
+
+    __slots__ = ("version", "node_id", "instance", "name")
+
+    def __init__(self, version: int, node_id: int, instance: bytes, name: str) -> None:
+        self.version = version
+        self.node_id = node_id
+        self.instance = instance
+        self.name = name
+
+
+#: one BATCH item: (kind, topic, channel, due in ns since the epoch or 0, data)
+Entry = tuple[int, str, str, int, bytes]
+
+
+def message_entry(topic: str, due: int, frames: bytes) -> Entry:
+    return (MSG, topic, "", due, frames)
+
+
+def req_data(items: Sequence[tuple[bytes, int]]) -> bytes:
+    return b"".join(_REQ.pack(mid, due) for mid, due in items)
+
+
+def split_req(data: bytes) -> list[tuple[bytes, int]]:
+    return [(bytes(m), int(d)) for m, d in _REQ.iter_unpack(data)]
+
+
+def encode_frame(kind: int, body: bytes) -> bytes:
+    return _HEAD.pack(len(body) + 1, kind) + body
+
+
+def encode_hello(node_id: int, instance: bytes, name: str) -> bytes:
+    return encode_frame(HELLO, _HELLO.pack(VERSION, node_id, instance) + name.encode())
+
+
+def decode_hello(body: bytes) -> Hello:
+    if len(body) < _HELLO.size:
+        raise LinkError("short HELLO")
+    version, node_id, instance = _HELLO.unpack_from(body)
+    if version != VERSION:
+        raise LinkError(f"unsupported replication protocol version {version}")
+    try:
+        name = body[_HELLO.size:].decode()
+    except UnicodeDecodeError:
+        raise LinkError("HELLO name is not utf-8") from None
+    return Hello(version, node_id, instance, name)
+
+
+def batch_body(seq: int, entries: Sequence[Entry]) -> bytes:
+    parts = [_BATCH_HEAD.pack(seq, len(entries))]
+    for kind, topic, channel, due, data in entries:
+        name = topic.encode()
+        parts.append(_KIND_LEN.pack(kind, len(name)))
+        parts.append(name)
+        ch = channel.encode()
+        parts.append(_U16.pack(len(ch)))
+        parts.append(ch)
+        parts.append(_ENTRY_MID.pack(due, len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def encode_batch(seq: int, entries: Sequence[Entry]) -> bytes:
+    return encode_frame(BATCH, batch_body(seq, entries))
+
+
+def decode_batch(body: bytes) -> tuple[int, list[Entry]]:
+    try:
+        seq, count = _BATCH_HEAD.unpack_from(body)
+        pos = _BATCH_HEAD.size
+        out: list[Entry] = []
+        for _ in range(count):
+            kind, n = _KIND_LEN.unpack_from(body, pos)
+            if kind not in _KINDS:
+                raise LinkError(f"unknown BATCH item kind {kind}")
+            pos += 3
+            topic = body[pos:pos + n].decode()
+            pos += n
+            (n,) = _U16.unpack_from(body, pos)
+            pos += 2
+            channel = body[pos:pos + n].decode()
+            pos += n
+            due, size = _ENTRY_MID.unpack_from(body, pos)
+            pos += _ENTRY_MID.size
+            if pos + size > len(body):
+                raise LinkError("truncated BATCH entry")
+            out.append((kind, topic, channel, due, body[pos:pos + size]))
+            pos += size
+    except (struct.error, UnicodeDecodeError):
+        raise LinkError("malformed BATCH") from None
+    if pos != len(body):
+        raise LinkError("trailing bytes after BATCH entries")
+    return seq, out
+
+
+def encode_ack(seq: int) -> bytes:
+    return encode_frame(ACK, _SEQ.pack(seq))
+
+
+def decode_ack(body: bytes) -> int:
+    if len(body) != _SEQ.size:
+        raise LinkError("malformed ACK")
+    return int(_SEQ.unpack(body)[0])
+
+
+def encode_error(text: str) -> bytes:
+    return encode_frame(ERROR, text.encode())
+
+
+def split_frames(frames: bytes) -> Iterator[bytes]:
+    """Each stored message frame of an entry (size-prefixed, as nsqd stores them)."""
+    pos = 0
+    end = len(frames)
+    while pos + 4 <= end:
+        (size,) = _U32.unpack_from(frames, pos)
+        yield frames[pos:pos + 4 + size]
+        pos += 4 + size
+    if pos != end:
+        raise LinkError("truncated message frame")
+
+
+class LinkDecoder:
+    """Bytes in, ``(type, body)`` frames out; optionally expecting :data:`MAGIC` first."""
+
+    __slots__ = ("_buf", "_want_magic")
+
+    def __init__(self, expect_magic: bool = False) -> None:
+        self._buf = b""
+        self._want_magic = expect_magic
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        buf = self._buf + data if self._buf else data
+        if self._want_magic:
+            if len(buf) < len(MAGIC):
+                if not MAGIC.startswith(buf):
+                    raise LinkError("bad magic")
+                self._buf = buf
+                return []
+            if not buf.startswith(MAGIC):
+                raise LinkError("bad magic")
+            buf = buf[len(MAGIC):]
+            self._want_magic = False
+        out: list[tuple[int, bytes]] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= _HEAD.size:
+            size, kind = _HEAD.unpack_from(buf, pos)
+            if size < 1 or size > MAX_FRAME or kind not in _TYPES:
+                raise LinkError(f"not a replication frame (size {size}, type {kind})")
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            out.append((kind, buf[pos + 5:stop]))
+            pos = stop
+        self._buf = buf[pos:] if pos < end else b""
+        return out
+
+
+# --- the shadow log: a peer's per-origin file of batches ------------------------------
+
+
+def shadow_record(batch: bytes) -> bytes:
+    """One shadow log record: a received BATCH body, length-prefixed."""
+    return _U32.pack(len(batch)) + batch
+
+
+def read_shadow_records(data: bytes) -> Iterator[tuple[int, list[Entry]]]:
+    """Each whole batch of a shadow log (a record cut short by a crash ends the log)."""
+    pos = 0
+    end = len(data)
+    while pos + 4 <= end:
+        (size,) = _U32.unpack_from(data, pos)
+        if pos + 4 + size > end:
+            return
+        yield decode_batch(data[pos + 4:pos + 4 + size])
+        pos += 4 + size

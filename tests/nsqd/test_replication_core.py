@@ -1,0 +1,184 @@
+"""Replicated publish, sans-IO: the link codec, the origin's batches, acknowledgements and
+barrier, both ends of a link, and the broker that records what it stores (no sockets; the
+times are plain numbers, the broker's clock a task.Clock)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import task
+
+from nsqtw.nsqd.core.broker import Broker
+from nsqtw.nsqd.core.replication import (
+    OriginLink, PublishRefused, ReplicatedBroker, ReplicationOrigin, ShadowReceiver,
+)
+from nsqtw.options import NsqdOptions, OptionError
+from nsqtw.protocol import replication as wire
+
+
+def test_codec_round_trip_and_split_reads():
+    entries = [(wire.MSG, "t", "", 0, b"\x00\x00\x00\x03abc"), (wire.REQ, "u#x", "c", 0, wire.req_data([(b"i" * 16, 5)])),
+               (wire.CHANNEL_NEW, "t", "ch", 0, b"")]
+    data = wire.MAGIC + wire.encode_hello(7, b"i" * 16, "node") + wire.encode_batch(5, entries) + wire.encode_ack(5)
+    dec = wire.LinkDecoder(expect_magic=True)
+    frames = []
+    for i in range(len(data)):  # one byte at a time
+        frames += dec.feed(data[i:i + 1])
+    assert [k for k, _ in frames] == [wire.HELLO, wire.BATCH, wire.ACK]
+    hello = wire.decode_hello(frames[0][1])
+    assert (hello.node_id, hello.instance, hello.name) == (7, b"i" * 16, "node")
+    assert wire.decode_batch(frames[1][1]) == (5, entries)
+    assert wire.decode_ack(frames[2][1]) == 5
+    assert list(wire.split_frames(b"\x00\x00\x00\x01a\x00\x00\x00\x02bc")) == [b"\x00\x00\x00\x01a", b"\x00\x00\x00\x02bc"]
+
+
+def test_codec_refuses_other_protocols():
+    with pytest.raises(wire.LinkError):
+        wire.LinkDecoder(expect_magic=True).feed(b"  V2")
+    with pytest.raises(wire.LinkError):
+        wire.LinkDecoder().feed(b"\x00\x00\x00\x1e\x00\x00\x00\x01E_BAD_PROTOCOL")  # an nsqd's error frame
+    with pytest.raises(wire.LinkError):
+        wire.decode_batch(wire.batch_body(1, [wire.message_entry("t", 0, b"abc")])[:-1])
+    assert wire.split_req(wire.req_data([(b"i" * 16, 5)])) == [(b"i" * 16, 5)]
+
+
+def test_shadow_log_ends_at_a_torn_record():
+    rec = wire.shadow_record(wire.batch_body(1, [wire.message_entry("t", 0, b"x")]))
+    rec2 = wire.shadow_record(wire.batch_body(2, [wire.message_entry("t", 0, b"y")]))
+    assert [s for s, _ in wire.read_shadow_records(rec + rec2[:-1])] == [1]
+
+
+def origin(peers=("a", "b"), min_acks=1, accept=False):
+    o = ReplicationOrigin(list(peers), min_acks, accept)
+    return o
+
+
+def test_batches_and_acks_release_the_barrier():
+    o = origin()
+    o.linked("a", 2, 0.0)
+    o.record("t", 0, b"m1", 1)
+    o.record("t", 0, b"m2", 1)
+    assert o.barrier("tok") is False
+    frame, peers = o.take_batch(1.0)
+    assert [p.address for p in peers] == ["a"]
+    assert frame.startswith(wire.encode_frame(wire.BATCH, b"")[:0])
+    assert o.take_batch(1.0) is None  # nothing new: no batch
+    assert o.acked("a", 1) == ["tok"]
+    assert o.barrier("again") is True  # everything acknowledged already
+    assert o.replicated_messages == 2
+
+
+def test_min_acks_two_waits_for_both():
+    o = origin(min_acks=2)
+    o.linked("a", 2, 0.0)
+    o.linked("b", 3, 0.0)
+    o.record("t", 0, b"m", 1)
+    assert o.barrier("tok") is False
+    o.take_batch(0.0)
+    assert o.acked("a", 1) == []
+    assert o.acked("b", 1) == ["tok"]
+
+
+def test_refused_when_too_few_in_sync_and_held_answers_fail_when_a_peer_drops():
+    o = origin()
+    o.record("t", 0, b"m", 1)
+    with pytest.raises(PublishRefused, match="0 of 2 peers in sync"):
+        o.barrier("tok")
+    o.linked("a", 2, 0.0)
+    o.record("t", 0, b"m", 1)
+    assert o.barrier("held") is False
+    o.take_batch(0.0)
+    assert o.unlinked("a", 1.0, "gone") == ([], ["held"])
+    assert o.refused_publishes == 1
+
+
+def test_degraded_accept_waits_for_the_peers_there_are():
+    o = origin(min_acks=2, accept=True)
+    assert o.barrier("now") is True  # no peer in sync: accepted at once
+    o.linked("a", 2, 0.0)
+    o.record("t", 0, b"m", 1)
+    assert o.barrier("tok") is False
+    o.take_batch(0.0)
+    assert o.acked("a", 1) == ["tok"]
+    assert o.stats(0.0)["status"] == "degraded-accepting"
+
+
+def test_a_peer_linked_later_does_not_count_for_batches_it_never_saw():
+    o = origin(peers=("a", "b"), min_acks=1)
+    o.linked("a", 2, 0.0)
+    o.record("t", 0, b"m", 1)
+    assert o.barrier("tok") is False
+    o.take_batch(0.0)
+    o.linked("b", 3, 0.0)  # came in after batch 1 was sent
+    assert o.unlinked("a", 0.0, "gone") == ([], [])  # b in sync: the held answer still waits...
+    assert o.waiting  # ...for a batch b can never acknowledge: it times out with the link
+    assert o.overdue(10.0, 5.0) == []
+
+
+def test_stalled_links_and_unanswered_hello_are_overdue():
+    o = origin()
+    o.connecting("a", 0.0)
+    o.linked("b", 3, 0.0)
+    o.record("t", 0, b"m", 1)
+    o.take_batch(1.0)
+    assert o.overdue(4.9, 5.0) == []
+    assert o.overdue(5.0, 5.0) == ["a"]
+    assert o.overdue(6.0, 5.0) == ["a", "b"]
+
+
+def test_link_ends_check_who_is_at_the_other_end():
+    stored = []
+    recv = ShadowReceiver(2, b"p" * 16, "peer", lambda origin, rec: stored.append((origin, rec)))
+    link = OriginLink(1, b"o" * 16, "origin")
+    answer = recv.feed(link.start())
+    hello, acks = link.feed(answer)
+    assert hello is not None and hello.node_id == 2 and acks == []
+    out = recv.feed(wire.encode_batch(1, [wire.message_entry("t", 0, b"x")]) + wire.encode_batch(2, [wire.message_entry("t", 0, b"y")]))
+    assert link.feed(out) == (None, [2])  # one ACK for both batches of the read
+    assert [o for o, _ in stored] == [1, 1]
+    # same node id, the node itself, a V2 client, a full disk
+    same = ShadowReceiver(1, b"p" * 16, "peer", lambda o, r: None)
+    assert b"E_SAME_NODE_ID" in same.feed(link.start()) and same.closed
+    me = ShadowReceiver(9, b"o" * 16, "peer", lambda o, r: None)
+    assert b"E_SAME_NODE" in me.feed(link.start()) and me.closed
+    v2 = ShadowReceiver(2, b"p" * 16, "peer", lambda o, r: None)
+    assert b"E_BAD_PROTOCOL" in v2.feed(b"  V2PUB t\n") and v2.closed
+
+    def full(o, r):
+        raise OSError(28, "No space left on device")
+    disk = ShadowReceiver(2, b"p" * 16, "peer", full)
+    disk.feed(link.start())
+    assert b"E_STORE_FAILED" in disk.feed(wire.encode_batch(1, [wire.message_entry("t", 0, b"x")])) and disk.closed
+    with pytest.raises(wire.LinkError, match="E_STORE_FAILED"):
+        OriginLink(1, b"o" * 16, "origin").feed(wire.encode_hello(2, b"p" * 16, "peer")
+                                                 + wire.encode_error("E_STORE_FAILED full"))
+    with pytest.raises(wire.LinkError, match="same --node-id"):
+        OriginLink(2, b"o" * 16, "origin").feed(wire.encode_hello(2, b"p" * 16, "peer"))
+
+
+def test_replicated_broker_records_stored_frames_but_not_ephemeral_topics():
+    clock = task.Clock()
+    clock.advance(1000)
+    opts = NsqdOptions(node_id=1, replica_peers=["127.0.0.1:9"])
+    b = ReplicatedBroker(opts, clock.seconds())
+    got = []
+    b.replicate = lambda *a: got.append(a)
+    b.publish_one("t", b"one", clock.seconds())
+    b.publish("t", [b"a", b"bb", b"c"], clock.seconds())
+    b.publish_deferred("t", b"later", 5.0, clock.seconds())
+    b.publish("x#ephemeral", [b"gone"], clock.seconds())
+    assert [(t, d, n) for t, d, _, n in got] == [("t", 0, 1), ("t", 0, 3), ("t", int(1005 * 1e9), 1)]
+    assert [f[34:] for f in wire.split_frames(got[1][2])] == [b"a", b"bb", b"c"]
+    plain = Broker(NsqdOptions(node_id=1), clock.seconds())
+    assert "replicate" not in dir(plain)
+
+
+def test_options_refuse_bad_replication_settings():
+    with pytest.raises(OptionError, match="names this node itself"):
+        NsqdOptions(replication_address="0.0.0.0:4153", replica_peers=["localhost:4153"])
+    with pytest.raises(OptionError, match="--replication-min-acks must be \\[1,1\\]"):
+        NsqdOptions(replica_peers=["10.0.0.2:4153"], replication_min_acks=2)
+    with pytest.raises(OptionError, match="--replication-degraded must be refuse or accept"):
+        NsqdOptions(replication_degraded="maybe")
+    with pytest.raises(OptionError, match="same peer twice"):
+        NsqdOptions(replica_peers=["10.0.0.2:4153", "10.0.0.2:4153"])
+    NsqdOptions(replication_address="127.0.0.1:4153", replica_peers=["127.0.0.1:4154"])  # a pair on one host

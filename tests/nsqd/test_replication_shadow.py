@@ -1,0 +1,149 @@
+"""Consumer state on the replication link (issue 26, step 2), sans-IO and on disk: the origin
+gathers FINs and REQs per channel into one batch every ~100 ms; the peer's shadow keeps each
+message until every channel that got it finished it, follows topic and channel creations and
+deletions in order, keeps REQ due times, survives a restart (the log replayed) and compacts
+its log to what is unfinished."""
+
+from __future__ import annotations
+
+import struct
+
+from nsqtw.nsqd.core.replication import ReplicationOrigin, ShadowState
+from nsqtw.nsqd.replication import ShadowFiles, shadow_path
+from nsqtw.protocol import replication as wire
+
+
+def frame(n: int, body: bytes = b"body") -> bytes:
+    """A stored message frame whose ID is ``n`` (16 ASCII digits)."""
+    mid = b"%016d" % n
+    return struct.pack(">iiqH", len(body) + 30, 2, 1_000_000_000 + n, 1) + mid + body
+
+
+def mid(n: int) -> bytes:
+    return b"%016d" % n
+
+
+def msg(topic: str, *ns: int, due: int = 0) -> wire.Entry:
+    return wire.message_entry(topic, due, b"".join(frame(n) for n in ns))
+
+
+def op(kind: int, topic: str, channel: str = "") -> wire.Entry:
+    return (kind, topic, channel, 0, b"")
+
+
+def fin(topic: str, channel: str, *ns: int) -> wire.Entry:
+    return (wire.FIN, topic, channel, 0, b"".join(mid(n) for n in ns))
+
+
+def test_a_message_is_dropped_once_every_channel_finished_it():
+    s = ShadowState()
+    s.apply([op(wire.TOPIC_NEW, "t"), op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"),
+             msg("t", 1, 2, 3)])
+    s.apply([fin("t", "a", 1, 2)])
+    assert sorted(s.messages) == [mid(1), mid(2), mid(3)]  # b still has them
+    s.apply([fin("t", "b", 1), fin("t", "x", 2)])  # an unknown channel's FIN changes nothing
+    assert sorted(s.messages) == [mid(2), mid(3)]
+    s.apply([op(wire.CHANNEL_DEL, "t", "b")])  # b gone: 2 was finished by a, the only one left
+    assert sorted(s.messages) == [mid(3)]
+    s.apply([op(wire.TOPIC_DEL, "t")])
+    assert s.messages == {} and s.live_bytes == 0
+
+
+def test_messages_before_any_channel_go_to_the_channels_created_next():
+    s = ShadowState()
+    s.apply([msg("t", 1)])
+    assert s.messages[mid(1)].pending is None
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b")])  # one batch: both get it
+    assert s.messages[mid(1)].pending == {"a", "b"}
+    s.apply([op(wire.CHANNEL_NEW, "t", "c")])  # later: it does not
+    assert s.messages[mid(1)].pending == {"a", "b"}
+    s.apply([msg("t", 2)])
+    assert s.messages[mid(2)].pending == {"a", "b", "c"}
+
+
+def test_req_keeps_the_new_due_time_and_deferred_publishes_keep_theirs():
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1), msg("t", 2, due=5_000)])
+    s.apply([(wire.REQ, "t", "a", 0, wire.req_data([(mid(1), 9_000)]))])
+    assert s.messages[mid(1)].due == 9_000 and s.messages[mid(2)].due == 5_000
+
+
+def test_snapshot_rebuilds_the_same_state():
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"), msg("t", 1, 2),
+             msg("u", 3, due=7), fin("t", "a", 1)])
+    again = ShadowState()
+    again.apply(s.snapshot())
+    assert again.topics == s.topics
+    assert {k: (m.topic, m.due, m.frame, m.pending) for k, m in again.messages.items()} == \
+        {k: (m.topic, m.due, m.frame, m.pending) for k, m in s.messages.items()}
+
+
+def test_origin_sends_fins_and_reqs_per_channel_in_one_batch():
+    o = ReplicationOrigin(["p"], 1, False)
+    o.linked("p", 2, 0.0)
+    for n in (1, 2, 3):
+        o.fin("t", "a", mid(n))
+    o.req("t", "b", mid(4), 123)
+    assert not o.pending
+    assert o.move_consumer_state() is True
+    assert o.move_consumer_state() is False  # nothing new
+    frame_bytes, peers = o.take_batch(0.0)
+    [(kind, body)] = wire.LinkDecoder().feed(frame_bytes)
+    _, entries = wire.decode_batch(body)
+    assert [(k, t, c) for k, t, c, _, _ in entries] == [(wire.REQ, "t", "b"), (wire.FIN, "t", "a")]
+    assert entries[1][4] == mid(1) + mid(2) + mid(3)
+
+
+def test_shadow_files_replay_and_compact(tmp_path):
+    files = ShadowFiles(str(tmp_path), fsync=False, compact_min=2000)
+    files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", *range(100))]))
+    files.store(1, wire.batch_body(2, [fin("t", "a", *range(99))]))
+    assert 1 not in files.states  # stored (and acknowledgeable) first, applied after
+    files.apply()
+    assert files.compactions == 1  # the log held 100 messages, one is unfinished
+    assert len(files.states[1].messages) == 1
+    size = (tmp_path / "nsqtw-shadow.1.log").stat().st_size
+    assert size < 200
+    files.store(1, wire.batch_body(3, [msg("t", 100)]))
+    files.apply()
+    files.close()
+    # a restarted peer replays the log: same unfinished messages
+    again = ShadowFiles(str(tmp_path), fsync=False)
+    again.load()
+    assert sorted(again.states[1].messages) == [mid(99), mid(100)]
+    assert again.states[1].messages[mid(99)].pending == {"a"}
+    assert shadow_path(str(tmp_path), 1).endswith("nsqtw-shadow.1.log")
+
+
+def test_adopt_after_timeout_policy():
+    from nsqtw.nsqd.core.replication import AdoptAfterTimeout
+
+    p = AdoptAfterTimeout(10.0)
+    p.origin_down(1, 0.0)
+    p.origin_down(2, 5.0)
+    assert p.due(9.9) == []
+    assert p.due(10.0) == [1] and p.due(11.0) == []  # once per time it went down
+    p.origin_up(2, 12.0)  # came back in time
+    assert p.due(100.0) == []
+
+
+def test_adopt_puts_each_message_on_the_channels_that_had_not_finished_it():
+    from twisted.internet import task
+
+    from nsqtw.nsqd.core.broker import Broker
+    from nsqtw.nsqd.core.replication import adopt
+    from nsqtw.options import NsqdOptions
+
+    clock = task.Clock()
+    clock.advance(100)
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"), msg("t", 1, 2),
+             msg("t", 3, due=int(130 * 1e9)), msg("u", 4), fin("t", "a", 1)])
+    b = Broker(NsqdOptions(), clock.seconds())
+    assert adopt(b, s, clock.seconds()) == (4, 0)
+    a, bb = b.topics["t"].channels["a"], b.topics["t"].channels["b"]
+    assert a.depth() == 1 and bb.depth() == 2  # 1 was finished on a
+    assert [d for d, _, f in a.deferred] == [130.0] and [d for d, _, f in bb.deferred] == [130.0]
+    assert b.topics["u"].mem.depth() == 1 and not b.topics["u"].channels  # waits for its first channel
+    assert {("t", "a"), ("t", "b"), ("u", None)} <= set(b.registrations())
