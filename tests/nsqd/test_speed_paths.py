@@ -94,9 +94,12 @@ def test_spin_policy_keeps_the_way_that_handles_more_events() -> None:
     for _ in range(40):  # now not spinning handles more: the next probe switches, and it stays
         run(20000, 40000)
     assert choices[-20:].count(True) <= 4 and choices[-1] is False
-    for _ in range(20):  # quiet: nothing learned, no probes (once a pending probe is settled)
+    for _ in range(20):  # a trickle: no spin at all (it would only burn CPU), no probes
         run(100, 50)
-    assert len(set(choices[-18:])) == 1
+    assert choices[-18:] == [False] * 18
+    for _ in range(40):  # traffic again, where spinning pays: measured, probed, and kept
+        run(40000, 20000)
+    assert choices[-4:] == [True] * 4
 
 
 def test_spin_policy_is_off_without_spin_or_when_disabled(monkeypatch: Any) -> None:
