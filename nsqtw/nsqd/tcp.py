@@ -401,6 +401,7 @@ class NsqdFactory(Factory):
         self.fast_io = fast_io
         self._settle = settle
         self.turn = turn if turn is not None else TurnBatcher(clock)
+        self._settle_bound = self.settle  # one bound method: settle_soon runs on every read
 
     def buildProtocol(self, addr: Any) -> NsqdProtocol:
         return NsqdProtocol(self)
@@ -408,7 +409,7 @@ class NsqdFactory(Factory):
     def settle_soon(self) -> None:
         """Deliver what became deliverable at the end of this reactor turn (once per turn,
         however many reads asked: each consumer gets one write)."""
-        self.turn.soon(self.settle)
+        self.turn.soon(self._settle_bound)
 
     def settle(self) -> None:
         if self._settle is not None:

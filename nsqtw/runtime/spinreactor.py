@@ -164,13 +164,15 @@ class SpinningEPollReactor(EPollReactor):
         self.dispatching = False
         self._after_dispatch: list[Callable[[], None]] = []
         super().__init__()
+        #: what doPoll uses of EPollReactor's internals, read once (see nsqtw.runtime.seam)
+        self._parts = epoll_parts(self)
 
     def call_after_dispatch(self, fn: Callable[[], None]) -> None:
         """IReactorTurnHooks: call ``fn`` once, after the events of the poll being handled."""
         self._after_dispatch.append(fn)
 
     def doPoll(self, timeout: float | None) -> None:
-        poll, selectables, drdw = epoll_parts(self)
+        poll, selectables, drdw = self._parts
         maxevents = len(selectables)
         try:
             spin = self.spin_seconds if self._spin_now else 0
