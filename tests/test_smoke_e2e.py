@@ -21,6 +21,6 @@ async def test_pub_sub_fin_round_trip(nsqd, raw):
     consumer.send(command("FIN", msg.id.decode()))
     err = await consumer.error()
     assert err.startswith(b"E_FIN_FAILED FIN ") and err.endswith(b"failed ID not in flight")
-    ch = nsqd.broker.find_channel("test", "ch")
+    ch = nsqd._broker.find_channel("test", "ch")
     assert ch.message_count == 1 and not ch.inflight
     await consumer.close()

@@ -27,7 +27,7 @@ from twisted.internet import defer
 
 from .options import AdminOptions
 from ..options import with_embedding_defaults
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import ListeningReactor, TreqClient, resolve_reactor
 
 if TYPE_CHECKING:
     from .history import History
@@ -40,19 +40,19 @@ __all__ = ["start_nsqadmin", "AdminHandle", "EMBEDDED_ADMIN_DEFAULTS"]
 class AdminHandle:
     """A running embedded nsqadmin."""
 
-    service: AdminService = attr.ib()
+    _service: AdminService = attr.ib()
 
     @property
     def options(self) -> AdminOptions:
-        return self.service.options
+        return self._service.options
 
     @property
     def http_port(self) -> int:
-        return cast(int, self.service.http_port)  # bound: a handle is made once its service listens
+        return cast(int, self._service.http_port)  # bound: a handle is made once its service listens
 
     @property
     def host(self) -> str:
-        return self.service.http_listener.bound_host
+        return self._service.http_listener.bound_host
 
     @property
     def http_address(self) -> str:
@@ -65,18 +65,18 @@ class AdminHandle:
         return f"http://{self.http_address}{base}/"
 
     @property
-    def history(self) -> History:
-        return self.service.history
+    def _history(self) -> History:
+        return self._service.history
 
     def poll(self) -> defer.Deferred[None]:
         """Take one /stats sample for the graphs now (tests use this instead of waiting)."""
-        return self.service.poller.poll_once()
+        return self._service.poller.poll_once()
 
     def stop(self) -> defer.Deferred[None]:
         """Stop listening and polling; fires once the listener is closed."""
-        if not self.service.running:
+        if not self._service.running:
             return defer.succeed(None)
-        return defer.maybeDeferred(self.service.stopService)
+        return defer.maybeDeferred(self._service.stopService)
 
 
 #: what an embedded nsqadmin uses when its HTTP address is left at NSQ's default (keyword
@@ -84,8 +84,8 @@ class AdminHandle:
 EMBEDDED_ADMIN_DEFAULTS: dict[str, Any] = {"http_address": "127.0.0.1:0"}
 
 
-def start_nsqadmin(reactor: Any = None, options: AdminOptions | None = None, *,
-                   http_client: Any = None, **kwargs: object) -> defer.Deferred[AdminHandle]:
+def start_nsqadmin(reactor: ListeningReactor = None, options: AdminOptions | None = None, *,
+                   http_client: TreqClient = None, **kwargs: object) -> defer.Deferred[AdminHandle]:
     """Start an nsqadmin in the running reactor; fires with an :class:`AdminHandle`.
 
     An HTTP address left at NSQ's default (keyword arguments or ``options=``; keyword

@@ -29,6 +29,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from ..runtime.reactor import Clock
 
 from ..errors import NSQError, from_wire
 from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT
@@ -461,7 +462,7 @@ class NSQConnection(Protocol):
 
 
 def connect(address: NsqdAddress, config: Config, delegate: ConnectionDelegate | None = None, *,
-            reactor: Any = None, connector: Connector | None = None) -> defer.Deferred[NSQConnection]:
+            reactor: Clock = None, connector: Connector | None = None) -> defer.Deferred[NSQConnection]:
     """Dial ``address`` and run the handshake; fires with the ready :class:`NSQConnection`."""
     return dial(new_connection(address, config, delegate, reactor), address, connector=connector)
 

@@ -43,7 +43,7 @@ from twisted.python.failure import Failure
 from ..errors import NSQError
 from ..protocol.frames import CLOSE_WAIT
 from ..protocol.names import is_valid_name
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import Clock, TreqClient, resolve_reactor
 from . import commands
 from .addresses import NsqdAddress, address_key
 from .config import Config
@@ -79,8 +79,8 @@ class Consumer(ConnectionDelegate):
 
     def __init__(self, topic: str, channel: str, handler: Handler, config: Config | None = None, *,
                  concurrency: int = 1, give_up: Callable[[Message], Any] | None = None,
-                 reactor: Any = None, rng: random.Random | None = None,
-                 connector: Connector | None = None, http_client: Any = None,
+                 reactor: Clock = None, rng: random.Random | None = None,
+                 connector: Connector | None = None, http_client: TreqClient = None,
                  discovery_filter: Callable[[list[str]], list[str]] | None = None) -> None:
         if not is_valid_name(topic):
             raise ConfigError("invalid topic name")

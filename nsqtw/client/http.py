@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 from twisted.internet import defer
 
 from ..errors import HTTPAPIError
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import ListeningReactor, TreqClient, resolve_reactor
 from ..runtime.upstream import Upstream, UpstreamResponse
 from .commands import Body, ms, to_bytes
 
@@ -32,7 +32,7 @@ _I32 = struct.Struct(">i").pack
 class HTTPProducer:
     """``/pub`` and ``/mpub`` on one nsqd HTTP address (``host:port`` or a URL)."""
 
-    def __init__(self, address: str, *, http_client: Any = None, reactor: Any = None,
+    def __init__(self, address: str, *, http_client: TreqClient = None, reactor: ListeningReactor = None,
                  timeout: float = 60.0) -> None:
         base = address if "://" in address else "http://" + address
         self.base_url = base.rstrip("/")

@@ -49,7 +49,7 @@ _registry: dict[str, Any] = {}
 _ports = itertools.count(1)
 
 
-def register(nsqd: Any, name: str = "") -> Callable[[], None]:
+def register(nsqd: object, name: str = "") -> Callable[[], None]:
     """Make ``inprocess:<name>`` reach this broker; returns a function that undoes it."""
     _registry[name] = nsqd
 
@@ -77,7 +77,7 @@ def is_inprocess(address: Any) -> bool:
 
 
 def _running(obj: Any) -> bool:
-    service = getattr(obj, "service", obj)
+    service = getattr(obj, "_service", obj)
     return bool(getattr(service, "running", True))
 
 
@@ -91,7 +91,7 @@ def broker_factory(target: Any, strict: bool = True) -> Any:
             if strict:
                 raise ierror.ConnectionRefusedError(f"no in-process broker named {name!r}")
             return None
-    for path in (("service", "tcp_factory"), ("tcp_factory",)):
+    for path in (("_service", "tcp_factory"), ("tcp_factory",)):
         cur = obj
         for attr_name in path:
             cur = getattr(cur, attr_name, None)

@@ -27,7 +27,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import Clock, resolve_reactor
 from . import commands
 from .addresses import NsqdAddress, address_key
 from .config import Config
@@ -43,7 +43,7 @@ log = Logger(namespace="nsqtw.client")
 class Producer(ConnectionDelegate):
     """Pipelined PUB / MPUB / DPUB to one nsqd (TCP or the in-process bus)."""
 
-    def __init__(self, address: NsqdAddress, config: Config | None = None, *, reactor: Any = None,
+    def __init__(self, address: NsqdAddress, config: Config | None = None, *, reactor: Clock = None,
                  connector: Connector | None = None) -> None:
         config = (config or Config()).copy()
         config.validate()

@@ -25,7 +25,7 @@ from twisted.internet import defer
 
 from .options import LookupdOptions
 from ..options import with_embedding_defaults
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import Clock, ListeningReactor, resolve_reactor
 
 if TYPE_CHECKING:
     from .core.registry import RegistrationDB
@@ -38,7 +38,7 @@ __all__ = ["start_nsqlookupd", "LookupdHandle", "EMBEDDED_LOOKUPD_DEFAULTS"]
 class LookupdHandle:
     """A running embedded nsqlookupd; its addresses stay readable after stop (to restart on them)."""
 
-    service: LookupdService = attr.ib()
+    _service: LookupdService = attr.ib()
     tcp_port: int = attr.ib(default=0)
     http_port: int = attr.ib(default=0)
     host: str = attr.ib(default="")
@@ -51,12 +51,12 @@ class LookupdHandle:
                    service.tcp_listener.bound_host, service.http_listener.bound_host)
 
     @property
-    def db(self) -> RegistrationDB:
-        return self.service.db
+    def _db(self) -> RegistrationDB:
+        return self._service.db
 
     @property
     def options(self) -> LookupdOptions:
-        return self.service.options
+        return self._service.options
 
     @property
     def tcp_address(self) -> str:
@@ -68,9 +68,9 @@ class LookupdHandle:
 
     def stop(self) -> defer.Deferred[None]:
         """Stop; fires once every connection is closed and both listeners are gone."""
-        if not self.service.running:
+        if not self._service.running:
             return defer.succeed(None)
-        return defer.maybeDeferred(self.service.stopService)
+        return defer.maybeDeferred(self._service.stopService)
 
 
 #: what an embedded nsqlookupd uses for every field left at NSQ's default (keyword arguments or
@@ -82,8 +82,8 @@ EMBEDDED_LOOKUPD_DEFAULTS: dict[str, Any] = {
 }
 
 
-def start_nsqlookupd(reactor: Any = None, options: LookupdOptions | None = None, *,
-                     clock: Any = None, **kwargs: object) -> defer.Deferred[LookupdHandle]:
+def start_nsqlookupd(reactor: ListeningReactor = None, options: LookupdOptions | None = None, *,
+                     clock: Clock = None, **kwargs: object) -> defer.Deferred[LookupdHandle]:
     """Start an nsqlookupd in the running reactor; fires with a :class:`LookupdHandle`.
 
     Every field left at NSQ's default (keyword arguments or ``options=``; keyword arguments

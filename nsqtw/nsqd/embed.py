@@ -28,12 +28,13 @@ import os
 import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
 
 import attr
 from twisted.internet import defer
 
 from ..options import NsqdOptions, with_embedding_defaults
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import ListeningReactor, resolve_reactor
 
 if TYPE_CHECKING:
     from .core.broker import Broker
@@ -47,43 +48,44 @@ __all__ = ["start_nsqd", "NsqdHandle", "MessagesLost", "EMBEDDED_NSQD_DEFAULTS",
 class NsqdHandle:
     """A running embedded nsqd: its addresses, :meth:`stats` and :meth:`stop`.
 
-    ``service`` and ``broker`` are the daemon's internals, for nsqtw's own tests; they may change
-    without notice."""
+    Made by :func:`start_nsqd`, not by hand.  The daemon's internals stay behind underscored
+    names (``_service``, ``_broker``), for nsqtw's own white-box tests; they may change without
+    notice."""
 
-    service: NsqdService = attr.ib()
+    _service: NsqdService = attr.ib()
     _tempdir: str | None = attr.ib(default=None)
-    _unregister: Any = attr.ib(default=None)
+    _unregister: Callable[[], None] | None = attr.ib(default=None)
 
     @property
-    def broker(self) -> Broker:
-        return self.service.broker
+    def _broker(self) -> Broker:
+        return self._service.broker
 
     @property
     def options(self) -> NsqdOptions:
         """The options it runs with (the embedding defaults and the temporary ``data_path`` filled in)."""
-        return self.service.options
+        return self._service.options
 
     # the ports below are bound: a handle is made once its service listens
 
     @property
     def tcp_port(self) -> int:
         """The bound TCP port (protocol V2)."""
-        return cast(int, self.service.tcp_port)
+        return cast(int, self._service.tcp_port)
 
     @property
     def http_port(self) -> int | None:
         """The bound HTTP port, or None when HTTP is off (``http_address=""``)."""
-        return self.service.http_port
+        return self._service.http_port
 
     @property
     def https_port(self) -> int | None:
         """The bound HTTPS port, or None when HTTPS is off (the embedding default)."""
-        return self.service.https_port
+        return self._service.https_port
 
     @property
     def host(self) -> str:
         """The host the TCP listener is bound to (``127.0.0.1`` by default)."""
-        return self.service.tcp_listener.bound_host
+        return self._service.tcp_listener.bound_host
 
     @property
     def tcp_address(self) -> str:
@@ -95,21 +97,21 @@ class NsqdHandle:
         """``"host:port"`` of the HTTP API (``/pub``, ``/stats``...), or None when HTTP is off."""
         if self.http_port is None:
             return None
-        http: Any = self.service.http_listener
+        http: Any = self._service.http_listener
         return f"{http.bound_host}:{self.http_port}"
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """The ``/stats?format=json`` document (optionally of one topic or channel), computed in-process."""
         from .stats.snapshot import broker_stats
 
-        return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
+        return broker_stats(self._broker, self._service.now(), topic=topic or "", channel=channel or "")
 
     def stop(self) -> defer.Deferred[None]:
         """Stop the broker; fires once every listener and connection is closed."""
         if self._unregister is not None:
             self._unregister()
             self._unregister = None
-        d = defer.maybeDeferred(self.service.stopService)
+        d = defer.maybeDeferred(self._service.stopService)
 
         def cleanup(result: Any) -> Any:
             if self._tempdir:
@@ -117,7 +119,7 @@ class NsqdHandle:
             return result
 
         def lost(result: Any) -> Any:
-            n = getattr(self.service, "lost_at_shutdown", 0)
+            n = getattr(self._service, "lost_at_shutdown", 0)
             if n:  # the disk refused them (full): never a silent success
                 raise MessagesLost(f"{n} messages could not be written to disk at shutdown and are lost")
             return result
@@ -152,7 +154,7 @@ def embedded_nsqd_options(options: NsqdOptions | None = None, **kwargs: object) 
     return with_embedding_defaults(NsqdOptions, EMBEDDED_NSQD_DEFAULTS, options, kwargs)
 
 
-def start_nsqd(reactor: Any = None, options: NsqdOptions | None = None, *,
+def start_nsqd(reactor: ListeningReactor = None, options: NsqdOptions | None = None, *,
                inprocess_name: str | None = None, **kwargs: object) -> defer.Deferred[NsqdHandle]:
     """Start an nsqd in the running reactor; fires with an :class:`NsqdHandle`.
 

@@ -142,7 +142,7 @@ class NsqdFixture:
         self._consumers: list[Consumer] = []
         self._stopped = False
 
-    # addresses and internals
+    # addresses
     @property
     def tcp_address(self) -> str:
         return self.handle.tcp_address
@@ -164,14 +164,13 @@ class NsqdFixture:
         return f"http://{self.http_address}"
 
     @property
-    def broker(self) -> Broker:
-        """The broker itself (nsqtw's internals: for white-box tests)."""
-        return self.handle.broker
+    def _broker(self) -> Broker:
+        # nsqtw's internals, for its own white-box tests (not part of the fixture's face)
+        return self.handle._broker
 
     @property
-    def service(self) -> NsqdService:
-        """The daemon's service (nsqtw's internals: for white-box tests)."""
-        return self.handle.service
+    def _service(self) -> NsqdService:
+        return self.handle._service
 
     @property
     def options(self) -> NsqdOptions:
@@ -244,7 +243,7 @@ class NsqdFixture:
     def depth(self, topic: str, channel: str | None = None) -> int:
         """Messages waiting at a topic or channel (memory + disk; 0 when it does not exist).
         Answers at once: an ``int``, not a Deferred (do not ``await`` it)."""
-        t = self.broker.topics.get(topic)
+        t = self._broker.topics.get(topic)
         if t is None:
             return 0
         if channel is None:
@@ -257,7 +256,7 @@ class NsqdFixture:
         not a Deferred (do not ``await`` it)."""
         from nsqtw.nsqd.stats.snapshot import broker_stats
 
-        return broker_stats(self.broker, self.service.now(), topic=topic or "", channel=channel or "")
+        return broker_stats(self._broker, self._service.now(), topic=topic or "", channel=channel or "")
 
     def stop(self) -> Deferred[None]:
         """Stop everything the fixture started, then the broker; delete its temporary data.
@@ -384,16 +383,16 @@ class LookupdFixture:
         return f"http://{self.http_address}"
 
     @property
-    def db(self) -> RegistrationDB:
-        """The registration DB itself (nsqtw's internals: for white-box tests)."""
-        return self.handle.db
+    def _db(self) -> RegistrationDB:
+        # nsqtw's internals, for its own white-box tests (not part of the fixture's face)
+        return self.handle._db
 
     def producers(self, topic: str | None = None) -> list[Registration]:
         """Registered nsqd: all identified ones, or the producers of ``topic``. Answers at once:
         a ``list``, not a Deferred (do not ``await`` it)."""
         if topic is None:
-            return list(self.db.find_producers("client", "", ""))
-        return list(self.db.find_producers("topic", topic, ""))
+            return list(self._db.find_producers("client", "", ""))
+        return list(self._db.find_producers("topic", topic, ""))
 
     def wait_for_producers(self, n: int, topic: str | None = None,
                            timeout: float | None = 5.0) -> Deferred[list[Registration]]:

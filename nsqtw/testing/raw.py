@@ -17,10 +17,11 @@ from typing import Any
 
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.python.failure import Failure
 
 from ..protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder
 from ..protocol.message import Message, decode_message
-from ..runtime.reactor import resolve_reactor
+from ..runtime.reactor import Clock, ListeningReactor, resolve_reactor
 
 __all__ = [
     "mpub_command",
@@ -36,12 +37,12 @@ __all__ = [
 ]
 
 
-def command(*parts: Any) -> bytes:
+def command(*parts: bytes | str | int) -> bytes:
     """``command("SUB", "t", "c")`` -> ``b"SUB t c\\n"``."""
     return b" ".join(p if isinstance(p, bytes) else str(p).encode() for p in parts) + b"\n"
 
 
-def body_command(name: str, *params: Any, body: bytes) -> bytes:
+def body_command(name: str, *params: bytes | str | int, body: bytes) -> bytes:
     return command(name, *params) + struct.pack(">i", len(body)) + body
 
 
@@ -86,7 +87,7 @@ class RawV2Client(protocol.Protocol):
             else:
                 self._frames.append(frame)
 
-    def connectionLost(self, reason: Any = None) -> None:
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self.connected_ = False
         while self._waiters:
             self._waiters.popleft().errback(ConnectionError("connection closed"))
@@ -96,13 +97,13 @@ class RawV2Client(protocol.Protocol):
     def send(self, data: bytes) -> None:
         self.transport.write(data)
 
-    def next_frame(self, timeout: float = 5.0, clock: Any = None) -> defer.Deferred:
+    def next_frame(self, timeout: float = 5.0, clock: Clock = None) -> defer.Deferred[tuple[int, bytes]]:
         """Fires with the next ``(frame_type, data)``; fails if the connection closes first."""
         if self._frames:
             return defer.succeed(self._frames.popleft())
         if not self.connected_:
             return defer.fail(ConnectionError("connection closed"))
-        d: defer.Deferred = defer.Deferred()
+        d: defer.Deferred[tuple[int, bytes]] = defer.Deferred()
         self._waiters.append(d)
         d.addTimeout(timeout, resolve_reactor(clock))
         return d
@@ -145,7 +146,7 @@ class RawV2Client(protocol.Protocol):
         return self.closed
 
 
-def connect_raw(port: int, host: str = "127.0.0.1", reactor: Any = None,
-                send_magic: bool = True) -> defer.Deferred:
+def connect_raw(port: int, host: str = "127.0.0.1", reactor: ListeningReactor = None,
+                send_magic: bool = True) -> defer.Deferred[RawV2Client]:
     """Connect a :class:`RawV2Client` (magic sent) to an nsqd."""
     return connectProtocol(TCP4ClientEndpoint(resolve_reactor(reactor), host, port), RawV2Client(send_magic))

@@ -68,10 +68,10 @@ async def attach_lookupd(nsqd: Any, lookupd: Any) -> Any:
     """Make an embedded nsqd register with ``lookupd`` (unless its service already does)."""
     from nsqtw.nsqd.lookup_peers import LookupPeersService
 
-    peers = nsqd.service.namedServices.get(LookupPeersService.name)
+    peers = nsqd._service.namedServices.get(LookupPeersService.name)
     if peers is None:
-        peers = LookupPeersService(nsqd.service)
-        peers.setServiceParent(nsqd.service)
+        peers = LookupPeersService(nsqd._service)
+        peers.setServiceParent(nsqd._service)
     await within(peers.peers[lookupd.tcp_address].when_registered())
     return peers
 

@@ -170,7 +170,7 @@ async def test_every_action_is_notified(start_admin, nsqds, collector) -> None:
     assert pause["user_agent"] == "ops-cli/1.0" and pause["via"] == socket.gethostname()
     assert pause["url"] == f"http://{admin.http_address}/api/topics/t/c"
     assert pause["remote_ip"].startswith("127.0.0.1:")
-    assert abs(pause["timestamp"] - admin.service.clock.seconds()) < 60
+    assert abs(pause["timestamp"] - admin._service.clock.seconds()) < 60
     assert "channel" not in by_action["pause_topic"] and "node" not in by_action["pause_topic"]
     assert by_action["tombstone_topic_producer"]["node"] == nsqds[0].http_address
     assert by_action["create_channel"]["channel"] == "c2"

@@ -46,7 +46,7 @@ async def test_an_operator_on_a_failing_cluster(processes, browser) -> None:  # 
 
     async def all_sampled() -> bool:
         await within(admin.poll())
-        h = admin.history.topic("orders")
+        h = admin._history.topic("orders")
         return len(h["nodes"]) == 3 and h["topic"]["depth"][-1] is not None
     await until(all_sampled, "the history to hold orders on all three nodes")
     for _ in range(3):
@@ -58,7 +58,7 @@ async def test_an_operator_on_a_failing_cluster(processes, browser) -> None:  # 
 
     async def partial_in_history() -> bool:
         await within(admin.poll())
-        return any(admin.history.charts(topic="orders", channel="archive")["partial"])
+        return any(admin._history.charts(topic="orders", channel="archive")["partial"])
     await until(partial_in_history, "a sample with the killed node gone")
     hung.signal("STOP")
 
@@ -71,8 +71,8 @@ async def test_an_operator_on_a_failing_cluster(processes, browser) -> None:  # 
 
     async def marked_in_history() -> bool:
         await within(admin.poll())
-        doc = admin.history.charts(topic="orders", channel="archive")
-        over = admin.history.overview()["topics"]["orders"]
+        doc = admin._history.charts(topic="orders", channel="archive")
+        over = admin._history.overview()["topics"]["orders"]
         return doc["gaps"][-1] and over["gaps"][-1]
     await until(marked_in_history, "the history to hold samples with the node gone and the hang")
 

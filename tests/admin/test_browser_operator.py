@@ -191,11 +191,11 @@ async def test_new_topic_is_not_shaded_and_topic_depth_is_its_backlog(admin, nsq
     node = nsqds[0].http_address
     await create_channel(nsqds[0], "fresh", "c")
     now = reactor.seconds()
-    admin.history.samples.clear()
+    admin._history.samples.clear()
     for i in range(30):  # 5 minutes, the topic only in the last 3 samples, with 700 waiting in channel c
         rows = [_chan(node, 700, 0, 10 * i, topic="fresh")] if i >= 27 else []
-        admin.history.record(now - 290 + 10 * i, rows, failed=[])
-    doc = admin.history.charts(topic="fresh", since=now - 300)
+        admin._history.record(now - 290 + 10 * i, rows, failed=[])
+    doc = admin._history.charts(topic="fresh", since=now - 300)
     assert not any(doc["gaps"]) and doc["created"] == int(now - 20)
     assert doc["series"]["memory_depth"][-1] == 700
     await browser.get(admin.url + "topics/fresh")

@@ -111,12 +111,12 @@ async def test_chart_paths_follow_the_data(admin, nsqds, browser) -> None:
     await create_channel(nsqds[0], "t", "c")
     node = nsqds[0].http_address
     now = reactor.seconds()
-    admin.history.samples.clear()
+    admin._history.samples.clear()
     # five minutes of samples 10 s apart: depth a triangle wave 0..100, a 3-sample gap in the middle
     depths = [None if 14 <= i <= 16 else abs(5 - i % 10) * 20 for i in range(30)]
     for i, depth in enumerate(depths):
         stats = [] if depth is None else [_chan(node, depth, 0, 50 * i, in_flight=5, clients=2)]
-        admin.history.record(now - 290 + 10 * i, stats, failed=[node] if depth is None else [])
+        admin._history.record(now - 290 + 10 * i, stats, failed=[node] if depth is None else [])
     b = browser
     await b.get(admin.url + "topics/t/c")
     fig = 'figure[data-chart="depth"]'

@@ -188,7 +188,7 @@ async def test_hung_and_killed_nsqd_are_shown_not_hidden(processes, browser) -> 
 
         async def solo_sampled() -> bool:
             await within(admin.poll())
-            h = admin.history.overview()["topics"].get("solo") or {}
+            h = admin._history.overview()["topics"].get("solo") or {}
             return bool(h.get("depth")) and h["depth"][-1] == 7
         await until(solo_sampled, "the history to hold topic solo")
 
@@ -230,7 +230,7 @@ async def test_hung_and_killed_nsqd_are_shown_not_hidden(processes, browser) -> 
 
         async def solo_gap() -> bool:
             await within(admin.poll())
-            h = admin.history.overview()["topics"]["solo"]
+            h = admin._history.overview()["topics"]["solo"]
             return h["depth"][-1] is None and 7 in h["depth"]
         await until(solo_gap, "a gap (not the last value) in topic solo's history")
 

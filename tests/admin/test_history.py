@@ -173,7 +173,7 @@ async def test_history_path_keeps_the_charts_across_a_restart(nsqds, start_admin
                               history_path=str(tmp_path))
     for _ in range(3):
         await first.poll()
-    before = first.history.charts(topic="kept", channel="c")
+    before = first._history.charts(topic="kept", channel="c")
     assert before["series"]["memory_depth"][-1] == 42
     await first.stop()  # writes the file (off the reactor) before it is done
     saved = _json.loads((tmp_path / "nsqadmin.history.json").read_text())
@@ -181,12 +181,12 @@ async def test_history_path_keeps_the_charts_across_a_restart(nsqds, start_admin
 
     again = await start_admin(nsqd_http_addresses=[n.http_address for n in nsqds], history_interval=3600.0,
                               history_path=str(tmp_path))
-    after = again.history.charts(topic="kept", channel="c")
+    after = again._history.charts(topic="kept", channel="c")
     assert after["timestamps"] == before["timestamps"]
     assert after["series"]["memory_depth"] == before["series"]["memory_depth"]
     code, doc, _ = await call("GET", again.url + "api/charts/topics/kept/c?range=3600")
     assert code == 200 and doc["series"]["memory_depth"][-1] == 42
-    assert again.history.overview()["topics"]["kept"]["depth"][-1] == 0  # the topic's own queue: all in c
+    assert again._history.overview()["topics"]["kept"]["depth"][-1] == 0  # the topic's own queue: all in c
 
 
 @pytest_twisted.ensureDeferred
@@ -199,4 +199,4 @@ async def test_history_path_must_be_a_directory(nsqds, start_admin, tmp_path) ->
     (tmp_path / "nsqadmin.history.json").write_text("{not json")
     admin = await start_admin(nsqd_http_addresses=[nsqds[0].http_address], history_path=str(tmp_path),
                               history_interval=3600.0)
-    assert admin.history.timestamps() == [] or len(admin.history.timestamps()) <= 1
+    assert admin._history.timestamps() == [] or len(admin._history.timestamps()) <= 1

@@ -51,7 +51,7 @@ async def test_producer_against_nsqd_typed_errors_and_reuse(nsqd):
     with pytest.raises(BadMessage):
         await p.publish("e2e", b"")
     await p.publish("e2e", b"four")
-    topic = nsqd.broker.topics["e2e"]
+    topic = nsqd._broker.topics["e2e"]
     assert topic.message_count == 5
     await p.stop()
 
@@ -63,7 +63,7 @@ async def test_pipelined_publishes_match_in_order(nsqd):
     p = Producer(nsqd.tcp_address)
     results = await defer.gatherResults([p.publish("pipe", b"%d" % i) for i in range(1000)])
     assert results == [None] * 1000
-    assert nsqd.broker.topics["pipe"].message_count == 1000
+    assert nsqd._broker.topics["pipe"].message_count == 1000
     await p.stop()
 
 
@@ -77,7 +77,7 @@ async def test_http_producer(nsqd):
     await h.deferred_publish("web", 1.0, b"b")
     await h.multi_publish("web", [b"c\nwith newline", b"d"])
     await h.multi_publish("web", [b"e", b"f"], binary=False)
-    assert nsqd.broker.topics["web"].message_count == 6
+    assert nsqd._broker.topics["web"].message_count == 6
     with pytest.raises(HTTPAPIError) as info:
         await h.publish("bad topic!", b"x")
     assert (info.value.status, info.value.text) == (400, "INVALID_TOPIC")
@@ -282,7 +282,7 @@ async def test_three_nsqd_ten_thousand_messages_with_failures_backoff_and_give_u
         await tally.wait(more, timeout=10)
         await wait_for(lambda: not consumer.in_backoff(), 5, "backoff to end")
         await wait_for(lambda: consumer.rdy.total_rdy == 30, 5, "RDY restored")
-        channels = [n.broker.find_channel("soak", "ch") for n in nsqds]
+        channels = [n._broker.find_channel("soak", "ch") for n in nsqds]
         await wait_for(lambda: all(ch.depth() == 0 and not ch.inflight for ch in channels), 5,
                        "nsqd to see every FIN")
         await consumer.stop()
@@ -328,7 +328,7 @@ async def test_broker_restart_is_survived_by_reconnection(tmp_path):
         after = [b"after-%04d" % i for i in range(3000)]
         await publish_spread(producers, after)  # producers[2] redials the restarted nsqd
         await tally.wait(after, timeout=20)
-        assert restarted.broker.topics["soak"].message_count >= 1000
+        assert restarted._broker.topics["soak"].message_count >= 1000
 
         everything = before + during + after
         assert set(tally.successes) == set(everything) and not tally.given_up   # none lost
@@ -342,7 +342,7 @@ async def test_broker_restart_is_survived_by_reconnection(tmp_path):
             await p.stop()
     finally:
         for n in nsqds:
-            if n.service.running:
+            if n._service.running:
                 await n.stop()
 
 

@@ -145,7 +145,7 @@ async def test_producer_and_consumer_over_the_bus(nsqd):
         assert got == set(range(n))
         await consumer.stop()
         await producer.stop()
-        ch = nsqd.broker.find_channel("bus", "c")
+        ch = nsqd._broker.find_channel("bus", "c")
         assert ch.message_count == n and not ch.inflight
     finally:
         undo()

@@ -67,7 +67,7 @@ async def test_stream_cut_inside_a_body_gets_nsqds_error_then_close(nsqd: Any, n
                                                                      expected: bytes) -> None:
     frames = await _half_close(nsqd.tcp_port, data)
     assert frames == [(1, expected)]
-    topic = nsqd.service.broker.topics.get("t")
+    topic = nsqd._service.broker.topics.get("t")
     assert topic is None or topic.depth() == 0  # an MPUB cut short queues nothing
 
 
@@ -80,7 +80,7 @@ async def test_stream_cut_inside_a_command_line_closes_without_a_frame(nsqd: Any
 async def test_complete_commands_before_the_half_close_are_answered(nsqd: Any) -> None:
     frames = await _half_close(nsqd.tcp_port, b"PUB t\n" + _size(3) + b"abc" + _mpub([b"x", b"y"]))
     assert frames == [(0, b"OK"), (0, b"OK")]
-    assert nsqd.service.broker.topics["t"].depth() == 3
+    assert nsqd._service.broker.topics["t"].depth() == 3
 
 
 # --- the same bytes to Go's nsqd ---------------------------------------------------------------

@@ -80,7 +80,7 @@ async def test_every_command_round_trip(nsqd, raw):
     cons.send(b"".join(command("FIN", m.id.decode()) for m in (again, msgs[2], msgs[3])))
     raw.send(body_command("PUB", "t", body=b"five"))
     assert await raw.response() == b"OK"
-    ch = nsqd.broker.find_channel("t", "c")
+    ch = nsqd._broker.find_channel("t", "c")
     assert cons.connected_ and ch.depth() == 1
     await cons.close()
     assert raw.pending() == []
@@ -172,7 +172,7 @@ async def test_fatal_error_then_close(nsqd, data, expected):
     trailer = command("NOP") + body_command("PUB", "never", body=b"x")
     frames = await frames_until_closed(nsqd.tcp_port, data + trailer, magic=magic)
     assert frames == expected
-    assert "never" not in nsqd.broker.topics
+    assert "never" not in nsqd._broker.topics
 
 
 # --- non-fatal error paths ----------------------------------------------------------------------------
@@ -265,7 +265,7 @@ async def test_misbehaving_clients_cost_a_good_pair_nothing(nsqd):
     prod.send(body_command("PUB", "t", body=b"last"))
     assert await prod.response() == b"OK"
     assert (await cons.message()).body == b"last"
-    ch = nsqd.broker.find_channel("t", "c")
+    ch = nsqd._broker.find_channel("t", "c")
     assert ch.message_count == len(expected) + 1 and len(ch.inflight) == 1
     assert prod.connected_ and cons.connected_
     await prod.close()
@@ -287,7 +287,7 @@ async def test_client_vanishing_mid_body_publishes_nothing(nsqd):
     good = await connect_raw(nsqd.tcp_port)
     good.send(body_command("PUB", "t", body=b"whole"))
     assert await good.response() == b"OK"
-    assert nsqd.broker.find_topic("t").message_count == 1
+    assert nsqd._broker.find_topic("t").message_count == 1
     await good.close()
 
 

@@ -43,9 +43,9 @@ async def test_the_peer_delivers_what_the_dead_origin_had_not_finished():
     lookupd = await start_nsqlookupd()
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.5,
                             lookupd_tcp_addresses=[lookupd.tcp_address])
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         c = await connect_raw(origin.tcp_port)
         c.send(command("SUB", "t", "c"))
         assert await c.response() == b"OK"
@@ -58,19 +58,19 @@ async def test_the_peer_delivers_what_the_dead_origin_had_not_finished():
         first = [await c.message() for _ in range(3)]
         for m in first:
             c.send(command("FIN", text_id(m.id)))
-        await until(lambda: len(peer.service.shadow_files.states[1].messages) == 8)
+        await until(lambda: len(peer._service.shadow_files.states[1].messages) == 8)
         shadowed = {m.frame[18:34]: int.from_bytes(m.frame[8:16], "big")
-                    for m in peer.service.shadow_files.states[1].messages.values()}
+                    for m in peer._service.shadow_files.states[1].messages.values()}
         # the origin dies (its links drop); nothing is adopted before --adopt-after
         await p.close()
         await c.close()
         await origin.stop()
         await sleep(0.2)
-        assert not peer.service.adoption.adopted
-        await until(lambda: peer.service.adoption.adopted, 5)
-        assert peer.service.adoption.adopted[0][:3] == (1, 8, 0)
-        assert 1 not in peer.service.shadow_files.states
-        assert any(n.startswith("nsqtw-shadow.1.adopted.") for n in os.listdir(peer.service.data_path))
+        assert not peer._service.adoption.adopted
+        await until(lambda: peer._service.adoption.adopted, 5)
+        assert peer._service.adoption.adopted[0][:3] == (1, 8, 0)
+        assert 1 not in peer._service.shadow_files.states
+        assert any(n.startswith("nsqtw-shadow.1.adopted.") for n in os.listdir(peer._service.data_path))
         # a stock consumer of the survivor gets the 7 unfinished messages at once, the deferred one later
         s = await connect_raw(peer.tcp_port)
         s.send(command("SUB", "t", "c"))
@@ -99,17 +99,17 @@ async def test_the_peer_delivers_what_the_dead_origin_had_not_finished():
 @pytest_twisted.ensureDeferred
 async def test_an_origin_that_comes_back_in_time_is_not_adopted():
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=1.0)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         r = await treq.post(f"http://127.0.0.1:{origin.http_port}/pub?topic=t", b"x")
         assert r.code == 200
-        link = next(iter(peer.service.replication_listener.factory.protocols))
+        link = next(iter(peer._service.replication_listener.factory.protocols))
         link.transport.abortConnection()  # a dropped link; the origin reconnects within a second
-        await until(lambda: origin.service.replication.origin.in_sync() == 0)
-        await until(lambda: origin.service.replication.origin.in_sync() == 1, 5)
+        await until(lambda: origin._service.replication.origin.in_sync() == 0)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1, 5)
         await sleep(1.2)
-        assert not peer.service.adoption.adopted and len(peer.service.shadow_files.states[1].messages) == 1
+        assert not peer._service.adoption.adopted and len(peer._service.shadow_files.states[1].messages) == 1
     finally:
         await origin.stop()
         await peer.stop()
@@ -120,15 +120,15 @@ async def test_a_restarted_peer_adopts_the_shadow_it_kept_on_disk(tmp_path):
     data = str(tmp_path / "peer")
     os.mkdir(data)
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=data)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
-    await until(lambda: origin.service.replication.origin.in_sync() == 1)
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    await until(lambda: origin._service.replication.origin.in_sync() == 1)
     r = await treq.post(f"http://127.0.0.1:{origin.http_port}/mpub?topic=t", b"a\nb")
     assert r.code == 200
     await origin.stop()
     await peer.stop()
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3, data_path=data)
     try:
-        await until(lambda: peer.service.adoption.adopted, 5)
+        await until(lambda: peer._service.adoption.adopted, 5)
         s = await connect_raw(peer.tcp_port)
         s.send(command("SUB", "t", "c"))
         assert await s.response() == b"OK"

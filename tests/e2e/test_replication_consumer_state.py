@@ -31,15 +31,15 @@ async def until(predicate, seconds: float = 5.0) -> None:
 @pytest_twisted.async_yield_fixture
 async def pair():
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
-    await until(lambda: origin.service.replication.origin.in_sync() == 1)
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    await until(lambda: origin._service.replication.origin.in_sync() == 1)
     yield origin, peer
     await origin.stop()
     await peer.stop()
 
 
 def shadow(peer):
-    return peer.service.shadow_files.states[1]
+    return peer._service.shadow_files.states[1]
 
 
 async def consumer(origin, topic: str, channel: str):
@@ -105,15 +105,15 @@ async def test_channel_and_topic_deletion_drop_what_only_they_held(pair):
 async def test_a_peer_linked_late_learns_the_topology(pair):
     """Topics and channels created before the link came up are sent when it does."""
     origin, peer = pair
-    port = peer.service.replication_port
+    port = peer._service.replication_port
     http = f"http://127.0.0.1:{origin.http_port}"
     assert (await treq.post(f"{http}/topic/create?topic=old")).code == 200
     assert (await treq.post(f"{http}/channel/create?topic=old&channel=c")).code == 200
     await peer.stop()
-    await until(lambda: origin.service.replication.origin.in_sync() == 0)
+    await until(lambda: origin._service.replication.origin.in_sync() == 0)
     peer2 = await start_nsqd(node_id=3, replication_address=f"127.0.0.1:{port}")
     try:
-        await until(lambda: 1 in peer2.service.shadow_files.states
-                    and peer2.service.shadow_files.states[1].topics.get("old") == {"c"}, 10)
+        await until(lambda: 1 in peer2._service.shadow_files.states
+                    and peer2._service.shadow_files.states[1].topics.get("old") == {"c"}, 10)
     finally:
         await peer2.stop()

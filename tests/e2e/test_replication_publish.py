@@ -36,7 +36,7 @@ async def until(predicate, seconds: float = 5.0) -> None:
 
 
 def shadow(peer, origin_id: int) -> list[tuple[str, int, bytes]]:
-    path = shadow_path(peer.service.data_path, origin_id)
+    path = shadow_path(peer._service.data_path, origin_id)
     if not os.path.exists(path):
         return []
     with open(path, "rb") as f:
@@ -48,8 +48,8 @@ def shadow(peer, origin_id: int) -> list[tuple[str, int, bytes]]:
 @pytest_twisted.async_yield_fixture
 async def pair():
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
-    await until(lambda: origin.service.replication.origin.in_sync() == 1)
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    await until(lambda: origin._service.replication.origin.in_sync() == 1)
     yield origin, peer
     await origin.stop()
     await peer.stop()
@@ -103,7 +103,7 @@ async def test_unreplicated_stats_and_ping_unchanged():
     try:
         stats = json.loads(await (await treq.get(f"http://127.0.0.1:{nsqd.http_port}/stats?format=json")).content())
         assert "replication" not in stats
-        assert nsqd.service.replication is None and type(nsqd.service.broker).__name__ == "Broker"
+        assert nsqd._service.replication is None and type(nsqd._service.broker).__name__ == "Broker"
     finally:
         await nsqd.stop()
 
@@ -112,7 +112,7 @@ async def test_unreplicated_stats_and_ping_unchanged():
 async def test_peer_gone_refuses_publishes_and_ping_says_so(pair):
     origin, peer = pair
     await peer.stop()
-    await until(lambda: origin.service.replication.origin.in_sync() == 0)
+    await until(lambda: origin._service.replication.origin.in_sync() == 0)
     c = await connect_raw(origin.tcp_port)
     c.send(body_command("PUB", "t", body=b"x"))
     err = await c.error()
@@ -143,12 +143,12 @@ async def test_degraded_accept_publishes_without_peers():
 @pytest_twisted.ensureDeferred
 async def test_peer_coming_back_is_in_sync_again(pair):
     origin, peer = pair
-    port = peer.service.replication_port
+    port = peer._service.replication_port
     await peer.stop()
-    await until(lambda: origin.service.replication.origin.in_sync() == 0)
+    await until(lambda: origin._service.replication.origin.in_sync() == 0)
     peer2 = await start_nsqd(node_id=3, replication_address=f"127.0.0.1:{port}")
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1, 10)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1, 10)
         c = await connect_raw(origin.tcp_port)
         c.send(body_command("PUB", "t", body=b"back"))
         assert await c.response() == b"OK"
@@ -180,7 +180,7 @@ async def test_stalled_peer_and_wrong_protocol_are_out_of_sync():
                               replica_peers=[f"127.0.0.1:{silent.getHost().port}",
                                              f"127.0.0.1:{wrong.getHost().port}"])
     try:
-        rep = origin.service.replication.origin
+        rep = origin._service.replication.origin
         await until(lambda: all(p.state == "out_of_sync" for p in rep.peers.values()))
         reasons = {a.rsplit(":", 1)[1]: p.reason for a, p in rep.peers.items()}
         assert "stalled" in reasons[str(silent.getHost().port)]
@@ -210,7 +210,7 @@ async def test_a_peer_that_stalls_after_a_batch_fails_the_held_publish():
     origin = await start_nsqd(node_id=1, replication_timeout=0.3,
                               replica_peers=[f"127.0.0.1:{port.getHost().port}"])
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         c = await connect_raw(origin.tcp_port)
         c.send(body_command("PUB", "t", body=b"x"))
         ftype, data = await c.frame()
@@ -223,9 +223,9 @@ async def test_a_peer_that_stalls_after_a_batch_fails_the_held_publish():
 @pytest_twisted.ensureDeferred
 async def test_same_node_id_is_refused():
     peer = await start_nsqd(node_id=5, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=5, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
+    origin = await start_nsqd(node_id=5, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
-        rep = origin.service.replication.origin
+        rep = origin._service.replication.origin
         await until(lambda: next(iter(rep.peers.values())).reason != "")
         assert "--node-id" in next(iter(rep.peers.values())).reason
         assert rep.in_sync() == 0
@@ -258,15 +258,15 @@ async def test_with_sync_every_1_the_ok_waits_for_both_and_a_refusal_names_repli
     from the replication side still reads E_PUB_FAILED with its reason."""
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
     origin = await start_nsqd(node_id=1, sync_every=1,
-                              replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
+                              replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         c = await connect_raw(origin.tcp_port)
         c.send(body_command("PUB", "t", body=b"both"))
         assert await c.response() == b"OK"
         assert [f[34:] for _, _, f in shadow(peer, 1)] == [b"both"]
         await peer.stop()
-        await until(lambda: origin.service.replication.origin.in_sync() == 0)
+        await until(lambda: origin._service.replication.origin.in_sync() == 0)
         c.send(body_command("PUB", "t", body=b"refused"))
         assert (await c.error()).startswith(b"E_PUB_FAILED PUB failed replication: 0 of 1 peers in sync")
         r = await treq.post(f"http://127.0.0.1:{origin.http_port}/pub?topic=t", b"x")

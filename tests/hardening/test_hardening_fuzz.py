@@ -410,7 +410,7 @@ async def fuzz(seconds: float, connections: int, seed: int, side_rate: float) ->
             assert sorted(received) == sorted(published) and len(set(received)) == len(received)
             assert st["requeue_count"] == 0 and st["timeout_count"] == 0 and st["depth"] == 0
             assert sum(c["finish_count"] for c in st["clients"]) == n_side
-            assert nsqd.broker.find_topic("side").message_count == n_side
+            assert nsqd._broker.find_topic("side").message_count == n_side
         finally:
             await consumer.stop()
             await producer.stop()
@@ -436,7 +436,7 @@ async def fuzz(seconds: float, connections: int, seed: int, side_rate: float) ->
 
 
 def _ch_stats(nsqd: Any) -> dict[str, Any]:
-    st = broker_stats(nsqd.broker, nsqd.service.now(), topic="side", channel="c", include_clients=True)
+    st = broker_stats(nsqd._broker, nsqd._service.now(), topic="side", channel="c", include_clients=True)
     return st["topics"][0]["channels"][0]
 
 

@@ -41,13 +41,13 @@ pytestmark = pytest.mark.e2e
 
 
 def _server_protocol(nsqd: Any, before: set) -> Any:
-    new = nsqd.service.tcp_factory.protocols - before
+    new = nsqd._service.tcp_factory.protocols - before
     return next(iter(new)) if new else None
 
 
 async def _connect_observed(nsqd: Any) -> Any:
     """A BytesClient and the broker's protocol for it, whose reads are counted (``.bytes_read``)."""
-    before = set(nsqd.service.tcp_factory.protocols)
+    before = set(nsqd._service.tcp_factory.protocols)
     client = await connect_bytes(nsqd.tcp_port)
     await until(lambda: _server_protocol(nsqd, before) is not None, 5, what="the server side")
     proto = _server_protocol(nsqd, before)
@@ -131,7 +131,7 @@ async def test_magic_timeout_end_to_end():
         good.send(body_cmd("PUB", "t", body=b"x"))
         assert await good.response() == b"OK"  # a client that sent the magic stays
         await good.close()
-        assert not nsqd.service.tcp_factory.protocols or all(p.session._magic for p in nsqd.service.tcp_factory.protocols)
+        assert not nsqd._service.tcp_factory.protocols or all(p.session._magic for p in nsqd._service.tcp_factory.protocols)
     finally:
         await nsqd.stop()
 
@@ -141,7 +141,7 @@ async def test_magic_timeout_end_to_end():
 
 def _record_requests(nsqd: Any) -> list[Any]:
     """Wrap the HTTP site's request factory to keep every request (to look at what it buffered)."""
-    site = nsqd.service.http_listener.factory.build()  # the HTTP site is built lazily (LazyFactory)
+    site = nsqd._service.http_listener.factory.build()  # the HTTP site is built lazily (LazyFactory)
     seen: list[Any] = []
     base = site.requestFactory
 
@@ -206,7 +206,7 @@ async def test_http_oversized_body_is_discarded_as_it_arrives(path, limit, text,
         assert answer.startswith(b"HTTP/1.1 413 ")
         assert answer.endswith(b'{"message":"%s"}' % text)
         assert max(watch) <= limit, max(watch)
-        assert "t" not in nsqd.broker.topics
+        assert "t" not in nsqd._broker.topics
     finally:
         await nsqd.stop()
 
@@ -414,7 +414,7 @@ async def test_consumer_that_never_reads_is_bounded():
     try:
         size = 32 * 1024
         window = 50 * (size + 34)
-        nsqd.broker.publish("slow", [b"m" * size] * 200, nsqd.service.now())
+        nsqd._broker.publish("slow", [b"m" * size] * 200, nsqd._service.now())
         client, proto = await _connect_observed(nsqd)
         client.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.send(MAGIC_V2 + body_cmd("IDENTIFY", body=b'{"heartbeat_interval":1000}')
@@ -426,7 +426,7 @@ async def test_consumer_that_never_reads_is_bounded():
         from nsqtw.nsqd.stats.snapshot import broker_stats
 
         def timeouts() -> int:
-            st = broker_stats(nsqd.broker, nsqd.service.now(), topic="slow", channel="c")
+            st = broker_stats(nsqd._broker, nsqd._service.now(), topic="slow", channel="c")
             return st["topics"][0]["channels"][0]["timeout_count"]
 
         peak = {"held": 0}
@@ -455,7 +455,7 @@ async def test_consumer_first_window_is_bounded_by_its_buffer_not_rdy():
     nsqd = await start_nsqd(mem_queue_size=1000)
     try:
         size = 64 * 1024
-        nsqd.broker.publish("wide", [b"w" * size] * 500, nsqd.service.now())
+        nsqd._broker.publish("wide", [b"w" * size] * 500, nsqd._service.now())
         client, proto = await _connect_observed(nsqd)
         client.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.transport.pauseProducing()  # never reads anything
@@ -537,7 +537,7 @@ async def test_deflate_bomb_does_not_stall_other_clients():
         await until(lambda: len(probe.rtts) >= 3, 5, what="the probe's first answers")
         start = reactor.seconds()
         bomber.send(bomb)
-        await until(lambda: "bomb-done" in nsqd.broker.topics, 120, what="the bomb to be parsed")
+        await until(lambda: "bomb-done" in nsqd._broker.topics, 120, what="the bomb to be parsed")
         took = reactor.seconds() - start
         rtts = await threads.deferToThread(probe.finish)
         print("DEFLATE_BOMB", json.dumps({"compressed_bytes": len(bomb), "probe_max_s": round(max(rtts), 3),

@@ -116,7 +116,7 @@ async def _broker(certs: dict[str, str], **opts: Any) -> Any:
 
 
 async def _no_clients_left(nsqd: Any) -> None:
-    await until(lambda: not nsqd.broker.clients, 5, what="the refused client to be gone")
+    await until(lambda: not nsqd._broker.clients, 5, what="the refused client to be gone")
 
 
 @pytest_twisted.ensureDeferred
@@ -128,7 +128,7 @@ async def test_require_refuses_a_client_without_certificate(certs, other_ca):
             refused = await threads.deferToThread(tls_upgrade, nsqd.tcp_port, certs["ca"])
             assert refused.startswith("refused: SSLError") and "CERTIFICATE_REQUIRED" in refused, refused
             await _no_clients_left(nsqd)
-            assert "secure" not in nsqd.broker.topics
+            assert "secure" not in nsqd._broker.topics
             stranger = await threads.deferToThread(tls_upgrade, nsqd.tcp_port, certs["ca"], other_ca["client"],
                                                    other_ca["client_key"])
             assert stranger == "ok"
@@ -150,7 +150,7 @@ async def test_require_refuses_nsqtw_client_without_certificate(certs):
         with pytest.raises(Exception) as caught:
             await producer.publish("secure", b"x").addTimeout(10, reactor)
         assert not isinstance(caught.value, defer.TimeoutError), "refused, not hung"
-        assert "secure" not in nsqd.broker.topics
+        assert "secure" not in nsqd._broker.topics
     finally:
         await producer.stop()
         await nsqd.stop()
@@ -172,7 +172,7 @@ async def test_require_verify_refuses_another_ca(certs, other_ca):
                 https = await threads.deferToThread(https_get, nsqd.https_port, certs["ca"], cert, key)
                 assert https.startswith("refused"), https
             await _no_clients_left(nsqd)
-            assert "secure" not in nsqd.broker.topics
+            assert "secure" not in nsqd._broker.topics
             assert await threads.deferToThread(tls_upgrade, nsqd.tcp_port, certs["ca"], certs["client"],
                                                certs["client_key"]) == "ok"
             assert await threads.deferToThread(https_get, nsqd.https_port, certs["ca"], certs["client"],
@@ -194,7 +194,7 @@ async def test_min_version_tls13_refuses_tls12_client(certs):
             assert (await threads.deferToThread(https_get, nsqd.https_port, certs["ca"], None, None,
                                                 ssl.TLSVersion.TLSv1_2)).startswith("refused")
             await _no_clients_left(nsqd)
-            assert "secure" not in nsqd.broker.topics
+            assert "secure" not in nsqd._broker.topics
             assert await threads.deferToThread(tls_upgrade, nsqd.tcp_port, certs["ca"]) == "ok"
             assert await threads.deferToThread(https_get, nsqd.https_port, certs["ca"]) == "200 OK"
         finally:
@@ -236,7 +236,7 @@ async def test_garbage_instead_of_tls_handshake(certs, garbage):
             closed, _ = await threads.deferToThread(_garbage_after_tls_answer, nsqd.tcp_port, garbage)
             assert closed
             await _no_clients_left(nsqd)
-            assert "t" not in nsqd.broker.topics
+            assert "t" not in nsqd._broker.topics
         finally:
             await nsqd.stop()
     assert not watch.bad, watch.describe()

@@ -30,7 +30,7 @@ class Api:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.stub = StubTreq(NsqdHTTPAPI(nsqd.service).resource())
+        self.stub = StubTreq(NsqdHTTPAPI(nsqd._service).resource())
 
     async def call(self, method: str, path: str, body: bytes = None):
         resp = await self.stub.request(method, BASE + path, data=body)
@@ -81,13 +81,13 @@ async def test_ping_is_plain_text_without_v1_header(api):
 @pytest_twisted.ensureDeferred
 async def test_ping_unhealthy_is_500_plain(api, nsqd):
     """An unhealthy nsqd answers /ping with 500 and its health text, still plain text."""
-    nsqd.broker.health = "NOK - disk full"
+    nsqd._broker.health = "NOK - disk full"
     try:
         code, headers, content = await api.call("GET", "/ping")
         assert (code, content) == (500, b"NOK - disk full")
         assert not headers.hasHeader("x-nsq-content-type")
     finally:
-        nsqd.broker.health = "OK"
+        nsqd._broker.health = "OK"
 
 
 @pytest.mark.parametrize("method,path,allow", [
@@ -132,7 +132,7 @@ async def test_empty_answers_have_no_content_type(nsqd):
 async def test_pub_ok_creates_topic(api, nsqd):
     """POST /pub answers OK (text/plain, V1 header) and queues the body on the auto-created topic."""
     await api.expect_ok_text("POST", "/pub?topic=t", b"hello")
-    t = nsqd.broker.find_topic("t")
+    t = nsqd._broker.find_topic("t")
     assert (t.message_count, t.message_bytes) == (1, 5)
 
 
@@ -153,7 +153,7 @@ async def test_pub_ok_creates_topic(api, nsqd):
 async def test_pub_errors(api, nsqd, path, body, status, text):
     """/pub's errors, in nsqd's order of checks."""
     await api.expect_error("POST", path, status, text, body)
-    assert "t" not in nsqd.broker.topics or nsqd.broker.find_topic("t").message_count == 0
+    assert "t" not in nsqd._broker.topics or nsqd._broker.find_topic("t").message_count == 0
 
 
 @pytest.mark.nsqd_options(max_msg_size=100)
@@ -162,7 +162,7 @@ async def test_pub_msg_too_big(api, nsqd):
     """A body over --max-msg-size is 413 MSG_TOO_BIG; exactly the maximum is accepted."""
     await api.expect_error("POST", "/pub?topic=t", 413, "MSG_TOO_BIG", b"x" * 101)
     await api.expect_ok_text("POST", "/pub?topic=t", b"x" * 100)
-    assert nsqd.broker.find_topic("t").message_count == 1
+    assert nsqd._broker.find_topic("t").message_count == 1
 
 
 @pytest.mark.nsqd_options(max_msg_size=100)
@@ -176,10 +176,10 @@ async def test_pub_msg_too_big_over_http(nsqd):
 @pytest_twisted.ensureDeferred
 async def test_pub_defer_bounds(api, nsqd):
     """defer=0 publishes at once; defer=--max-req-timeout is accepted and the message is deferred."""
-    nsqd.broker.get_topic("t").get_channel("c", 0)
+    nsqd._broker.get_topic("t").get_channel("c", 0)
     await api.expect_ok_text("POST", "/pub?topic=t&defer=0", b"now")
     await api.expect_ok_text("POST", "/pub?topic=t&defer=3600000", b"later")
-    ch = nsqd.broker.find_channel("t", "c")
+    ch = nsqd._broker.find_channel("t", "c")
     assert (ch.depth(), len(ch.deferred), ch.message_count) == (1, 1, 2)
 
 
@@ -209,7 +209,7 @@ async def _bodies(nsqd, topic: str):
     cons = await connect_raw(nsqd.tcp_port)
     cons.send(command("SUB", topic, "drain") + command("RDY", 2500))
     assert await cons.response() == b"OK"
-    n = nsqd.broker.find_topic(topic).message_count
+    n = nsqd._broker.find_topic(topic).message_count
     out = [(await cons.message()).body for _ in range(n)]
     await cons.close()
     return out
@@ -229,8 +229,8 @@ async def test_mpub_text_no_trailing_newline_and_no_messages(api, nsqd):
     assert await _bodies(nsqd, "t") == [b"one", b"two"]
     await api.expect_ok_text("POST", "/mpub?topic=u", b"\n\n\n")
     await api.expect_ok_text("POST", "/mpub?topic=v", b"")
-    assert nsqd.broker.find_topic("u").message_count == 0
-    assert nsqd.broker.find_topic("v").message_count == 0
+    assert nsqd._broker.find_topic("u").message_count == 0
+    assert nsqd._broker.find_topic("v").message_count == 0
 
 
 @pytest.mark.parametrize("path,status,text", [
@@ -250,7 +250,7 @@ async def test_mpub_size_limits(api, nsqd):
     nothing is published by a refused /mpub."""
     await api.expect_error("POST", "/mpub?topic=t", 413, "MSG_TOO_BIG", b"ok\n" + b"x" * 11 + b"\n")
     await api.expect_error("POST", "/mpub?topic=t", 413, "BODY_TOO_BIG", b"abcdefghi\n" * 11)
-    assert nsqd.broker.find_topic("t").message_count == 0
+    assert nsqd._broker.find_topic("t").message_count == 0
     await api.expect_ok_text("POST", "/mpub?topic=t", b"x" * 10 + b"\n")
 
 
@@ -289,7 +289,7 @@ async def test_mpub_binary_false_is_text(api, nsqd, flag):
 async def test_mpub_binary_errors(api, nsqd, body, text):
     """Binary /mpub errors are readMPUB's codes without 'E_', with status 413; nothing is published."""
     await api.expect_error("POST", "/mpub?topic=t&binary=true", 413, text, body)
-    assert nsqd.broker.find_topic("t").message_count == 0
+    assert nsqd._broker.find_topic("t").message_count == 0
 
 
 # --- topics -----------------------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ async def test_mpub_binary_errors(api, nsqd, body, text):
 async def test_topic_create(api, nsqd):
     """/topic/create answers an empty 200 and creates the topic; name errors are 400."""
     await api.expect_empty_ok("POST", "/topic/create?topic=t")
-    assert "t" in nsqd.broker.topics
+    assert "t" in nsqd._broker.topics
     await api.expect_error("POST", "/topic/create", 400, "MISSING_ARG_TOPIC")
     await api.expect_error("POST", "/topic/create?topic=a+b", 400, "INVALID_TOPIC")
 
@@ -312,7 +312,7 @@ async def test_topic_delete(api, nsqd):
     await api.expect_error("POST", "/topic/delete?topic=nope", 404, "TOPIC_NOT_FOUND")
     await api.expect_empty_ok("POST", "/topic/create?topic=t")
     await api.expect_empty_ok("POST", "/topic/delete?topic=t")
-    assert "t" not in nsqd.broker.topics
+    assert "t" not in nsqd._broker.topics
 
 
 @pytest_twisted.ensureDeferred
@@ -322,9 +322,9 @@ async def test_topic_empty(api, nsqd):
     await api.expect_error("POST", "/topic/empty?topic=bad!", 400, "INVALID_TOPIC")
     await api.expect_error("POST", "/topic/empty?topic=nope", 404, "TOPIC_NOT_FOUND")
     await api.expect_ok_text("POST", "/mpub?topic=t", b"a\nb\n")
-    assert nsqd.broker.find_topic("t").depth() == 2
+    assert nsqd._broker.find_topic("t").depth() == 2
     await api.expect_empty_ok("POST", "/topic/empty?topic=t")
-    assert nsqd.broker.find_topic("t").depth() == 0
+    assert nsqd._broker.find_topic("t").depth() == 0
 
 
 @pytest.mark.parametrize("action", ["pause", "unpause"])
@@ -367,7 +367,7 @@ CHANNEL_ARG_ERRORS = [
 @pytest_twisted.ensureDeferred
 async def test_channel_argument_errors(api, nsqd, action, query, status, text):
     """Every /channel/* endpoint: the four 400s in order, then 404 TOPIC_NOT_FOUND."""
-    nsqd.broker.get_topic("t")
+    nsqd._broker.get_topic("t")
     await api.expect_error("POST", f"/channel/{action}{query}", status, text)
 
 
@@ -375,7 +375,7 @@ async def test_channel_argument_errors(api, nsqd, action, query, status, text):
 @pytest_twisted.ensureDeferred
 async def test_channel_not_found(api, nsqd, action):
     """delete, empty, pause and unpause of a missing channel: 404 CHANNEL_NOT_FOUND."""
-    nsqd.broker.get_topic("t")
+    nsqd._broker.get_topic("t")
     await api.expect_error("POST", f"/channel/{action}?topic=t&channel=nope", 404, "CHANNEL_NOT_FOUND")
 
 
@@ -418,7 +418,7 @@ async def test_channel_pause_stops_delivery_over_tcp(api, nsqd):
     assert await cons.response() == b"OK"
     await api.expect_empty_ok("POST", "/channel/pause?topic=t&channel=c")
     await api.expect_ok_text("POST", "/pub?topic=t", b"held")
-    assert nsqd.broker.find_channel("t", "c").depth() == 1
+    assert nsqd._broker.find_channel("t", "c").depth() == 1
     await api.expect_empty_ok("POST", "/channel/unpause?topic=t&channel=c")
     assert (await cons.message()).body == b"held"
     await cons.close()
@@ -636,7 +636,7 @@ async def test_stats_text_consumer_line(api, nsqd):
     prod.send(body_command("PUB", "t", body=b"x"))
     assert await prod.response() == b"OK"
     await cons.message()
-    (client,) = nsqd.broker.find_channel("t", "c").clients.values()
+    (client,) = nsqd._broker.find_channel("t", "c").clients.values()
     port = client.remote_address.rsplit(":", 1)[1]
     ident = f"h:{port} ua"
     _, _, content = await api.call("GET", "/stats?include_mem=false")

@@ -210,7 +210,7 @@ async def test_info_every_field(nsqd):
     assert info["broadcast_address"] == nsqd.options.broadcast_address
     assert info["hostname"] == socket.gethostname()
     assert (info["http_port"], info["tcp_port"]) == (nsqd.http_port, nsqd.tcp_port)
-    assert info["start_time"] == int(nsqd.broker.start_time)
+    assert info["start_time"] == int(nsqd._broker.start_time)
     assert info["max_heartbeat_interval"] == 60_000_000_000
     assert info["max_output_buffer_size"] == 65536
     assert info["max_output_buffer_timeout"] == 30_000_000_000

@@ -55,7 +55,7 @@ async def test_percent_encoded_query_is_decoded(nsqd):
     """Well-formed %-escapes and '+' in the query are decoded as Go's ParseQuery does."""
     ours = await raw_http(nsqd.http_port, "POST", "/pub?topic=%74%2Dx", b"x")
     assert (ours.status, ours.body) == (200, b"OK")
-    assert "t-x" in nsqd.broker.topics
+    assert "t-x" in nsqd._broker.topics
     ours = await raw_http(nsqd.http_port, "POST", "/pub?topic=a+b", b"x")
     assert (ours.status, ours.body) == (400, b'{"message":"INVALID_TOPIC"}')
 

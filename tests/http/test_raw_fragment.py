@@ -57,14 +57,14 @@ async def test_nsqd_takes_a_raw_hash_as_part_of_the_query(nsqd: Any) -> None:
     port = nsqd.http_port
     assert (await raw_http(port, "POST", "/topic/create?topic=t#ephemeral"))[0] == 200
     assert (await raw_http(port, "POST", "/channel/create?topic=t#ephemeral&channel=c#ephemeral"))[0] == 200
-    assert "t#ephemeral" in nsqd.service.broker.topics
+    assert "t#ephemeral" in nsqd._service.broker.topics
     code, doc = await raw_http(port, "GET", "/stats?format=json&topic=t#ephemeral")
     assert code == 200
     assert [t["topic_name"] for t in doc["topics"]] == ["t#ephemeral"]
     assert [c["channel_name"] for c in doc["topics"][0]["channels"]] == ["c#ephemeral"]
     code, _ = await raw_http(port, "POST", "/pub?topic=t#ephemeral")  # empty body: refused as nsqd does
     assert code == 400
-    assert nsqd.service.broker.topics["t#ephemeral"].message_count == 0
+    assert nsqd._service.broker.topics["t#ephemeral"].message_count == 0
 
 
 @pytest_twisted.ensureDeferred

@@ -116,9 +116,9 @@ async def test_consumer_discovers_loses_and_rediscovers_nodes(tmp_path):
                          Config(max_in_flight=5, lookupd_poll_interval=0.2, lookupd_poll_jitter=0.0))
         await fresh.connect_to_nsqlookupd(lookupd.http_address)
         await eventually(lambda: fresh.stats().connections == 1, what="one connection")
-        connected = [c for c in b.broker.clients.values() if c.channel is not None and c.channel.name == "fresh"]
+        connected = [c for c in b._broker.clients.values() if c.channel is not None and c.channel.name == "fresh"]
         assert len(connected) == 1
-        assert not any(c.channel is not None and c.channel.name == "fresh" for c in a.broker.clients.values())
+        assert not any(c.channel is not None and c.channel.name == "fresh" for c in a._broker.clients.values())
         await fresh.stop()
     finally:
         if consumer is not None:

@@ -231,7 +231,7 @@ async def test_disconnect_removes_producers_but_keeps_keys(lookupd) -> None:
     """A closed nsqd connection leaves /lookup with no producers; topics and channels stay listed."""
     client, _ = await identified_v1(lookupd.tcp_port)
     assert await client.command(register_command("t", "c")) == b"OK"
-    protocols = list(lookupd.service.tcp_factory.protocols)
+    protocols = list(lookupd._service.tcp_factory.protocols)
     await client.close()
     for proto in protocols:
         await within(proto.closed)
@@ -245,4 +245,4 @@ async def test_stop_closes_every_nsqd_connection(lookupd) -> None:
     client, _ = await identified_v1(lookupd.tcp_port)
     await lookupd.stop()
     await within(client.closed)
-    assert lookupd.db.find_producers("client", "", "") == []
+    assert lookupd._db.find_producers("client", "", "") == []

@@ -20,11 +20,11 @@ pytestmark = pytest.mark.e2e
 
 async def attach(nsqd: Any, clock: Clock | None = None, **kwargs: Any) -> LookupPeersService:
     """Give an embedded nsqd its lookupd peers (replacing any the nsqd service made itself)."""
-    existing = nsqd.service.namedServices.get(LookupPeersService.name)
+    existing = nsqd._service.namedServices.get(LookupPeersService.name)
     if existing is not None:
         await defer.maybeDeferred(existing.disownServiceParent)
-    service = LookupPeersService(nsqd.service, clock=clock or Clock(), **kwargs)
-    service.setServiceParent(nsqd.service)
+    service = LookupPeersService(nsqd._service, clock=clock or Clock(), **kwargs)
+    service.setServiceParent(nsqd._service)
     return service
 
 
@@ -81,7 +81,7 @@ async def test_existing_topics_and_channels_are_replayed_on_connect(lookupd) -> 
     from nsqtw.embed import start_nsqd
 
     nsqd = await start_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address])
-    broker = nsqd.broker
+    broker = nsqd._broker
     broker.get_topic("lonely")
     t = broker.get_topic("busy")
     t.get_channel("c1", 0.0)
@@ -100,7 +100,7 @@ async def test_existing_topics_and_channels_are_replayed_on_connect(lookupd) -> 
 async def test_create_and_delete_are_reflected(cluster) -> None:
     """Topic/channel creation REGISTERs, deletion UNREGISTERs; non-ephemeral keys stay, empty."""
     lookupd, nsqd, peers, _, _ = cluster
-    broker, peer = nsqd.broker, the_peer(peers)
+    broker, peer = nsqd._broker, the_peer(peers)
     topic = broker.get_topic("orders")
     topic.get_channel("billing", 0.0)
     topic.get_channel("tail#ephemeral", 0.0)
@@ -126,11 +126,11 @@ async def test_create_and_delete_are_reflected(cluster) -> None:
 async def test_topic_delete_unregisters_its_channels_too(cluster) -> None:
     """Deleting a topic sends UNREGISTER <topic>; nsqlookupd drops the peer from its channels."""
     lookupd, nsqd, peers, _, _ = cluster
-    t = nsqd.broker.get_topic("t")
+    t = nsqd._broker.get_topic("t")
     t.get_channel("c", 0.0)
     t.get_channel("e#ephemeral", 0.0)
     await barrier(the_peer(peers))
-    nsqd.broker.delete_topic("t")
+    nsqd._broker.delete_topic("t")
     await barrier(the_peer(peers))
     debug = (await get(lookupd.http_address, "/debug"))[1]
     assert sorted(debug) == ["client::"]
@@ -140,12 +140,12 @@ async def test_topic_delete_unregisters_its_channels_too(cluster) -> None:
 async def test_ephemeral_topic_goes_away_with_its_last_channel(cluster) -> None:
     """An #ephemeral topic nsqd deletes with its last channel disappears from /topics."""
     lookupd, nsqd, peers, _, _ = cluster
-    nsqd.broker.get_topic("tmp#ephemeral").get_channel("c", 0.0)
+    nsqd._broker.get_topic("tmp#ephemeral").get_channel("c", 0.0)
     await barrier(the_peer(peers))
     assert "tmp#ephemeral" in (await get(lookupd.http_address, "/topics"))[1]["topics"]
-    nsqd.broker.delete_channel("tmp#ephemeral", "c")
+    nsqd._broker.delete_channel("tmp#ephemeral", "c")
     await barrier(the_peer(peers))
-    assert nsqd.broker.topics == {}
+    assert nsqd._broker.topics == {}
     assert (await get(lookupd.http_address, "/topics"))[1] == {"topics": []}
 
 
@@ -158,7 +158,7 @@ async def test_broadcast_ports_win_in_identify(lookupd) -> None:
                             broadcast_http_port=2222, broadcast_address="nsqd.example")
     peers = await attach(nsqd)
     await within(the_peer(peers).when_registered())
-    nsqd.broker.get_topic("t")
+    nsqd._broker.get_topic("t")
     await barrier(the_peer(peers))
     (producer,) = (await lookup(lookupd, "t"))["producers"]
     assert (producer["broadcast_address"], producer["tcp_port"], producer["http_port"]) == (
@@ -170,9 +170,9 @@ async def test_broadcast_ports_win_in_identify(lookupd) -> None:
 async def test_nsqd_stop_removes_its_registrations(cluster) -> None:
     """When nsqd stops its connection closes and nsqlookupd drops it as a producer."""
     lookupd, nsqd, peers, _, _ = cluster
-    nsqd.broker.get_topic("t")
+    nsqd._broker.get_topic("t")
     await barrier(the_peer(peers))
-    protocols = list(lookupd.service.tcp_factory.protocols)
+    protocols = list(lookupd._service.tcp_factory.protocols)
     await nsqd.stop()
     await closed_on_lookupd(lookupd, protocols)
     assert await lookup(lookupd, "t") == {"channels": [], "producers": []}
@@ -188,7 +188,7 @@ async def test_ping_every_15s_keeps_nsqd_active(cluster) -> None:
     after the next PING."""
     lookupd, nsqd, peers, peer_clock, lookupd_clock = cluster
     peer = the_peer(peers)
-    nsqd.broker.get_topic("t")
+    nsqd._broker.get_topic("t")
     await barrier(peer)
     peer.last_ping = None
     peer_clock.advance(14.9)
@@ -211,7 +211,7 @@ async def test_lookupd_restart_is_repopulated(cluster) -> None:
 
     lookupd, nsqd, peers, peer_clock, _ = cluster
     peer = the_peer(peers)
-    broker = nsqd.broker
+    broker = nsqd._broker
     broker.get_topic("a").get_channel("c1", 0.0)
     broker.get_topic("b")
     await barrier(peer)
@@ -267,7 +267,7 @@ async def test_reconnects_with_backoff_while_lookupd_is_down(lookupd) -> None:
         await lookupd.stop()
         assert await retry == 1
         assert peer.command(b"PING\n") is None
-        nsqd.broker.get_topic("created-while-down")
+        nsqd._broker.get_topic("created-while-down")
         for expected in (2, 3, 4):
             retry = next_retry()
             clock.advance(1.0)  # a refused attempt, then the next retry is scheduled
@@ -349,11 +349,11 @@ async def test_set_addresses_moves_registrations(cluster) -> None:
     from nsqtw.embed import start_nsqlookupd
 
     lookupd, nsqd, peers, _, _ = cluster
-    nsqd.broker.get_topic("t")
+    nsqd._broker.get_topic("t")
     await barrier(the_peer(peers))
     second = await start_nsqlookupd()
     try:
-        protocols = list(lookupd.service.tcp_factory.protocols)
+        protocols = list(lookupd._service.tcp_factory.protocols)
         await within(peers.set_addresses([second.tcp_address, second.tcp_address]))
         assert list(peers.peers) == [second.tcp_address]
         await within(peers.peers[second.tcp_address].when_registered())
@@ -378,7 +378,7 @@ async def test_new_topic_precreates_channels_lookupd_knows(cluster) -> None:
         assert (await post(lookupd.http_address, f"/channel/create?topic=fresh&channel={ch}"))[0] == 200
     assert sorted((await get(lookupd.http_address, "/channels?topic=fresh"))[1]["channels"]) == [
         "archive", "audit", "tail#ephemeral"]
-    topic = nsqd.broker.publish("fresh", [b"first"], 0.0)
+    topic = nsqd._broker.publish("fresh", [b"first"], 0.0)
     assert topic.holds == 1 and not topic.channels
     await within(peers.idle())
     assert topic.holds == 0
@@ -406,7 +406,7 @@ async def test_precreation_unions_every_lookupd() -> None:
         await post(lk1.http_address, "/channel/create?topic=t&channel=one")
         await post(lk2.http_address, "/channel/create?topic=t&channel=two")
         await post(lk2.http_address, "/channel/create?topic=t&channel=one")
-        topic = nsqd.broker.get_topic("t")
+        topic = nsqd._broker.get_topic("t")
         await within(peers.idle())
         assert sorted(topic.channels) == ["one", "two"]
     finally:
@@ -427,7 +427,7 @@ async def test_precreation_failure_releases_the_topic(cluster) -> None:
     await port.stopListening()
     the_peer(peers).info = LookupdInfo(tcp_port=1, http_port=dead, version="1.3.0",
                                        broadcast_address="127.0.0.1")
-    topic = nsqd.broker.publish("t", [b"x"], 0.0)
+    topic = nsqd._broker.publish("t", [b"x"], 0.0)
     assert topic.holds == 1
     await within(peers.idle())
     assert topic.holds == 0 and topic.channels == {} and topic.depth() == 1
@@ -451,7 +451,7 @@ async def test_precreation_times_out_and_releases(cluster) -> None:
     try:
         the_peer(peers).info = LookupdInfo(tcp_port=1, http_port=port.getHost().port, version="1.3.0",
                                            broadcast_address="127.0.0.1")
-        topic = nsqd.broker.get_topic("slow")
+        topic = nsqd._broker.get_topic("slow")
         await within(accepted)
         idle = peers.idle()
         peer_clock.advance(nsqd.options.http_client_request_timeout - 0.01)
@@ -460,8 +460,8 @@ async def test_precreation_times_out_and_releases(cluster) -> None:
         await within(idle)
         assert topic.holds == 0
         topic.get_channel("late", 0.0)
-        nsqd.broker.publish("slow", [b"m"], 0.0)
-        nsqd.service.settle()
+        nsqd._broker.publish("slow", [b"m"], 0.0)
+        nsqd._service.settle()
         assert topic.channels["late"].depth() == 1
     finally:
         await port.stopListening()
@@ -472,11 +472,11 @@ async def test_no_precreation_while_loading(cluster) -> None:
     """Topics created while metadata loads are not held and nsqlookupd is not asked."""
     lookupd, nsqd, peers, _, _ = cluster
     await post(lookupd.http_address, "/channel/create?topic=loaded&channel=c")
-    nsqd.broker.loading = True
+    nsqd._broker.loading = True
     try:
-        topic = nsqd.broker.get_topic("loaded")
+        topic = nsqd._broker.get_topic("loaded")
     finally:
-        nsqd.broker.loading = False
+        nsqd._broker.loading = False
     assert topic.holds == 0 and peers.idle().called and topic.channels == {}
 
 
@@ -490,7 +490,7 @@ async def test_stopping_nsqd_cancels_pending_precreation(cluster) -> None:
     port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(Factory.forProtocol(Protocol))
     try:
         the_peer(peers).info = LookupdInfo(http_port=port.getHost().port, broadcast_address="127.0.0.1")
-        topic = nsqd.broker.get_topic("t")
+        topic = nsqd._broker.get_topic("t")
         idle = peers.idle()
         await defer.maybeDeferred(peers.disownServiceParent)
         await within(idle)

@@ -145,7 +145,7 @@ async def test_ttl_expiry_requeries_the_auth_server(secured, authd):
     raw = await _identified(secured)
     raw.send(body_command("AUTH", body=b"short"))
     await raw.response()
-    client = next(c for c in secured.broker.clients.values() if c.auth is not None)
+    client = next(c for c in secured._broker.clients.values() if c.auth is not None)
     client.auth.expires = 0  # the 1 s TTL has passed
     asked = len(authd.requests)
     raw.send(body_command("PUB", "anything", body=b"x"))
@@ -177,7 +177,7 @@ async def test_client_library_sends_auth_secret(secured):
     consumer = Consumer("orders", "billing", lambda m: got.callback(m.body) if not got.called else None, config)
     await consumer.connect_to_nsqd(secured.tcp_address)
     assert await got.addTimeout(10, reactor) == b"paid"
-    stats = [c for c in secured.broker.clients.values() if c.auth is not None]
+    stats = [c for c in secured._broker.clients.values() if c.auth is not None]
     assert stats and all(c.auth.identity == "alice" for c in stats)
     await consumer.stop()
     await producer.stop()

@@ -55,7 +55,7 @@ async def test_tls_round_trip_and_stats(certs):
         assert sorted(got) == sorted(b"m%d" % i for i in range(20))
         producer = Producer(nsqd.tcp_address, config)
         await producer.publish("secure", b"x")
-        client = next(c for c in nsqd.broker.clients.values() if c.pub_counts)
+        client = next(c for c in nsqd._broker.clients.values() if c.pub_counts)
         from nsqtw.nsqd.stats.snapshot import client_stats
         st = client_stats(client)
         assert st["tls"] is True and st["tls_version"].startswith("TLS1.")
@@ -73,8 +73,8 @@ async def test_compression_round_trip(feature):
         config = Config(**{feature: True, "deflate_level": 3})
         got = await _round_trip(nsqd, config, n=50)
         assert len(got) == 50
-        sub = next(c for c in nsqd.broker.clients.values() if c.state >= 3) if any(
-            c.state >= 3 for c in nsqd.broker.clients.values()) else None
+        sub = next(c for c in nsqd._broker.clients.values() if c.state >= 3) if any(
+            c.state >= 3 for c in nsqd._broker.clients.values()) else None
         assert sub is None or getattr(sub, feature)
     finally:
         await nsqd.stop()
@@ -99,10 +99,10 @@ async def test_raw_deflate_upgrade_answers_compressed_ok():
             waited += 1
         raw.send(comp.compress(command("PUB", "z") + struct.pack(">i", 3) + b"abc") + comp.flush(zlib.Z_SYNC_FLUSH))
         for _ in range(100):
-            if "z" in nsqd.broker.topics:
+            if "z" in nsqd._broker.topics:
                 break
             await threads.deferToThread(lambda: None)
-        assert nsqd.broker.find_topic("z").message_count == 1
+        assert nsqd._broker.find_topic("z").message_count == 1
         await raw.close()
     finally:
         await nsqd.stop()

@@ -208,7 +208,7 @@ def test_pub_with_an_invalid_topic_name_still_fails_after_a_valid_one_was_cached
 async def test_http_api_answers_though_built_after_start(nsqd: Any) -> None:
     from nsqtw.runtime.listen import LazyFactory
 
-    factory = nsqd.service.http_listener.factory
+    factory = nsqd._service.http_listener.factory
     assert isinstance(factory, LazyFactory)
     resp = await treq.get(f"http://127.0.0.1:{nsqd.http_port}/ping")
     assert resp.code == 200 and await resp.text() == "OK"
@@ -217,11 +217,11 @@ async def test_http_api_answers_though_built_after_start(nsqd: Any) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_lookup_peers_are_built_when_an_address_is_configured(nsqd: Any) -> None:
-    assert nsqd.service.lookup_peers is None  # none configured: nothing built, nothing imported
+    assert nsqd._service.lookup_peers is None  # none configured: nothing built, nothing imported
     resp = await treq.put(f"http://127.0.0.1:{nsqd.http_port}/config/nsqlookupd_tcp_addresses",
                           data=b'["127.0.0.1:1"]')
     assert resp.code == 200
-    peers = nsqd.service.lookup_peers
+    peers = nsqd._service.lookup_peers
     assert peers is not None and peers.running and list(peers.peers) == ["127.0.0.1:1"]
     resp = await treq.put(f"http://127.0.0.1:{nsqd.http_port}/config/nsqlookupd_tcp_addresses", data=b"[]")
     assert resp.code == 200 and peers.peers == {}

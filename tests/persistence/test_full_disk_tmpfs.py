@@ -102,7 +102,7 @@ async def test_full_tmpfs_loses_no_acknowledged_message(small_tmpfs):
         # REQ until the disk cannot take one (the data file's last tmpfs page may still have
         # room for a few): a successful REQ comes straight back (RDY allows), a failed one is
         # refused with E_REQ_FAILED and the message stays in flight
-        ch = nsqd.broker.find_channel("t", "c")
+        ch = nsqd._broker.find_channel("t", "c")
         for m in inflight:
             cons.send(command("REQ", m.id.decode(), 0))
             ftype, data = await cons.frame()
@@ -120,21 +120,21 @@ async def test_full_tmpfs_loses_no_acknowledged_message(small_tmpfs):
 
         await cons.close()  # every in-flight message goes back: the disk refuses them all
         await until(lambda: not ch.clients)
-        assert nsqd.broker.backlog.count() == N
+        assert nsqd._broker.backlog.count() == N
         code, body = await http_get(nsqd.http_port, "/ping")
         assert code == 500 and body.startswith(b"NOK - %d messages held in memory" % N), body
         code, body = await http_get(nsqd.http_port, "/stats?format=json&topic=t")
         assert json.loads(body)["topics"][0]["channels"][0]["held_count"] == N
-        nsqd.service.retry_held()  # the timer's step: the disk is still full, nothing changes
-        assert nsqd.broker.backlog.count() == N
+        nsqd._service.retry_held()  # the timer's step: the disk is still full, nothing changes
+        assert nsqd._broker.backlog.count() == N
 
         os.unlink(filler)
         filler = None
-        nsqd.service.retry_held()
+        nsqd._service.retry_held()
         # the refused PUB may be on disk anyway (its write fitted in a page, its fsync failed):
         # the publisher was told it failed, so it is at most an extra copy, never a loss
         total = ch.backend.depth()
-        assert nsqd.broker.backlog.count() == 0 and total in (N, N + 1)
+        assert nsqd._broker.backlog.count() == 0 and total in (N, N + 1)
         code, body = await http_get(nsqd.http_port, "/ping")
         assert (code, body) == (200, b"OK")
 
@@ -273,9 +273,9 @@ async def test_a_stop_waits_for_space_to_write_what_is_held(small_tmpfs):
     await pub.close()
     filler = fill(small_tmpfs)
     await cons.close()  # every in-flight message goes back: held, the disk is full
-    ch = nsqd.broker.find_channel("t", "c")
+    ch = nsqd._broker.find_channel("t", "c")
     await until(lambda: not ch.clients)
-    assert nsqd.broker.backlog.count() == 50
+    assert nsqd._broker.backlog.count() == 50
     stopping = nsqd.stop()
     await task.deferLater(reactor, 1.2, lambda: None)
     assert not stopping.called  # still waiting for space
@@ -283,7 +283,7 @@ async def test_a_stop_waits_for_space_to_write_what_is_held(small_tmpfs):
     await stopping  # no MessagesLost
     again = await start_nsqd(data_path=small_tmpfs, mem_queue_size=0)
     try:
-        assert again.broker.find_channel("t", "c").depth() == 50
+        assert again._broker.find_channel("t", "c").depth() == 50
     finally:
         await again.stop()
 
@@ -298,7 +298,7 @@ async def test_embedded_stop_on_a_full_tmpfs_raises(small_tmpfs):
     pub.send(mpub_command("t", [b"a", b"b"]))
     assert await pub.response() == b"OK"
     await pub.close()
-    await nsqd.service.metadata_writer.request()  # nsqd.dat written (frees the old file's page)
+    await nsqd._service.metadata_writer.request()  # nsqd.dat written (frees the old file's page)
     fill(small_tmpfs)
     with pytest.raises(MessagesLost, match="2 messages could not be written"):
         await nsqd.stop()
@@ -315,7 +315,7 @@ async def test_timeouts_under_publishing_on_a_full_tmpfs_stay_bounded_and_lose_n
     cap = 20 * 1024
     nsqd = await start_nsqd(data_path=small_tmpfs, mem_queue_size=0, sync_every=1, msg_timeout=0.2,
                             max_held_bytes=cap, disk_reserve_bytes=0)
-    broker = nsqd.broker
+    broker = nsqd._broker
     filler = None
     acked: set[bytes] = set()
     refused = 0

@@ -41,14 +41,14 @@ async def test_memory_inflight_and_deferred_survive_a_clean_restart(tmp_path):
     consumer.send(command("SUB", "orders", "billing") + command("RDY", 3))
     assert await consumer.response() == b"OK"
     inflight = [await consumer.message() for _ in range(3)]
-    ch = nsqd.broker.find_channel("orders", "billing")
+    ch = nsqd._broker.find_channel("orders", "billing")
     assert len(ch.inflight) == 3 and ch.depth() == 7 and len(ch.deferred) == 1
     await pub.close()
     await nsqd.stop()
 
     again = await start_nsqd(data_path=data)
     try:
-        ch = again.broker.find_channel("orders", "billing")
+        ch = again._broker.find_channel("orders", "billing")
         # 7 queued + 3 that were in flight + the deferred one, which is an ordinary record on disk
         # (so Go's nsqd could read it too) until nsqtw's reader reaches it and holds it again
         assert ch.depth() == 11
@@ -87,7 +87,7 @@ async def test_go_nsqd_data_directory_opens_with_nsqd_depths(tmp_path, fixtures_
         f.chmod(0o644)
     nsqd = await start_nsqd(data_path=str(data))
     try:
-        b = nsqd.broker
+        b = nsqd._broker
         assert b.find_channel("orders", "billing").depth() == 91
         shipping = b.find_channel("orders", "shipping")
         assert shipping.depth() == 101 and shipping.paused
@@ -111,14 +111,14 @@ async def test_a_stop_costs_what_must_be_written(tmp_path):
     ``bench/bench_stop.py`` prints that time)."""
     data = str(tmp_path)
     nsqd = await start_nsqd(data_path=data, mem_queue_size=10)
-    broker = nsqd.broker
+    broker = nsqd._broker
     for i in range(2000):
         broker.get_topic(f"idle{i:04d}").get_channel("c", 0.0)
     pub = await connect_raw(nsqd.tcp_port)
     pub.send(mpub_command("busy", [b"m%d" % i for i in range(50)]))  # 40 past memory: on disk
     assert await pub.response() == b"OK"
     await pub.close()
-    worker = nsqd.service.sync_worker
+    worker = nsqd._service.sync_worker
     before = worker.jobs
     await nsqd.stop()
     assert worker.jobs - before < 20, worker.jobs - before
@@ -126,6 +126,6 @@ async def test_a_stop_costs_what_must_be_written(tmp_path):
     assert metas == ["busy.diskqueue.meta.dat"]
     again = await start_nsqd(data_path=data)
     try:
-        assert len(again.broker.topics) == 2001 and again.broker.topics["busy"].depth() == 50
+        assert len(again._broker.topics) == 2001 and again._broker.topics["busy"].depth() == 50
     finally:
         await again.stop()

@@ -98,8 +98,8 @@ async def test_start_nsqd_changes_nothing_in_the_process() -> None:
     nsqd = await start_nsqd()
     try:
         assert_untouched(before)
-        assert_no_trim_loop(nsqd.service)
-        assert_site_built(nsqd.service.http_listener)
+        assert_no_trim_loop(nsqd._service)
+        assert_site_built(nsqd._service.http_listener)
     finally:
         await nsqd.stop()
     assert_untouched(before)
@@ -112,9 +112,9 @@ async def test_start_nsqlookupd_and_nsqadmin_change_nothing_in_the_process() -> 
     admin = await start_nsqadmin(lookupd_http_addresses=[lookupd.http_address])
     try:
         assert_untouched(before)
-        assert_no_trim_loop(lookupd.service, admin.service)
-        assert_site_built(lookupd.service.http_listener)
-        assert_site_built(admin.service.http_listener)
+        assert_no_trim_loop(lookupd._service, admin._service)
+        assert_site_built(lookupd._service.http_listener)
+        assert_site_built(admin._service.http_listener)
     finally:
         await admin.stop()
         await lookupd.stop()
@@ -129,8 +129,8 @@ async def test_the_pytest_fixtures_change_nothing_in_the_process() -> None:
     cluster = await start_cluster_fixture(1)
     try:
         assert_untouched(before)
-        assert_no_trim_loop(nsqd.handle.service, cluster.nsqds[0].handle.service, cluster.lookupd.handle.service)
-        assert_site_built(nsqd.handle.service.http_listener)
+        assert_no_trim_loop(nsqd.handle._service, cluster.nsqds[0].handle._service, cluster.lookupd.handle._service)
+        assert_site_built(nsqd.handle._service.http_listener)
     finally:
         await cluster.stop()
         await nsqd.stop()
@@ -217,9 +217,9 @@ async def _spill_and_stop(monkeypatch, **kwargs: Any) -> tuple[int, list[str]]:
     threads = sorted(t.name for t in set(threading.enumerate()) - before if t.is_alive())
     reactor = _reactor()
     for i in range(5):
-        nsqd.broker.publish("spill", [b"message %d" % i], reactor.seconds())
-        nsqd.service.settle()
-    await nsqd.service.sync_barrier()
+        nsqd._broker.publish("spill", [b"message %d" % i], reactor.seconds())
+        nsqd._service.settle()
+    await nsqd._service.sync_barrier()
     await nsqd.stop()
     return len(synced), threads
 

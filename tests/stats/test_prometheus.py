@@ -103,9 +103,9 @@ async def test_klein_metrics_route_on_live_broker(nsqd) -> None:
     @app.route("/metrics")
     def metrics(request):
         request.setHeader("Content-Type", CONTENT_TYPE)
-        return render_metrics(broker_stats(nsqd.broker, nsqd.service.now()))
+        return render_metrics(broker_stats(nsqd._broker, nsqd._service.now()))
 
-    nsqd.broker.publish("clicks", [b"a", b"b", b"c"], nsqd.service.now())
+    nsqd._broker.publish("clicks", [b"a", b"b", b"c"], nsqd._service.now())
     port = reactor.listenTCP(0, Site(app.resource()), interface="127.0.0.1")
     try:
         resp = await treq.get(f"http://127.0.0.1:{port.getHost().port}/metrics")

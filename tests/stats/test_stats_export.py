@@ -106,8 +106,8 @@ async def test_attached_to_running_nsqd_writes_in_a_thread(nsqd, tmp_path) -> No
     """Attached with setServiceParent to a live NsqdService, it writes from its worker thread."""
     import threading
 
-    nsqd.broker.publish("live", [b"m"] * 3, nsqd.service.now())
-    svc = StatsExportService(nsqd.service, path=str(tmp_path / "stats"), interval=3600.0)
+    nsqd._broker.publish("live", [b"m"] * 3, nsqd._service.now())
+    svc = StatsExportService(nsqd._service, path=str(tmp_path / "stats"), interval=3600.0)
     seen = []
     orig = svc._write
 
@@ -116,7 +116,7 @@ async def test_attached_to_running_nsqd_writes_in_a_thread(nsqd, tmp_path) -> No
         return orig(*args)
 
     svc._write = spy
-    svc.setServiceParent(nsqd.service)
+    svc.setServiceParent(nsqd._service)
     assert svc.running
     written = await svc.snapshot_now()
     assert os.path.basename(written).endswith(f"127_0_0_1_{nsqd.http_port}.jsonl")

@@ -37,7 +37,7 @@ async def test_export_and_statsd_services_start_from_options(tmp_path):
     nsqd = await start_nsqd(stats_export_path=str(tmp_path), stats_export_interval=0.05,
                             statsd_address=f"127.0.0.1:{port.getHost().port}", statsd_interval=1.5)
     try:
-        names = {s.__class__.__name__ for s in nsqd.service}
+        names = {s.__class__.__name__ for s in nsqd._service}
         assert {"StatsExportService", "StatsdService"} <= names
         data = await received.addTimeout(10, reactor)
         assert b"|g" in data or b"|c" in data

@@ -16,8 +16,8 @@ from tools_support import tool_options, wait_for, within
 
 
 def publish(nsqd, topic: str, bodies) -> None:
-    nsqd.broker.publish(topic, list(bodies), nsqd.service.now())
-    nsqd.service.settle()
+    nsqd._broker.publish(topic, list(bodies), nsqd._service.now())
+    nsqd._service.settle()
 
 
 def test_go_json_marshal():
@@ -66,7 +66,7 @@ async def test_copy_between_brokers(nsqd, nsqtw_nsqd_factory):
     await within(app.start())
     await wait_for(lambda: dest.depth("dst") == 25, what="25 copied")
     await within(app.stop())
-    channel = nsqd.broker.topics["src"].channels["nsq_to_nsq"]
+    channel = nsqd._broker.topics["src"].channels["nsq_to_nsq"]
     assert channel.depth() == 0 and not channel.inflight
     got = await dest.wait_for_messages("dst", "check", 25)
     assert sorted(m.body for m in got) == sorted(bodies)
@@ -112,5 +112,5 @@ async def test_json_filtering(nsqd, nsqtw_nsqd_factory):
     publish(nsqd, "js", [b'{"user": 10}'])
     await wait_for(lambda: app.consumers[0].messages_requeued >= 1, what="requeued")
     await within(app.stop())
-    channel = nsqd.broker.topics["js"].channels["nsq_to_nsq"]
+    channel = nsqd._broker.topics["js"].channels["nsq_to_nsq"]
     assert len(channel.deferred) == 1 and not channel.inflight  # REQ with go-nsq's delay

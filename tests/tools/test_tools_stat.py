@@ -20,8 +20,8 @@ LINE = re.compile(r"^ *-?\d+ +-?\d+ \| +\d+ +\d+ +\d+ +\d+ +\d+ \| +\d+ +\d+ +\d
 
 
 def publish(nsqd, topic: str, bodies) -> None:
-    nsqd.broker.publish(topic, list(bodies), nsqd.service.now())
-    nsqd.service.settle()
+    nsqd._broker.publish(topic, list(bodies), nsqd._service.now())
+    nsqd._service.settle()
 
 
 def test_header_and_line_layout():
@@ -53,7 +53,7 @@ async def test_rates_and_count_on_a_clock(nsqd):
     """--count=2 --interval=2s: a baseline, then two reports; 10 messages published in between show
     as ingress 5/s and egress 0 (nothing consumed); --count ends it with exit code 0."""
     publish(nsqd, "st", [b"x"])
-    nsqd.broker.topics["st"].get_channel("ch", nsqd.service.now())
+    nsqd._broker.topics["st"].get_channel("ch", nsqd._service.now())
     clock = task.Clock()
     out = io.StringIO()
     app = NsqStat(tool_options(StatOptions, "--topic=st", "--channel=ch", f"--nsqd-http-address={nsqd.http_address}",
@@ -81,7 +81,7 @@ async def test_header_every_25_lines_via_lookupd(nsqtw_cluster):
     a, b = nsqtw_cluster.nsqds
     for nsqd in (a, b):
         await nsqd.publish("both", b"x")
-        nsqd.broker.topics["both"].get_channel("ch", nsqd.service.now())
+        nsqd._broker.topics["both"].get_channel("ch", nsqd._service.now())
     await nsqtw_cluster.lookupd.wait_for_producers(2, topic="both")
     clock = task.Clock()
     out = io.StringIO()

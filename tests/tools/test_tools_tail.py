@@ -48,7 +48,7 @@ def test_max_in_flight_lowered_to_n():
 async def test_tail_n_prints_and_exits(nsqd):
     """-n 3 prints exactly three bodies, one per line, then finishes with exit code 0."""
     for i in range(5):
-        nsqd.broker.publish("tailed", [b"line %d" % i], nsqd.service.now())
+        nsqd._broker.publish("tailed", [b"line %d" % i], nsqd._service.now())
     out = Out()
     opts = tool_options(TailOptions, "--topic=tailed", f"--nsqd-tcp-address={nsqd.tcp_address}", "-n", "3")
     app = Tail(opts, out=out)
@@ -58,7 +58,7 @@ async def test_tail_n_prints_and_exits(nsqd):
     assert out.lines() == [b"line 0", b"line 1", b"line 2"]
     # the ephemeral channel went away with the consumer; the other two stay at the topic? no: they were
     # copied to the channel, which is deleted once its last client left
-    await wait_for(lambda: app.channel not in nsqd.broker.topics["tailed"].channels, what="ephemeral channel gone")
+    await wait_for(lambda: app.channel not in nsqd._broker.topics["tailed"].channels, what="ephemeral channel gone")
 
 
 @pytest.mark.e2e
@@ -71,13 +71,13 @@ async def test_tail_print_topic_two_topics_until_stopped(nsqd):
     app = Tail(opts, out=out)
     await within(app.start())
     assert len(app.consumers) == 2
-    nsqd.broker.publish("a", [b"x"], nsqd.service.now())
-    nsqd.broker.publish("b", [b"y"], nsqd.service.now())
-    nsqd.service.settle()
+    nsqd._broker.publish("a", [b"x"], nsqd._service.now())
+    nsqd._broker.publish("b", [b"y"], nsqd._service.now())
+    nsqd._service.settle()
     await wait_for(lambda: len(out.lines()) == 2, what="two lines")
     assert sorted(out.lines()) == [b"a | x", b"b | y"]
     assert await within(app.stop()) == 0
-    assert nsqd.broker.topics["a"].channels["watch"].depth() == 0
+    assert nsqd._broker.topics["a"].channels["watch"].depth() == 0
 
 
 @pytest.mark.e2e

@@ -32,12 +32,12 @@ def opts(*argv: str):
 
 
 def publish(nsqd, topic: str, bodies) -> None:
-    nsqd.broker.publish(topic, list(bodies), nsqd.service.now())
-    nsqd.service.settle()
+    nsqd._broker.publish(topic, list(bodies), nsqd._service.now())
+    nsqd._service.settle()
 
 
 def in_flight(nsqd, topic: str, channel: str = "nsq_to_file") -> int:
-    t = nsqd.broker.topics.get(topic)
+    t = nsqd._broker.topics.get(topic)
     ch = t.channels.get(channel) if t else None
     return len(ch.inflight) if ch else 0
 
@@ -127,7 +127,7 @@ async def test_full_batch_syncs_at_once(nsqd, tmp_path):
     await within(app.start())
     publish(nsqd, "full", [b"%d" % i for i in range(12)])
     logger = app.loggers["full"]
-    channel = lambda: nsqd.broker.topics["full"].channels["nsq_to_file"]  # noqa: E731
+    channel = lambda: nsqd._broker.topics["full"].channels["nsq_to_file"]  # noqa: E731
     await wait_for(lambda: channel().depth() == 0 and in_flight(nsqd, "full") == len(logger.batch) < 4
                    and logger.filesize == len(b"".join(b"%d\n" % i for i in range(12))), what="all written")
     assert logger.synced_batches >= 2
@@ -277,5 +277,5 @@ async def test_command_sigterm_closes_files(nsqd, tmp_path):
     assert code == 0, err
     assert os.listdir(work) == [] and (out / "cmd-000000.log").read_bytes() == b"one\ntwo\n"
     assert re.search(r"^\[nsq_to_file\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: \[cmd/nsq_to_file\] syncing \d+ records to disk$", err, re.M), err
-    await wait_for(lambda: in_flight(nsqd, "cmd") == 0 and nsqd.broker.topics["cmd"].channels["nsq_to_file"].depth() == 0,
+    await wait_for(lambda: in_flight(nsqd, "cmd") == 0 and nsqd._broker.topics["cmd"].channels["nsq_to_file"].depth() == 0,
                    what="FINed")

@@ -62,8 +62,8 @@ def url(port: Any, path: str) -> str:
 
 
 def publish(nsqd, topic: str, bodies) -> None:
-    nsqd.broker.publish(topic, list(bodies), nsqd.service.now())
-    nsqd.service.settle()
+    nsqd._broker.publish(topic, list(bodies), nsqd._service.now())
+    nsqd._service.settle()
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -117,7 +117,7 @@ async def test_post_with_failures_are_retried_until_delivered(nsqd):
         assert endpoint.headers[0][b"x-trace"] == b"abc"
         assert endpoint.headers[0][b"content-type"] == b"text/plain"
         assert endpoint.headers[0][b"user-agent"] == b"nsq_to_http v1.3.0"
-        channel = nsqd.broker.topics["hooks"].channels["nsq_to_http"]
+        channel = nsqd._broker.topics["hooks"].channels["nsq_to_http"]
         assert channel.depth() == 0 and not channel.inflight
     finally:
         await port.stopListening()
@@ -178,7 +178,7 @@ async def test_sample_zero_forwards_nothing(nsqd):
         await wait_for(lambda: app.skipped == 5, what="five skipped")
         await within(app.stop())
         assert endpoint.requests == 0
-        assert nsqd.broker.topics["sampled"].channels["nsq_to_http"].depth() == 0
+        assert nsqd._broker.topics["sampled"].channels["nsq_to_http"].depth() == 0
     finally:
         await port.stopListening()
 

@@ -83,7 +83,7 @@ async def test_rate_limit_on_task_clock(nsqd):
     await wait_for(lambda: app.published == 4, what="fourth publish")
     app.end_of_input()
     assert await within(app.done) == 0
-    assert nsqd.broker.topics["slow"].depth() == 4
+    assert nsqd._broker.topics["slow"].depth() == 4
 
 
 @pytest.mark.e2e
