@@ -26,6 +26,8 @@ GO_LINE = re.compile(r"^\[(nsqd|nsqlookupd|nsqadmin|nsqtw)\] \d{4}/\d\d/\d\d \d\
 SUMMARY = re.compile(r"INFO: serving nsqlookupd tcp://127\.0\.0\.1:(\d+) http://127\.0\.0\.1:(\d+); "
                      r"nsqd tcp://127\.0\.0\.1:(\d+) http://127\.0\.0\.1:(\d+); nsqadmin http://127\.0\.0\.1:(\d+); "
                      r"data in (.+)$")
+#: Go's access line (http_api.Log): status, method, URI, remote address, duration
+ACCESS = re.compile(r"INFO: 200 GET /stats\?format=json \(127\.0\.0\.1:\d+\) [\d.]+(ns|µs|ms|s)$")
 
 
 class Daemon:
@@ -86,8 +88,11 @@ def test_allinone_log_names_each_daemon_and_says_what_is_served(tmp_path):
         lookupd_tcp, lookupd_http, nsqd_tcp, nsqd_http, admin_http = m.groups()[:5]
         assert m.group(6) == str(tmp_path)
         # nsqadmin reads the cluster through nsqlookupd and nsqd: none of those requests is logged
+        # at info; a request from outside is, in Go's access line (http_api.Log), and a /pub is not
         assert b"\"nodes\"" in _get(f"http://127.0.0.1:{admin_http}/api/nodes")
         _get(f"http://127.0.0.1:{nsqd_http}/stats?format=json")
+        urllib.request.urlopen(f"http://127.0.0.1:{nsqd_http}/pub?topic=t", data=b"x", timeout=30).read()
+        daemon.wait_for(ACCESS)
     finally:
         lines, err = daemon.stop()
     assert daemon.proc.returncode in (0, -signal.SIGTERM), err  # twistd ends with the signal it got
@@ -102,8 +107,11 @@ def test_allinone_log_names_each_daemon_and_says_what_is_served(tmp_path):
     firsts = {line.split(" ", 1)[0] + " " + line.split(": ", 1)[1] for line in lines[:4]}
     assert {"[nsqlookupd] nsqlookupd v1.3.0 (built w/nsqtw-0.1.0)", "[nsqd] nsqd v1.3.0 (built w/nsqtw-0.1.0)",
             f"[nsqd] ID: {default_node_id()}"} <= firsts, lines[:4]
+    access = [line for line in lines if ACCESS.search(line)]
+    assert len(access) == 1 and access[0].startswith("[nsqd] "), access
+    assert [line for line in lines if " GET /" in line or " POST /" in line] == access
     text = "\n".join(lines)
-    for chatter in ("DEBUG", "GET /", "starting on", "Starting factory", "Port ", "Closed", "Main loop"):
+    for chatter in ("DEBUG", "HTTP/1.1", "starting on", "Starting factory", "Port ", "Closed", "Main loop"):
         assert chatter not in text, chatter
 
 
@@ -118,7 +126,10 @@ def test_log_level_debug_shows_heartbeats_and_requests(tmp_path):
         urllib.request.urlopen(f"http://127.0.0.1:{m.group(4)}/pub?topic=t", data=b"x", timeout=30).read()
         daemon.wait_for(re.compile(r"^\[nsqd\] .* DEBUG: CI: querying nsqlookupd http://127\.0\.0\.1:\d+/"))
         _get(f"http://127.0.0.1:{m.group(2)}/lookup?topic=t")
-        daemon.wait_for(re.compile(r'"GET /lookup\?topic=t HTTP/1\.1" 200'))
+        daemon.wait_for(re.compile(r"^\[nsqlookupd\] .* INFO: 200 GET /lookup\?topic=t \(127\.0\.0\.1:\d+\) [\d.]+(µs|ms|s)$"))
+        # nsqadmin's own requests to nsqlookupd (User-Agent nsqadmin/...) show at debug level only
+        _get(f"http://127.0.0.1:{m.group(5)}/api/nodes")
+        daemon.wait_for(re.compile(r"^\[nsqlookupd\] .* DEBUG: 200 GET /nodes \(127\.0\.0\.1:\d+\) "))
     finally:
         daemon.stop()
 

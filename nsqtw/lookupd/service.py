@@ -37,8 +37,7 @@ class LookupdService(MultiService):
 
     def __init__(self, options: LookupdOptions, reactor: Any, *, clock: Any = None) -> None:
         super().__init__()
-        from twisted.web.server import Site
-
+        from ..runtime.responses import GoAccessLog, go_site
         from .http import LookupdHTTPAPI
 
         self.options = options
@@ -51,9 +50,8 @@ class LookupdService(MultiService):
         self.tcp_listener = ListeningService(reactor, options.tcp_address, self.tcp_factory, "TCP",
                                              "tcp-address")
         self.tcp_listener.setServiceParent(self)
-        site = Site(LookupdHTTPAPI(self).resource())
-        site.noisy = False
-        site.displayTracebacks = False
+        # Go's nsqlookupd logs every HTTP answer at INFO (http_api.Log)
+        site = go_site(LookupdHTTPAPI(self).resource(), reactor, GoAccessLog("nsqtw.lookupd.http"))
         self.http_listener = ListeningService(reactor, options.http_address, site, "HTTP", "http-address")
         self.http_listener.setServiceParent(self)
 

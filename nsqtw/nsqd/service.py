@@ -181,9 +181,11 @@ class NsqdService(MultiService):
 
     def _http_site(self, tls_only_http: bool) -> Any:
         from .http import NsqdHTTPAPI
-        from ..runtime.responses import RouterResource, limited_site
+        from ..runtime.responses import GoAccessLog, RouterResource, limited_site
         api = NsqdHTTPAPI(self, tls_only_http=tls_only_http)
-        return limited_site(RouterResource(api.app), self._body_limit)
+        # Go's nsqd logs every HTTP answer at INFO except /pub and /mpub (http_api.Log)
+        access = GoAccessLog("nsqtw.nsqd.http", frozenset((b"/pub", b"/mpub")))
+        return limited_site(RouterResource(api.app), self._body_limit, self.reactor, access)
 
     # --- what the glue asks of the node ------------------------------------------
 

@@ -29,7 +29,7 @@ from ..protocol.names import is_valid_name
 from ..protocol.gojson import go_json
 
 __all__ = ["v1", "v1_error", "plain", "query", "first", "install_error_handlers", "RouterResource",
-           "LimitedRequest", "limited_site", "parse_query", "topic_channel_args", "JSON_TYPE", "TEXT_TYPE"]
+           "LimitedRequest", "limited_site", "go_site", "go_duration", "GoAccessLog", "parse_query", "topic_channel_args", "JSON_TYPE", "TEXT_TYPE"]
 
 JSON_TYPE = b"application/json; charset=utf-8"
 TEXT_TYPE = b"text/plain; charset=utf-8"
@@ -332,11 +332,103 @@ class GuardedHTTPChannel(_web_http.HTTPChannel):
         return super().headerReceived(line)
 
 
-def limited_site(resource: Any, body_limit: Any) -> Any:
-    """A quiet Site whose requests refuse oversized bodies early (see LimitedRequest)."""
-    site: Any = _web_server.Site(resource, requestFactory=LimitedRequest)  # with a body_limit, and our channel
+def go_duration(seconds: float) -> str:
+    """Go's ``time.Duration.String()`` (``812ns``, ``1.25µs``, ``3.000001ms``, ``1m2.5s``)."""
+    ns = max(0, int(round(seconds * 1e9)))
+    if ns == 0:
+        return "0s"
+    if ns < 1_000:
+        return f"{ns}ns"
+
+    def frac(value: int, digits: int) -> str:
+        whole, rest = divmod(value, 10 ** digits)
+        tail = f"{rest:0{digits}d}".rstrip("0")
+        return f"{whole}.{tail}" if tail else str(whole)
+
+    if ns < 1_000_000:
+        return frac(ns, 3) + "µs"
+    if ns < 1_000_000_000:
+        return frac(ns, 6) + "ms"
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    out = f"{hours}h" if hours else ""
+    if hours or minutes:
+        out += f"{minutes}m"
+    return out + frac(rest, 9) + "s"
+
+
+class GoAccessLog:
+    """Go's NSQ access line for each answered request, at INFO:
+    ``200 GET /stats?format=json (127.0.0.1:51234) 1.234ms`` (``http_api.Log``).
+
+    As Go's nsqd, ``/pub`` and ``/mpub`` are not logged (``quiet_paths``).  Requests from
+    nsqadmin's own polling (a ``User-Agent`` starting ``nsqadmin/``) are logged at DEBUG, so an
+    idle cluster's log does not scroll (``--log-level=debug`` shows them)."""
+
+    def __init__(self, namespace: str, quiet_paths: frozenset[bytes] = frozenset()) -> None:
+        from twisted.logger import Logger
+
+        self._log = Logger(namespace=namespace)
+        self.quiet_paths = quiet_paths
+
+    def __call__(self, request: Any, now: float) -> None:
+        path = request.path
+        if path in self.quiet_paths:
+            return
+        started = getattr(request, "_go_started", None)
+        elapsed = go_duration(now - started) if started is not None else "0s"
+        peer = request.getClientAddress()
+        host = str(getattr(peer, "host", ""))
+        where = f"[{host}]:{getattr(peer, 'port', '')}" if ":" in host else f"{host}:{getattr(peer, 'port', '')}"
+        agent = request.getHeader(b"User-Agent") or b""
+        emit = self._log.debug if agent.startswith(b"nsqadmin/") else self._log.info
+        emit("{code} {method} {uri} ({peer}) {elapsed}", code=request.code,
+             method=request.method.decode("latin-1"), uri=request.uri.decode("latin-1"),
+             peer=where, elapsed=elapsed)
+
+
+class _GoLoggingSite(_web_server.Site):
+    """A Site whose access log is :class:`GoAccessLog` (Twisted's own combined log is off)."""
+
+    go_access_log: GoAccessLog | None = None
+
+    def log(self, request: Any) -> None:
+        access = self.go_access_log
+        if access is not None:
+            access(request, self.reactor.seconds())
+
+
+class _TimedRequest(_web_server.Request):
+    """Notes when its handling starts, for the access line's duration."""
+
+    def process(self) -> None:
+        self._go_started = self.channel.site.reactor.seconds()  # type: ignore[attr-defined]
+        super().process()
+
+
+class _TimedLimitedRequest(LimitedRequest):
+    def process(self) -> None:
+        self._go_started = self.channel.site.reactor.seconds()  # type: ignore[attr-defined]
+        super().process()
+
+
+def go_site(resource: Any, reactor: Any = None, access_log: GoAccessLog | None = None) -> Any:
+    """A quiet Site on ``reactor`` writing Go's access lines (see :class:`GoAccessLog`)."""
+    site: Any = _GoLoggingSite(resource, requestFactory=_TimedRequest, reactor=reactor)
+    site.go_access_log = access_log
+    site.noisy = False
+    site.displayTracebacks = False
+    return site
+
+
+def limited_site(resource: Any, body_limit: Any, reactor: Any = None,
+                 access_log: GoAccessLog | None = None) -> Any:
+    """A quiet Site whose requests refuse oversized bodies early (see LimitedRequest) and
+    which writes Go's access lines."""
+    site: Any = _GoLoggingSite(resource, requestFactory=_TimedLimitedRequest, reactor=reactor)
     site.protocol = GuardedHTTPChannel
     site.body_limit = body_limit
+    site.go_access_log = access_log
     site.noisy = False
     site.displayTracebacks = False
     return site
