@@ -77,6 +77,7 @@ from __future__ import annotations
 import os
 import re
 from functools import partial
+from itertools import repeat
 from typing import Any
 from collections.abc import Callable
 
@@ -422,11 +423,20 @@ class DiskQueue(RecordWriter, RecordReader):
         pinned = self._pinned
         if not pinned:
             return
-        pop = pinned.pop
-        for mid in ids:
-            pop(mid, None)
+        runs = list(map(pinned.pop, ids, repeat(None)))  # C loops: the FIN batch's ids at once
+        if not runs:
+            return
+        first = runs[0]
         q = self._pin_q
-        if q and q[0][0] not in pinned:
+        if first is not None and runs.count(first) == len(runs):
+            first.left -= len(runs)  # the usual batch: every id from one read
+            moved = bool(q) and q[0] is first
+        else:
+            for run in runs:
+                if run is not None:
+                    run.left -= 1
+            moved = bool(q) and q[0] in runs
+        if moved:  # the oldest read's records: the committed position may move
             self._advance_pins()
             # the metadata moves on with the next sync (at the latest --sync-timeout from now:
             # no sync of its own, a FIN is no disk operation); read files go after it

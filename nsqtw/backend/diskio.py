@@ -15,7 +15,7 @@ import os
 from collections import deque
 import struct
 from functools import partial
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
@@ -89,10 +89,11 @@ class QueueFiles:
     _hints_dirty: bool
     #: keep read records on disk until their message is released (see DiskQueue.release)
     pinning: bool
-    #: every record read since the oldest one still pinned: (id, file, position), oldest first
-    _pin_q: deque[tuple[bytes, int, int]] | None
-    #: ids of the records read and not yet released
-    _pinned: dict[bytes, int] | None
+    #: the records read since the oldest one still pinned, as one :class:`PinRun` per stretch
+    #: a read took from one file, oldest first
+    _pin_q: deque[PinRun] | None
+    #: ids of the records read and not yet released, each to the run it was read in
+    _pinned: dict[bytes, PinRun] | None
     #: the oldest data file not yet deleted
     _del_from: int
 
@@ -274,6 +275,19 @@ class RecordWriter(QueueFiles):
         self._need_sync = True
 
 
+class PinRun:
+    """The records one read took from one data file, pinned until released: their ids and
+    positions in read order, and how many of them are still pinned (``left``)."""
+
+    __slots__ = ("file", "ids", "positions", "left")
+
+    def __init__(self, file: int, ids: list[bytes], positions: list[int]) -> None:
+        self.file = file
+        self.ids = ids
+        self.positions = positions
+        self.left = len(ids)
+
+
 class RecordReader(QueueFiles):
     """Reading records back as runs of frames; corruption handling as go-diskqueue's."""
 
@@ -291,13 +305,10 @@ class RecordReader(QueueFiles):
         sink = self.deferred_sink
         now = self.worker.seconds() if hints else 0.0
         lo, hi = self.min_record, self.max_record
-        pin_q = pinned = None
-        if self.pinning:
-            pin_q = self._pin_q
-            if pin_q is None:
-                pin_q = self._pin_q = deque()
-                self._pinned = {}
-            pinned = self._pinned
+        pinning = self.pinning
+        if pinning and self._pin_q is None:
+            self._pin_q = deque()
+            self._pinned = {}
         got = 0
         first = -1
         uniform = True
@@ -329,6 +340,11 @@ class RecordReader(QueueFiles):
             base = self._rbuf_at
             pos = self.read_pos
             err: str | None = None
+            if pinning:
+                pin_ids: list[bytes] = []
+                pin_pos: list[int] = []
+                add_id = pin_ids.append
+                add_pos = pin_pos.append
             while got < n and pos < end and not (max_bytes and got and len(out) >= max_bytes):
                 i = pos - base
                 if i < 0 or i + 4 > len(buf):
@@ -351,10 +367,9 @@ class RecordReader(QueueFiles):
                     if len(buf) < j:
                         err = "unexpected EOF"
                         break
-                if pinned is not None:
-                    mid = buf[i + 14:i + 30]
-                    pinned[mid] = 1
-                    pin_q.append((mid, rf, pos))  # type: ignore[union-attr]  # made with pinned
+                if pinning:
+                    add_id(buf[i + 14:i + 30])
+                    add_pos(pos)
                 if hints:
                     at = hints.pop(buf[i + 14:i + 30], None)
                     if at is not None:
@@ -383,6 +398,8 @@ class RecordReader(QueueFiles):
             self._rbuf = buf
             self._rbuf_at = base
             self.read_pos = pos
+            if pinning and pin_ids:
+                self._pin(PinRun(rf, pin_ids, pin_pos))
             if err is not None:
                 self._handle_read_error(err)
                 continue
@@ -486,12 +503,26 @@ class RecordReader(QueueFiles):
         self._del_from = self.read_file_num
         self.worker.submit(partial(_job_unlink, paths)).addErrback(self._log_job_failure, "remove")
 
+    def _pin(self, run: PinRun) -> None:
+        """Pin the records of one read (C loops: one dict update for the whole run)."""
+        pinned = self._pinned
+        q = self._pin_q
+        assert pinned is not None and q is not None  # made together by read()
+        before = len(pinned)
+        pinned.update(dict.fromkeys(run.ids, run))
+        q.append(run)
+        if len(pinned) != before + len(run.ids):
+            # an id read again while still pinned (a record written twice, or twice in this run):
+            # its newest record is the one that counts; recount the runs it was taken from
+            for r in q:
+                r.left = len({m for m in r.ids if pinned.get(m) is r})
+
     def _advance_pins(self) -> None:
-        """Drop released records from the front of the pin queue (the committed position)."""
-        q, pinned = self._pin_q, self._pinned
-        if q is None or pinned is None:
+        """Drop fully released runs from the front of the pin queue (the committed position)."""
+        q = self._pin_q
+        if q is None:
             return
-        while q and q[0][0] not in pinned:
+        while q and q[0].left <= 0:
             q.popleft()
 
     def _committed(self) -> tuple[int, int, int]:
@@ -501,8 +532,15 @@ class RecordReader(QueueFiles):
         if q:
             self._advance_pins()
             if q:
-                _, f, p = q[0]
-                return self._depth + len(q), f, p
+                head = q[0]
+                pinned = self._pinned
+                assert pinned is not None
+                k = 0
+                ids = head.ids
+                while pinned.get(ids[k]) is not head:  # left > 0: one of them is still pinned
+                    k += 1
+                since = len(ids) - k + sum(len(r.ids) for r in islice(q, 1, None))
+                return self._depth + since, head.file, head.positions[k]
         return self._depth, self.read_file_num, self.read_pos
 
     def _submit_deletions(self, commit_file: int) -> None:

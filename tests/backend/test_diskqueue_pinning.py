@@ -119,3 +119,39 @@ def test_empty_forgets_the_pins(tmp_path):
     q.put(run_of([frame(9)]))
     q.flush_and_sync()
     assert [f[18:34] for f in read_all(crash_and_reopen(tmp_path))] == [mid(9)]
+
+
+def test_an_id_read_twice_while_pinned_is_released_by_one_fin(tmp_path):
+    """Pins are kept per read (one run of records), not per record: an id that is on disk twice
+    and read twice (here in one read, then once more in a later one) is released by its one FIN,
+    and the metadata moves past every copy."""
+    clock = task.Clock()
+    q = DiskQueue("t:c", str(tmp_path), worker=SyncWorker(None, clock=clock, threaded=False), pinning=True,
+                  sync_every=1)
+    q.put(run_of([frame(0), frame(1), frame(0)]))
+    assert [f[18:34] for f in read_all(q)] == [mid(0), mid(1), mid(0)]
+    q.put(run_of([frame(2), frame(1)]))
+    assert [f[18:34] for f in read_all(q)] == [mid(2), mid(1)]
+    assert q.pinned_count == 3
+    q.release([mid(0)])
+    q.release([mid(2), mid(1)])
+    assert q.pinned_count == 0
+    clock.advance(q.sync_timeout)
+    assert meta(tmp_path)[0] == 0
+    assert read_all(crash_and_reopen(tmp_path)) == []
+
+
+def test_fins_across_reads_move_the_position_to_the_oldest_unfinished(tmp_path):
+    """FINs in any order over several reads: the metadata points at the oldest record still in
+    flight, and a crash redelivers exactly the unfinished ones."""
+    clock = task.Clock()
+    q = DiskQueue("t:c", str(tmp_path), worker=SyncWorker(None, clock=clock, threaded=False), pinning=True,
+                  sync_every=1)
+    for i in range(0, 12, 4):
+        q.put(run_of([frame(j) for j in range(i, i + 4)]))
+    assert len(read_all(q, batch=5)) == 12  # three reads: 5, 5 and 2 records
+    q.release([mid(i) for i in (7, 0, 1, 2, 3, 4, 9, 11)])
+    clock.advance(q.sync_timeout)
+    assert meta(tmp_path)[0] == 7  # mid 5, 6, 8, 10 in flight: from mid 5 on is read again
+    assert [f[18:34] for f in read_all(crash_and_reopen(tmp_path))] == \
+        [mid(5), mid(6), mid(7), mid(8), mid(9), mid(10), mid(11)]
