@@ -430,12 +430,12 @@ class DiskQueue(RecordWriter, RecordReader):
         q = self._pin_q
         if first is not None and runs.count(first) == len(runs):
             first.left -= len(runs)  # the usual batch: every id from one read
-            moved = bool(q) and q[0] is first
+            moved = q is not None and bool(q) and q[0] is first
         else:
             for run in runs:
                 if run is not None:
                     run.left -= 1
-            moved = bool(q) and q[0] in runs
+            moved = q is not None and bool(q) and q[0] in runs
         if moved:  # the oldest read's records: the committed position may move
             self._advance_pins()
             # the metadata moves on with the next sync (at the latest --sync-timeout from now:

@@ -402,13 +402,13 @@ class _TimedRequest(_web_server.Request):
     """Notes when its handling starts, for the access line's duration."""
 
     def process(self) -> None:
-        self._go_started = self.channel.site.reactor.seconds()  # type: ignore[attr-defined]
+        self._go_started = self.channel.site.reactor.seconds()  # type: ignore[attr-defined]  # a Site has a reactor; the stubs do not say so
         super().process()
 
 
 class _TimedLimitedRequest(LimitedRequest):
     def process(self) -> None:
-        self._go_started = self.channel.site.reactor.seconds()  # type: ignore[attr-defined]
+        self._go_started = self.channel.site.reactor.seconds()  # type: ignore[attr-defined]  # a Site has a reactor; the stubs do not say so
         super().process()
 
 
