@@ -993,7 +993,7 @@ def replication_panel(rep: dict[str, Any] | None) -> Markup:
                         f"--replication-min-acks={rep.get('min_acks')}, degraded mode {rep.get('degraded_mode')}; "
                         f"{commafy(rep.get('replicated_messages', 0))} messages replicated, "
                         f"{commafy(rep.get('refused_publishes', 0))} publishes refused",
-                        class_="replication-status", data_row="replication"))
+                        class_="replication-status", data_row=f"replication:{status}"))
         rows = []
         for peer in rep.get("peers") or []:
             label, cls = _SYNC_BADGES.get(str(peer.get("sync_state")), (str(peer.get("state", "")), "warn"))
@@ -1002,10 +1002,10 @@ def replication_panel(rep: dict[str, Any] | None) -> Markup:
                 el("td", "" if peer.get("node_id") is None else str(peer["node_id"]), class_="num"),
                 el("td", el("span", label, class_=f"badge {cls}"), " ",
                    el("small", str(peer.get("reason") or ""), class_="muted")),
-                el("td", commafy(peer.get("lag_messages", 0)), class_="num"),
-                el("td", f"{float(peer.get('lag_seconds', 0.0)):.3f}s", class_="num"),
-                el("td", commafy(peer.get("unacked_batches", 0)), class_="num"),
-                data_row=f"peer:{peer.get('address', '')}"))
+                el("td", commafy(peer.get("lag_messages", 0)), class_="num", data_v="lag_messages"),
+                el("td", f"{float(peer.get('lag_seconds', 0.0)):.3f}s", class_="num", data_v="lag_seconds_text"),
+                el("td", commafy(peer.get("unacked_batches", 0)), class_="num", data_v="unacked_batches"),
+                data_row=f"peer:{peer.get('address', '')}:{peer.get('sync_state', '')}"))
         head = el("tr", el("th", "Peer"), el("th", "Node ID", class_="num"), el("th", "State"),
                   el("th", "Lag (messages)", class_="num", title="sent and not acknowledged; if down: "
                      "accepted since it went down"),
@@ -1020,9 +1020,10 @@ def replication_panel(rep: dict[str, Any] | None) -> Markup:
             el("thead", el("tr", el("th", "Origin node ID"), el("th", "Unfinished messages", class_="num"),
                            el("th", "Topics", class_="num"), el("th", "Log bytes", class_="num"))),
             el("tbody", *[el("tr", el("td", str(sh.get("origin_node_id", ""))),
-                             el("td", commafy(sh.get("unfinished_messages", 0)), class_="num"),
-                             el("td", commafy(sh.get("topics", 0)), class_="num"),
-                             el("td", commafy(sh.get("log_bytes", 0)), class_="num"),
+                             el("td", commafy(sh.get("unfinished_messages", 0)), class_="num",
+                                data_v="unfinished_messages"),
+                             el("td", commafy(sh.get("topics", 0)), class_="num", data_v="topics"),
+                             el("td", commafy(sh.get("log_bytes", 0)), class_="num", data_v="log_bytes"),
                              data_row=f"shadow:{sh.get('origin_node_id', '')}") for sh in shadows])))
     adopted = rep.get("adopted") or []
     if adopted:

@@ -72,7 +72,7 @@ async def test_stats_metrics_and_nsqadmin_show_peers_lag_and_adoption():
         code, page = await get(f"http://{admin.http_address}/nodes/127.0.0.1:{origin.http_port}")
         assert code == 200
         html = page.decode()
-        assert "<h2>Replication</h2>" in html and f'data-row="peer:{address}"' in html and "in sync" in html
+        assert "<h2>Replication</h2>" in html and f'data-row="peer:{address}:in_sync"' in html and "in sync" in html
 
         # the peer dies: down, lagging by what the origin accepted since (degraded=accept)
         await c.close()
