@@ -10,11 +10,22 @@ Workloads as ../shared/bench/perf-vs-go's: ``pub_mem`` (Go's bench_writer, MPUB 
 200-byte bodies, --mem-queue-size=10000000) and ``pub_one`` (Go's bench_pub, one PUB per round
 trip).  Prints msg/s and the ratio replicated / unreplicated (the issue's target: at least 0.5;
 printed, not asserted).  Needs ../shared/anchors/go-nsq-1.3.0 (GO_NSQ to override).
+
+Then NSQ's recommended workaround for the lack of replication: two Go nsqd written by a
+dual-publishing client, which sends every PUB (pub_one) or MPUB of 200 (pub_mem) to both and
+waits for both OKs before the next.  Go's bench tools cannot publish twice, so the dual publisher
+is a small asyncio client here (plain protocol V2, one connection per core to each nsqd, as the Go
+tools open one per core); the same client publishing once to the replicated nsqtw pair's origin
+is the comparison (and to one Go nsqd, the client's own ceiling).  Prints msg/s and the ratio
+replicated pair / workaround (the issue: the pair should publish faster)::
+
+    python bench/bench_replication.py --workaround-only     # just that second table
 """
 
 from __future__ import annotations
 
 import os
+import asyncio
 import re
 import shutil
 import socket
@@ -95,17 +106,121 @@ def measure(kind: str, workload: str) -> float:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# --- NSQ's workaround: a client publishing every message to two nsqd -------------------------
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"([0-9.]+)(ms|s|m)?", text)
+    if m is None:
+        raise SystemExit(f"RUNFOR: not a duration: {text!r}")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read frames until the OK of the last publish (a heartbeat is answered with NOP)."""
+    while True:
+        head = await reader.readexactly(8)
+        size = int.from_bytes(head[:4], "big")
+        kind = int.from_bytes(head[4:8], "big")
+        data = await reader.readexactly(size - 4)
+        if kind == 0 and data == b"_heartbeat_":
+            writer.write(b"NOP\n")
+            continue
+        if kind != 0 or data != b"OK":
+            raise RuntimeError(f"publish refused: {data[:200]!r}")
+        return
+
+
+async def _publisher(ports: list[int], command: bytes, count: int, deadline: float, done: list[int]) -> None:
+    conns = [await asyncio.open_connection("127.0.0.1", port) for port in ports]
+    for _, w in conns:
+        w.write(b"  V2")
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        for _, w in conns:  # to every nsqd at once, then wait for every OK
+            w.write(command)
+        for r, w in conns:
+            await _answer(r, w)
+        done[0] += count
+    for _, w in conns:
+        w.close()
+
+
+async def _dual_publish(ports: list[int], workload: str, seconds: float) -> float:
+    body = b"x" * 200
+    if workload == "pub_mem":
+        count = 200
+        payload = len(body).to_bytes(4, "big") + body
+        parts = count.to_bytes(4, "big") + payload * count
+        command = b"MPUB bench\n" + len(parts).to_bytes(4, "big") + parts
+    else:
+        count = 1
+        command = b"PUB bench\n" + len(body).to_bytes(4, "big") + body
+    done = [0]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.gather(*[_publisher(ports, command, count, start + seconds, done)
+                           for _ in range(os.cpu_count() or 1)])
+    return done[0] / (loop.time() - start)
+
+
+def measure_client(kind: str, workload: str) -> float:
+    """The asyncio publisher's msg/s: ``workaround`` (two Go nsqd, every message to both),
+    ``replicated`` (the nsqtw pair's origin, once) or ``go`` (one Go nsqd, once)."""
+    work = tempfile.mkdtemp(prefix="nsqtw-bench-dual-")
+    procs = []
+    try:
+        memq = 10_000_000 if workload == "pub_mem" else 10_000
+        if kind == "workaround":
+            ports = []
+            for name in ("a", "b"):
+                os.mkdir(f"{work}/{name}")
+                p, tcp = start([str(GO / "nsqd")], f"{work}/{name}", memq)
+                procs.append(p)
+                ports.append(tcp)
+        elif kind == "replicated":
+            rport = free_port()
+            os.mkdir(f"{work}/peer")
+            os.mkdir(f"{work}/origin")
+            peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}")
+            procs.append(peer)
+            p, tcp = start(NSQTW, f"{work}/origin", memq, "--node-id=1", f"--replica-peer=127.0.0.1:{rport}")
+            procs.append(p)
+            ports = [tcp]
+            time.sleep(1.5)  # the link comes up
+        else:
+            p, tcp = start([str(GO / "nsqd")], work, memq)
+            procs.append(p)
+            ports = [tcp]
+        return asyncio.run(_dual_publish(ports, workload, _seconds(RUNFOR)))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     for tool in ("nsqd", "bench_writer", "bench_pub"):
         if not (GO / tool).exists():
             print(f"missing {GO / tool}")
             return 2
-    print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s}  replicated/nsqtw")
+    if "--workaround-only" not in sys.argv[1:]:
+        print("Go's bench tools (msg/s):")
+        print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s}  replicated/nsqtw")
+        for workload in ("pub_mem", "pub_one"):
+            r = measure("replicated", workload)
+            u = measure("nsqtw", workload)
+            g = measure("go", workload)
+            print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f}  {r / u if u else 0:.2f}", flush=True)
+        print()
+    print(f"NSQ's workaround: one asyncio publisher, {os.cpu_count()} connection(s) per nsqd (msg/s):")
+    print(f"{'workload':9s} {'nsqtw pair':>11s} {'2 Go dual':>11s} {'1 Go once':>11s}  pair/workaround")
     for workload in ("pub_mem", "pub_one"):
-        r = measure("replicated", workload)
-        u = measure("nsqtw", workload)
-        g = measure("go", workload)
-        print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f}  {r / u if u else 0:.2f}  (msg/s)", flush=True)
+        r = measure_client("replicated", workload)
+        w = measure_client("workaround", workload)
+        g = measure_client("go", workload)
+        print(f"{workload:9s} {r:>11,.0f} {w:>11,.0f} {g:>11,.0f}  {r / w if w else 0:.2f}", flush=True)
     return 0
 
 

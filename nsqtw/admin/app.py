@@ -389,6 +389,8 @@ class AdminHTTPAPI:
         doc = {"node": node, "topics": [t.to_json() for t in per_node], "total_messages": total_messages,
                "total_clients": total_clients, "message": warning_message(list(errors) + list(errs)),
                "status": state.to_json(self._now()) if state is not None else None}
+        if state is not None and state.replication is not None:
+            doc["replication"] = state.replication  # nsqtw's replication section, only when the node has one
         if not per_node and state is not None and state.status != "ok":
             # no answer: no current numbers (the page shows the last ones it knows, marked as such)
             doc.update(total_messages=None, total_clients=None)

@@ -46,6 +46,9 @@ class NodeState:
     counts: dict[str, int] = attr.ib(factory=dict)
     depth: int | None = attr.ib(default=None)
     clients: int | None = attr.ib(default=None)
+    #: the ``replication`` section of its last /stats (nsqtw with --replica-peer or
+    #: --replication-address; None for any other nsqd)
+    replication: dict[str, Any] | None = attr.ib(default=None)
 
     @property
     def status(self) -> str:
@@ -161,6 +164,8 @@ class NodeBook:
             state.start_time = doc["start_time"]
         if doc.get("version"):
             state.version = str(doc["version"])
+        rep = doc.get("replication")
+        state.replication = rep if isinstance(rep, dict) else None
         if full:
             state.topics, state.counts, state.depth, state.clients = stats_summary(doc)
             return

@@ -970,9 +970,74 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
         el("header", el("h1", el("span", "nsqd", class_="kind"), " ", node), class_="page-head"),
         state_line,
         _warning(message), cards, table,
+        replication_panel(doc.get("replication")),
         charts_panel(ctx, ctx.url(f"/api/charts/nodes/{q(node)}"), f"node {node}"),
     ])
     return Page(f"Node {node}", "node", content, api=ctx.url(f"/api/nodes/{q(node)}"), nav="nodes")
+
+
+_SYNC_BADGES = {"in_sync": ("in sync", "ok"), "catching_up": ("catching up", "warn"), "down": ("down", "danger")}
+
+
+def replication_panel(rep: dict[str, Any] | None) -> Markup:
+    """nsqtw's replication of one node (its /stats ``replication`` section): per peer its sync
+    state and lag in messages and seconds, the origins it keeps a shadow of, the origins it
+    adopted.  Nothing for a node without replication (any Go nsqd)."""
+    if not rep:
+        return Markup("")
+    parts: list[Any] = [el("h2", "Replication")]
+    if "peers" in rep:
+        status = str(rep.get("status", ""))
+        parts.append(el("p", el("span", status, class_="badge " + ("ok" if status == "ok" else "danger")), " ",
+                        f"{rep.get('peers_in_sync', 0)} of {len(rep.get('peers') or [])} peers in sync, "
+                        f"--replication-min-acks={rep.get('min_acks')}, degraded mode {rep.get('degraded_mode')}; "
+                        f"{commafy(rep.get('replicated_messages', 0))} messages replicated, "
+                        f"{commafy(rep.get('refused_publishes', 0))} publishes refused",
+                        class_="replication-status", data_row=f"replication:{status}"))
+        rows = []
+        for peer in rep.get("peers") or []:
+            label, cls = _SYNC_BADGES.get(str(peer.get("sync_state")), (str(peer.get("state", "")), "warn"))
+            rows.append(el(
+                "tr", el("td", str(peer.get("address", "")), class_="mono"),
+                el("td", "" if peer.get("node_id") is None else str(peer["node_id"]), class_="num"),
+                el("td", el("span", label, class_=f"badge {cls}"), " ",
+                   el("small", str(peer.get("reason") or ""), class_="muted")),
+                el("td", commafy(peer.get("lag_messages", 0)), class_="num", data_v="lag_messages"),
+                el("td", f"{float(peer.get('lag_seconds', 0.0)):.3f}s", class_="num", data_v="lag_seconds_text"),
+                el("td", commafy(peer.get("unacked_batches", 0)), class_="num", data_v="unacked_batches"),
+                data_row=f"peer:{peer.get('address', '')}:{peer.get('sync_state', '')}"))
+        head = el("tr", el("th", "Peer"), el("th", "Node ID", class_="num"), el("th", "State"),
+                  el("th", "Lag (messages)", class_="num", title="sent and not acknowledged; if down: "
+                     "accepted since it went down"),
+                  el("th", "Lag (seconds)", class_="num", title="age of the oldest unacknowledged batch; "
+                     "if down: how long it has been down"),
+                  el("th", "Unacked batches", class_="num"))
+        parts.append(_grid(el("thead", head), el("tbody", *rows)) if rows else _notice("No peers."))
+    shadows = rep.get("shadows") or []
+    if shadows:
+        parts.append(el("h3", "Shadows kept here"))
+        parts.append(_grid(
+            el("thead", el("tr", el("th", "Origin node ID"), el("th", "Unfinished messages", class_="num"),
+                           el("th", "Topics", class_="num"), el("th", "Log bytes", class_="num"))),
+            el("tbody", *[el("tr", el("td", str(sh.get("origin_node_id", ""))),
+                             el("td", commafy(sh.get("unfinished_messages", 0)), class_="num",
+                                data_v="unfinished_messages"),
+                             el("td", commafy(sh.get("topics", 0)), class_="num", data_v="topics"),
+                             el("td", commafy(sh.get("log_bytes", 0)), class_="num", data_v="log_bytes"),
+                             data_row=f"shadow:{sh.get('origin_node_id', '')}") for sh in shadows])))
+    adopted = rep.get("adopted") or []
+    if adopted:
+        parts.append(el("h3", "Adopted origins"))
+        parts.append(_grid(
+            el("thead", el("tr", el("th", "Origin node ID"), el("th", "Epoch"), el("th", "When"),
+                           el("th", "Messages", class_="num"), el("th", "Refused", class_="num"))),
+            el("tbody", *[el("tr", el("td", str(ad.get("origin_node_id", ""))),
+                             el("td", str(ad.get("epoch", "")), class_="mono"), el("td", _ts(ad.get("at"))),
+                             el("td", commafy(ad.get("messages", 0)), class_="num"),
+                             el("td", commafy(ad.get("refused", 0)), class_="num"),
+                             data_row=f"adopted:{ad.get('origin_node_id', '')}:{ad.get('epoch', '')}")
+                          for ad in adopted])))
+    return el("section", *parts, class_="replication")
 
 
 # --- lookup ---------------------------------------------------------------------------------

@@ -85,10 +85,12 @@ def replication_text(doc: dict[str, Any]) -> str:
                      f"min acks {doc['min_acks']}, degraded mode {doc['degraded_mode']})")
         for p in doc["peers"]:
             extra = f" - {p['reason']}" if p.get("reason") else ""
-            lines.append(f"   [peer {p['address']}] {p['state']} unacked batches: {p['unacked_batches']}{extra}")
+            lines.append(f"   [peer {p['address']}] {p.get('sync_state', p['state'])} ({p['state']}) "
+                         f"lag: {p.get('lag_messages', 0)} messages, {p.get('lag_seconds', 0.0):.3f}s "
+                         f"unacked batches: {p['unacked_batches']}{extra}")
     for ad in doc.get("adopted", ()):
-        lines.append(f"\nAdopted node {ad['origin_node_id']}: {ad['messages']} messages republished here"
-                     + (f", {ad['refused']} refused" if ad["refused"] else ""))
+        lines.append(f"\nAdopted node {ad['origin_node_id']} (epoch {ad.get('epoch', 0)}): {ad['messages']} "
+                     "messages republished here" + (f", {ad['refused']} refused" if ad["refused"] else ""))
     for sh in doc.get("shadows", ()):
         lines.append(f"\nShadow of node {sh['origin_node_id']}: {sh['unfinished_messages']} unfinished messages, "
                      f"{sh['topics']} topics, log {sh['log_bytes']} bytes")
@@ -316,6 +318,9 @@ class NsqdHTTPAPI:
         include_clients = _BOOL.get(first(params, "include_clients") or "", True)
         doc = broker_stats(self._broker, self.node.now(), include_clients=include_clients)
         doc["held"] = held_stats(self._broker)  # always on /metrics (the cap included)
+        replication = self.node.replication_stats()
+        if replication is not None:
+            doc["replication"] = replication
         request.setHeader(b"Content-Type", CONTENT_TYPE.encode())
         body = render_metrics(doc)
         request.setHeader(b"Content-Length", b"%d" % len(body))

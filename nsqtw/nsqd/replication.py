@@ -35,6 +35,7 @@ from ..protocol.replication import LinkError, batch_body, decode_batch, read_sha
 from .core.replication import (
     IN_SYNC, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
 )
+from .core.replication import PeerLag, peer_stats
 
 __all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
 
@@ -300,7 +301,7 @@ class AdoptionService(Service):
                      refused=f", {refused} REFUSED" if refused else "")
 
     def stats(self) -> list[dict[str, Any]]:
-        return [{"origin_node_id": o, "messages": n, "refused": r, "at": when}
+        return [{"origin_node_id": o, "epoch": int(when * 1e9), "messages": n, "refused": r, "at": when}
                 for o, n, r, when in self.adopted]
 
 
@@ -354,6 +355,8 @@ class ReplicationService(Service):
         self.origin = ReplicationOrigin(list(options.replica_peers), options.replication_min_acks,
                                         options.replication_degraded == "accept")
         self.origin_identity = (options.node_id, instance, name)
+        #: each peer's lag in messages and seconds (for /stats, /metrics and nsqadmin)
+        self.lag = PeerLag(reactor.seconds())
         self.links: dict[str, _PeerLink] = {}
         self._retries: dict[str, Any] = {}
         self._connecting: dict[str, Any] = {}
@@ -393,9 +396,11 @@ class ReplicationService(Service):
 
     def flush(self) -> None:
         """Send what was recorded this turn to every peer in sync, as one batch."""
+        count = self.origin.pending_count
         batch = self.origin.take_batch(self.reactor.seconds())
         if batch is None:
             return
+        self.lag.sent(self.origin, self.origin.last_sent, count)
         frame, peers = batch
         for p in peers:
             link = self.links.get(p.address)
@@ -413,7 +418,11 @@ class ReplicationService(Service):
         return False, f"NOK - {text}; publishes refused"
 
     def stats(self) -> dict[str, Any]:
-        return self.origin.stats(self.reactor.seconds())
+        now = self.reactor.seconds()
+        doc = self.origin.stats(now)
+        for entry, seen in zip(doc["peers"], peer_stats(self.origin, self.lag, now), strict=True):
+            entry.update(seen)
+        return doc
 
     # --- links ------------------------------------------------------------------
 
@@ -471,6 +480,7 @@ class ReplicationService(Service):
         peer = self.origin.peers[address]
         was, last = peer.state, peer.reason
         released, refused = self.origin.unlinked(address, self.reactor.seconds(), reason)
+        self.lag.down(address, self.reactor.seconds())
         if was == IN_SYNC or reason != last:  # once per outage and reason, not at every retry
             log.warn("REPLICATION: peer {peer} out of sync: {why}", peer=address, why=reason)
         self._release(released)
@@ -480,6 +490,7 @@ class ReplicationService(Service):
 
     def link_up(self, link: _PeerLink, node_id: int, name: str) -> None:
         self.origin.linked(link.address, node_id, self.reactor.seconds())
+        self.lag.up(link.address)
         # the peer learns every topic and channel there is (creating one again changes nothing)
         for topic, channels in self.topology():
             self.origin.op(wire.TOPIC_NEW, topic)

@@ -269,6 +269,7 @@
           });
         }
       }
+      replicationRows(data.replication, rows);
       // a node that does not answer has no current numbers: its cards keep the last ones, marked
       var down = data.status && data.status.status !== 'ok' && !topics.length;
       rows.total = {obj: down ? {} : {topic_count: topics.length, channel_count: nch, total_clients: data.total_clients,
@@ -316,6 +317,24 @@
     var out = [];
     keys.forEach(function (k) { if (!seen[k]) { seen[k] = true; out.push(k); } });
     return out.sort().join('\n');
+  }
+
+  // nsqtw's replication panel (node page): a row per peer, shadow and adoption; a peer's sync
+  // state and the node's status are in the row keys, so a change re-renders the panel
+  function replicationRows(rep, rows) {
+    if (!rep) { return; }
+    if (rep.peers) {
+      rows['replication:' + rep.status] = {obj: {}, paused: false};
+      rep.peers.forEach(function (p) {
+        rows['peer:' + p.address + ':' + p.sync_state] = {obj: {
+          lag_messages: p.lag_messages, unacked_batches: p.unacked_batches,
+          lag_seconds_text: Number(p.lag_seconds || 0).toFixed(3) + 's'}, paused: false};
+      });
+    }
+    (rep.shadows || []).forEach(function (s) { rows['shadow:' + s.origin_node_id] = {obj: s, paused: false}; });
+    (rep.adopted || []).forEach(function (a) {
+      rows['adopted:' + a.origin_node_id + ':' + a.epoch] = {obj: a, paused: false};
+    });
   }
 
   function domSignature() {

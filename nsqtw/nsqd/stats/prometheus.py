@@ -177,6 +177,7 @@ def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | 
                 "extended instead.", (), held["max_bytes"])
         fam.add("nsq_held_timeouts_extended_total", "counter", "In-flight timeouts extended because held "
                 "memory was at --max-held-bytes.", (), held["timeout_extended_count"])
+    _replication(fam, stats_doc.get("replication"))
     mem = stats_doc.get("memory")
     if mem:
         for name, key, help_text in _MEM_GAUGES:
@@ -193,3 +194,53 @@ def _client_labels(client: Mapping[str, Any]) -> Labels:
     return (("client_id", str(client.get("client_id", ""))), ("hostname", str(client.get("hostname", ""))),
             ("remote_address", str(client.get("remote_address", ""))),
             ("user_agent", str(client.get("user_agent", ""))))
+
+
+def _replication(fam: _Families, rep: Mapping[str, Any] | None) -> None:
+    """nsqtw's replication (only on a node with ``--replica-peer`` or ``--replication-address``):
+    per peer its sync state and lag, per adopted origin what was adopted."""
+    if not rep:
+        return
+    if "peers" in rep:
+        fam.add("nsq_replication_min_acks", "gauge", "--replication-min-acks: peers that must store a "
+                "message before its publisher gets OK.", (), rep.get("min_acks", 0))
+        fam.add("nsq_replication_peers_in_sync", "gauge", "Peers in sync now.", (), rep.get("peers_in_sync", 0))
+        fam.add("nsq_replication_degraded", "gauge", "1 while fewer peers are in sync than --replication-min-acks.",
+                (), rep.get("status", "ok") != "ok")
+        fam.add("nsq_replication_replicated_messages_total", "counter", "Messages sent to the peers in sync.",
+                (), rep.get("replicated_messages", 0))
+        fam.add("nsq_replication_refused_publishes_total", "counter", "Publishes refused because too few "
+                "peers were in sync.", (), rep.get("refused_publishes", 0))
+    for p in rep.get("peers") or []:
+        pl: Labels = (("peer", str(p.get("address", ""))),)
+        sync = p.get("sync_state", "")
+        fam.add("nsq_replication_peer_in_sync", "gauge", "1 if the peer is in sync (counts toward "
+                "--replication-min-acks).", pl, sync == "in_sync")
+        fam.add("nsq_replication_peer_catching_up", "gauge", "1 if the peer is catching up.", pl,
+                sync == "catching_up")
+        fam.add("nsq_replication_peer_down", "gauge", "1 if the peer is down (connecting, refused, stalled).",
+                pl, sync == "down")
+        fam.add("nsq_replication_peer_lag_messages", "gauge", "Messages the peer has not acknowledged (if "
+                "down: messages accepted since it went down).", pl, p.get("lag_messages", 0))
+        fam.add("nsq_replication_peer_lag_seconds", "gauge", "Age of the oldest message the peer has not "
+                "acknowledged (if down: seconds since it went down).", pl, p.get("lag_seconds", 0.0))
+    for sh in rep.get("shadows") or []:
+        ol: Labels = (("origin_node_id", str(sh.get("origin_node_id", ""))),)
+        fam.add("nsq_replication_shadow_messages", "gauge", "Unfinished messages held for an origin "
+                "(what adopting it would republish).", ol, sh.get("unfinished_messages", 0))
+        fam.add("nsq_replication_shadow_log_bytes", "gauge", "Size of an origin's shadow log.", ol,
+                sh.get("log_bytes", 0))
+    totals: dict[str, list[int]] = {}
+    for ad in rep.get("adopted") or []:
+        key = str(ad.get("origin_node_id", ""))
+        t = totals.setdefault(key, [0, 0, 0])
+        t[0] += int(ad.get("messages", 0))
+        t[1] += 1
+        t[2] = max(t[2], int(ad.get("epoch", 0)))
+    for origin, (messages, count, epoch) in totals.items():
+        ol = (("origin_node_id", origin),)
+        fam.add("nsq_replication_adopted_messages_total", "counter", "Messages of an origin adopted "
+                "(republished here) after it went down.", ol, messages)
+        fam.add("nsq_replication_adoptions_total", "counter", "Times an origin was adopted here.", ol, count)
+        fam.add("nsq_replication_last_adopted_epoch_seconds", "gauge", "When an origin was last adopted "
+                "(its adopted epoch, unix seconds).", ol, epoch / 1e9)

@@ -1,0 +1,94 @@
+"""What an operator sees of replication, sans-IO: each peer's sync state (in sync, catching up,
+down) and its lag in messages and seconds (:class:`PeerLag`, :func:`peer_stats`), and the
+Prometheus families /metrics renders from the /stats ``replication`` section."""
+
+from __future__ import annotations
+
+from nsqtw.nsqd.core.replication import PeerLag, ReplicationOrigin, peer_stats
+from nsqtw.nsqd.stats.prometheus import render_metrics
+
+
+def send(o: ReplicationOrigin, lag: PeerLag, now: float, messages: int) -> int:
+    o.record("t", 0, b"m" * messages, messages)
+    count = o.pending_count
+    assert o.take_batch(now) is not None
+    lag.sent(o, o.last_sent, count)
+    return o.last_sent
+
+
+def test_lag_counts_unacknowledged_messages_and_the_age_of_the_oldest():
+    o = ReplicationOrigin(["a", "b"], 1, False)
+    lag = PeerLag(0.0)
+    o.linked("a", 2, 0.0)
+    o.linked("b", 3, 0.0)
+    s1 = send(o, lag, 1.0, 3)
+    send(o, lag, 2.0, 5)
+    a, b = peer_stats(o, lag, 4.0)
+    assert (a["sync_state"], a["lag_messages"], a["lag_seconds"], a["unacked_batches"]) == ("in_sync", 8, 3.0, 2)
+    o.acked("a", s1)
+    a, b = peer_stats(o, lag, 4.0)
+    assert (a["lag_messages"], a["lag_seconds"]) == (5, 2.0)
+    assert (b["lag_messages"], b["lag_seconds"]) == (8, 3.0)
+    o.acked("a", s1 + 1)
+    o.acked("b", s1 + 1)
+    a, b = peer_stats(o, lag, 9.0)
+    assert (a["lag_messages"], a["lag_seconds"], b["lag_messages"]) == (0, 0.0, 0)
+    s3 = send(o, lag, 10.0, 1)
+    assert list(lag.sizes) == [(s3, 1)]  # what every peer acknowledged is dropped at the next batch
+
+
+def test_a_peer_down_lags_by_what_was_accepted_since_it_went_down():
+    o = ReplicationOrigin(["a"], 1, True)
+    lag = PeerLag(0.0)
+    (never,) = peer_stats(o, lag, 5.0)  # never in sync since the start
+    assert (never["sync_state"], never["state"], never["lag_seconds"]) == ("down", "connecting", 5.0)
+    o.linked("a", 2, 5.0)
+    lag.up("a")
+    send(o, lag, 6.0, 2)
+    o.unlinked("a", 7.0, "link lost")
+    lag.down("a", 7.0)
+    send(o, lag, 8.0, 4)
+    o.connecting("a", 9.0)
+    lag.down("a", 9.0)  # a retry does not move when it went down
+    send(o, lag, 9.5, 1)
+    (a,) = peer_stats(o, lag, 10.0)
+    assert (a["sync_state"], a["lag_messages"], a["lag_seconds"]) == ("down", 5, 3.0)
+    o.linked("a", 2, 11.0)
+    lag.up("a")
+    (a,) = peer_stats(o, lag, 11.0)
+    assert (a["sync_state"], a["lag_messages"], a["lag_seconds"]) == ("in_sync", 0, 0.0)
+
+
+def test_a_catching_up_peer_is_neither_in_sync_nor_down():
+    o = ReplicationOrigin(["a"], 1, False)
+    lag = PeerLag(0.0)
+    o.peers["a"].state = "catching_up"
+    (a,) = peer_stats(o, lag, 1.0)
+    assert a["sync_state"] == "catching_up"
+
+
+def test_metrics_show_peers_and_adopted_origins():
+    rep = {"status": "degraded-refusing", "min_acks": 1, "peers_in_sync": 0, "replicated_messages": 12,
+           "refused_publishes": 3, "degraded_mode": "refuse",
+           "peers": [{"address": "127.0.0.1:4163", "sync_state": "down", "state": "out_of_sync",
+                      "lag_messages": 7, "lag_seconds": 2.5, "unacked_batches": 0}],
+           "shadows": [{"origin_node_id": 3, "unfinished_messages": 4, "topics": 1, "log_bytes": 99}],
+           "adopted": [{"origin_node_id": 1, "epoch": 1_700_000_000_000_000_000, "messages": 8, "refused": 0,
+                        "at": 1_700_000_000.0},
+                       {"origin_node_id": 1, "epoch": 1_700_000_100_000_000_000, "messages": 2, "refused": 0,
+                        "at": 1_700_000_100.0}]}
+    text = render_metrics({"version": "1.3.0", "health": "OK", "start_time": 1, "topics": [],
+                           "replication": rep}).decode()
+    lines = set(text.splitlines())
+    assert 'nsq_replication_peer_in_sync{peer="127.0.0.1:4163"} 0' in lines
+    assert 'nsq_replication_peer_down{peer="127.0.0.1:4163"} 1' in lines
+    assert 'nsq_replication_peer_lag_messages{peer="127.0.0.1:4163"} 7' in lines
+    assert 'nsq_replication_peer_lag_seconds{peer="127.0.0.1:4163"} 2.5' in lines
+    assert "nsq_replication_degraded 1" in lines and "nsq_replication_refused_publishes_total 3" in lines
+    assert 'nsq_replication_shadow_messages{origin_node_id="3"} 4' in lines
+    assert 'nsq_replication_adopted_messages_total{origin_node_id="1"} 10' in lines
+    assert 'nsq_replication_adoptions_total{origin_node_id="1"} 2' in lines
+    assert 'nsq_replication_last_adopted_epoch_seconds{origin_node_id="1"} 1700000100' in lines
+    assert "# TYPE nsq_replication_adopted_messages_total counter" in lines
+    plain = render_metrics({"version": "1.3.0", "health": "OK", "start_time": 1, "topics": []}).decode()
+    assert "nsq_replication" not in plain
