@@ -26,10 +26,10 @@ async def until(predicate, seconds: float = 10.0) -> None:
 @pytest_twisted.ensureDeferred
 async def test_replication_panel_is_live_and_follows_the_peer(start_admin, browser) -> None:
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
-    address = f"127.0.0.1:{peer.service.replication_port}"
+    address = f"127.0.0.1:{peer._service.replication_port}"
     origin = await start_nsqd(node_id=1, replica_peers=[address], replication_degraded="accept")
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         admin = await start_admin(nsqd_http_addresses=[f"127.0.0.1:{origin.http_port}"],
                                   refresh_interval=0.3, history_interval=0.3)
         await browser.get(admin.url + f"nodes/127.0.0.1:{origin.http_port}")
@@ -40,7 +40,7 @@ async def test_replication_panel_is_live_and_follows_the_peer(start_admin, brows
         await browser.until(f"return window.nsqadmin.polls >= {polls + 3}", "three more polls")
         assert await browser.js("return window.nsqadmin.fragments") == 0  # same shape: cells only
         await peer.stop()
-        await until(lambda: origin.service.replication.origin.in_sync() == 0)
+        await until(lambda: origin._service.replication.origin.in_sync() == 0)
         await browser.until(f"return document.querySelector('tr[data-row=\"peer:{address}:down\"]')",
                             "the peer's row to say down")
         assert await browser.js("return window.__same_page === true && window.nsqadmin.fragments >= 1")
@@ -49,5 +49,5 @@ async def test_replication_panel_is_live_and_follows_the_peer(start_admin, brows
         assert await browser.console_errors() == []
     finally:
         await origin.stop()
-        if peer.service.running:
+        if peer._service.running:
             await peer.stop()

@@ -113,11 +113,11 @@ async def test_a_lookupd_consumer_gets_go_and_nsqtw_messages_then_the_adopted_on
     lhttp, ltcp, gtcp, ghttp = cluster
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.5,
                             broadcast_address="127.0.0.1", lookupd_tcp_addresses=[ltcp])
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"],
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
                               broadcast_address="127.0.0.1", lookupd_tcp_addresses=[ltcp])
     consumer = None
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         p = await connect_raw(origin.tcp_port)
         for body in (b"nsqtw-early", b"late-1", b"late-2", b"late-3"):
             p.send(body_command("PUB", "t", body=body))
@@ -142,12 +142,12 @@ async def test_a_lookupd_consumer_gets_go_and_nsqtw_messages_then_the_adopted_on
         assert sorted(got) == [(b"go-1", f"127.0.0.1:{gtcp}"), (b"nsqtw-early", origin_addr)]
         # the peer delivers nothing while its origin lives (no lookupd registration, no consumers)
         assert f"127.0.0.1:{peer.tcp_port}" not in {m.nsqd_address for m in held}
-        await until(lambda: len(peer.service.shadow_files.states[1].messages) == 3)  # the FIN reached it
+        await until(lambda: len(peer._service.shadow_files.states[1].messages) == 3)  # the FIN reached it
 
         await origin.stop()
         await go_pub(ghttp, b"go-2")
-        await until(lambda: peer.service.adoption.adopted)
-        assert peer.service.adoption.adopted[0][:3] == (1, 3, 0)
+        await until(lambda: peer._service.adoption.adopted)
+        assert peer._service.adoption.adopted[0][:3] == (1, 3, 0)
         peer_addr = f"127.0.0.1:{peer.tcp_port}"
         await until(lambda: len(got) == 6)
         assert sorted(got) == sorted([(b"go-1", f"127.0.0.1:{gtcp}"), (b"nsqtw-early", origin_addr),
@@ -156,6 +156,6 @@ async def test_a_lookupd_consumer_gets_go_and_nsqtw_messages_then_the_adopted_on
     finally:
         if consumer is not None:
             await consumer.stop()
-        if origin.service.running:
+        if origin._service.running:
             await origin.stop()
         await peer.stop()

@@ -46,12 +46,12 @@ def metric_lines(body: bytes) -> set[str]:
 @pytest_twisted.ensureDeferred
 async def test_stats_metrics_and_nsqadmin_show_peers_lag_and_adoption():
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3)
-    address = f"127.0.0.1:{peer.service.replication_port}"
+    address = f"127.0.0.1:{peer._service.replication_port}"
     origin = await start_nsqd(node_id=1, replica_peers=[address], replication_degraded="accept")
     admin = await start_nsqadmin(nsqd_http_addresses=[f"127.0.0.1:{origin.http_port}",
                                                       f"127.0.0.1:{peer.http_port}"])
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         c = await connect_raw(origin.tcp_port)
         c.send(mpub_command("t", [b"a", b"b", b"c"]))
         assert await c.response() == b"OK"
@@ -77,7 +77,7 @@ async def test_stats_metrics_and_nsqadmin_show_peers_lag_and_adoption():
         # the peer dies: down, lagging by what the origin accepted since (degraded=accept)
         await c.close()
         await peer.stop()
-        await until(lambda: origin.service.replication.origin.in_sync() == 0)
+        await until(lambda: origin._service.replication.origin.in_sync() == 0)
         c = await connect_raw(origin.tcp_port)
         c.send(mpub_command("t", [b"d", b"e"]))
         assert await c.response() == b"OK"
@@ -95,17 +95,17 @@ async def test_stats_metrics_and_nsqadmin_show_peers_lag_and_adoption():
     finally:
         await admin.stop()
         await origin.stop()
-        if peer.service.running:
+        if peer._service.running:
             await peer.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_the_adopter_shows_the_origins_it_adopted():
     peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer.service.replication_port}"])
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     admin = await start_nsqadmin(nsqd_http_addresses=[f"127.0.0.1:{peer.http_port}"])
     try:
-        await until(lambda: origin.service.replication.origin.in_sync() == 1)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
         c = await connect_raw(origin.tcp_port)
         c.send(mpub_command("t", [b"a", b"b", b"c"]))
         assert await c.response() == b"OK"
@@ -115,7 +115,7 @@ async def test_the_adopter_shows_the_origins_it_adopted():
         assert [(s["origin_node_id"], s["unfinished_messages"]) for s in shadow] == [(1, 4)]
         await c.close()
         await origin.stop()
-        await until(lambda: peer.service.adoption.adopted)
+        await until(lambda: peer._service.adoption.adopted)
         (ad,) = (await stats(peer))["replication"]["adopted"]
         assert (ad["origin_node_id"], ad["messages"], ad["refused"]) == (1, 4, 0)
         assert ad["epoch"] == int(ad["at"] * 1e9) and ad["epoch"] > 0
@@ -130,7 +130,7 @@ async def test_the_adopter_shows_the_origins_it_adopted():
         assert code == 200 and "Adopted origins" in html and f'data-row="adopted:1:{ad["epoch"]}"' in html
     finally:
         await admin.stop()
-        if origin.service.running:
+        if origin._service.running:
             await origin.stop()
         await peer.stop()
 
