@@ -41,6 +41,8 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
+# the public signatures' reactor/clock/HTTP-client types, shown by name (api/embed.rst says each)
+autodoc_type_aliases = {name: name for name in ("ListeningReactor", "Clock", "TreqClient")}
 autodoc_class_signature = "separated"
 autodoc_default_options = {"members": True, "show-inheritance": True, "exclude-members": "__init__, __new__"}
 
