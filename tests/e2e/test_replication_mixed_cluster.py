@@ -69,17 +69,18 @@ async def spawn_go(binary: str, args: list[str], ping: str, tmp: Path) -> tuple[
     raise AssertionError(f"Go's {binary} did not answer /ping")
 
 
+# skipped here, not in the fixture: a skip raised inside pytest-twisted's async fixture errors instead
+pytestmark = pytest.mark.skipif(not (os.access(GO / "nsqd", os.X_OK) and os.access(GO / "nsqlookupd", os.X_OK)),
+                                reason=f"Go's nsqd and nsqlookupd 1.3.0 are not in {GO} (../shared/anchors)")
+
+
 @pytest_twisted.async_yield_fixture(params=["nsqtw-lookupd", "go-lookupd"])
 async def cluster(request, tmp_path):
     """(lookupd http address, lookupd tcp address, Go nsqd tcp port, Go nsqd http address)."""
-    if not os.access(GO / "nsqd", os.X_OK):
-        pytest.skip(f"Go's nsqd 1.3.0 is not at {GO / 'nsqd'} (../shared/anchors)")
     procs: list[tuple[Any, _Process]] = []
     lookupd = None
     try:
         if request.param == "go-lookupd":
-            if not os.access(GO / "nsqlookupd", os.X_OK):
-                pytest.skip(f"Go's nsqlookupd 1.3.0 is not at {GO / 'nsqlookupd'} (../shared/anchors)")
             ltcp, lhttp = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
             (tmp_path / "lookupd").mkdir()
             procs.append(await spawn_go("nsqlookupd", [f"--tcp-address={ltcp}", f"--http-address={lhttp}",
