@@ -89,7 +89,7 @@ class NsqdService(MultiService):
             self.broker = ReplicatedBroker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
             self.replication = ReplicationService(options, reactor, instance=self.instance,
                                                   name=options.broadcast_address, turn=self.turn,
-                                                  topology=self._topology)
+                                                  broker=self.broker, data_path=self.data_path)
             origin = self.replication.origin
             self.broker.replicate = self.replication.record
             self.broker.replicate_fin = origin.fin
@@ -232,7 +232,7 @@ class NsqdService(MultiService):
         self.metadata_fragments.touch(topic)
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
             self._sampler.stale = True
-        if event != Event.PAUSED and not self.broker.loading and not self.broker.exiting:
+        if event != Event.PAUSED and event != Event.EMPTIED and not self.broker.loading and not self.broker.exiting:
             if not topic.endswith("#ephemeral") and not (channel or "").endswith("#ephemeral"):
                 self.persist_metadata()
 
@@ -283,11 +283,6 @@ class NsqdService(MultiService):
         result = adopt(self.broker, state, self.reactor.seconds())
         self.settle()
         return result
-
-    def _topology(self) -> list[tuple[str, list[str]]]:
-        """Every durable topic and its durable channels (what a peer's shadow mirrors)."""
-        return [(t.name, [c for c in t.channels if not c.endswith("#ephemeral")])
-                for t in self.broker.topics.values() if not t.ephemeral]
 
     def set_options(self, **changes: Any) -> None:
         self.options = self.options.replace(**changes)

@@ -197,14 +197,22 @@ async def test_stalled_peer_and_wrong_protocol_are_out_of_sync():
 
 @pytest_twisted.ensureDeferred
 async def test_a_peer_that_stalls_after_a_batch_fails_the_held_publish():
-    """The peer accepts HELLO then never ACKs: after --replication-timeout the held PUB is refused."""
+    """The peer accepts HELLO and acknowledges the catch-up snapshot, then never ACKs again:
+    after --replication-timeout the held PUB is refused."""
     from nsqtw.protocol import replication as wire
 
     class _NoAck(protocol.Protocol):
+        def connectionMade(self) -> None:
+            self.decoder = wire.LinkDecoder(expect_magic=True)
+            self.acked = False
+
         def dataReceived(self, data: bytes) -> None:
-            if not getattr(self, "greeted", False):
-                self.greeted = True
-                self.transport.write(wire.encode_hello(9, b"x" * 16, "noack"))
+            for kind, body in self.decoder.feed(data):
+                if kind == wire.HELLO:
+                    self.transport.write(wire.encode_hello(9, b"x" * 16, "noack"))
+                elif kind == wire.BATCH and not self.acked:  # the snapshot, then silence
+                    self.acked = True
+                    self.transport.write(wire.encode_ack(int.from_bytes(body[:8], "big")))
 
     port = await _serve(_NoAck)
     origin = await start_nsqd(node_id=1, replication_timeout=0.3,

@@ -29,13 +29,22 @@ from .broker import Broker
 from .channel import Channel
 from .client import ClientState
 from .topic import Topic
+from ...protocol.names import is_ephemeral
 
 __all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
-           "IN_SYNC", "CONNECTING", "OUT_OF_SYNC"]
+           "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "chunks", "topology_entries",
+           "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES"]
 
 IN_SYNC = "in_sync"
+CATCHING_UP = "catching_up"
 CONNECTING = "connecting"
 OUT_OF_SYNC = "out_of_sync"
+
+#: a peer more messages behind than this (sent, not acknowledged) has fallen behind: its link is
+#: dropped and it catches up from a snapshot when it links again
+MAX_LAG_MESSAGES = 1_000_000
+#: a catch-up snapshot goes out in batches of about this many bytes
+SNAPSHOT_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class PublishRefused(Exception):
@@ -46,7 +55,8 @@ class PublishRefused(Exception):
 class PeerState:
     """What the origin knows of one peer."""
 
-    __slots__ = ("address", "state", "node_id", "base", "acked", "unacked", "since", "reason")
+    __slots__ = ("address", "state", "node_id", "base", "acked", "unacked", "since", "reason",
+                 "catchup_seq", "lag_messages", "catch_ups")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -55,8 +65,14 @@ class PeerState:
         #: the last batch sent before this peer came in sync: it never saw those
         self.base = 0
         self.acked = 0
-        #: (sequence, sent at) of every batch it has not acknowledged yet
-        self.unacked: deque[tuple[int, float]] = deque()
+        #: (sequence, sent at, messages) of every batch it has not acknowledged yet
+        self.unacked: deque[tuple[int, float, int]] = deque()
+        #: catching up: in sync once it acknowledged this batch (the snapshot's last)
+        self.catchup_seq = 0
+        #: messages sent to it and not acknowledged yet
+        self.lag_messages = 0
+        #: snapshots sent to it
+        self.catch_ups = 0
         #: when it entered its current state
         self.since = 0.0
         self.reason = ""
@@ -65,8 +81,10 @@ class PeerState:
 class ReplicationOrigin:
     """The origin's side: records, batches, acknowledgements and the publish barrier."""
 
-    def __init__(self, peers: list[str], min_acks: int, accept_degraded: bool) -> None:
+    def __init__(self, peers: list[str], min_acks: int, accept_degraded: bool,
+                 max_lag: int = MAX_LAG_MESSAGES) -> None:
         self.peers = {address: PeerState(address) for address in peers}
+        self.max_lag = max_lag
         self.min_acks = min_acks
         self.accept_degraded = accept_degraded
         self.pending: list[wire.Entry] = []
@@ -126,15 +144,17 @@ class ReplicationOrigin:
         seq = self.next_seq
         self.next_seq += 1
         self.last_sent = seq
-        targets = [p for p in self.peers.values() if p.state == IN_SYNC]
-        # no peer in sync: nothing is encoded (degraded=accept, or publishes being refused)
+        targets = [p for p in self.peers.values() if p.state == IN_SYNC or p.state == CATCHING_UP]
+        # no peer linked: nothing is encoded (degraded=accept, or publishes being refused)
         frame = wire.encode_batch(seq, self.pending) if targets else b""
+        count = self.pending_count
         if targets:
-            self.replicated_messages += self.pending_count
+            self.replicated_messages += count
         self.pending = []
         self.pending_count = 0
         for p in targets:
-            p.unacked.append((seq, now))
+            p.unacked.append((seq, now, count))
+            p.lag_messages += count
         return frame, targets
 
     def connecting(self, address: str, now: float) -> None:
@@ -142,16 +162,37 @@ class ReplicationOrigin:
         peer.state = CONNECTING
         peer.since = now
 
-    def linked(self, address: str, node_id: int, now: float) -> None:
-        """The peer answered HELLO: it receives every batch from the next one on."""
+    def linked(self, address: str, node_id: int, now: float, snapshot: list[wire.Entry] | None = None,
+               batch_bytes: int = SNAPSHOT_BATCH_BYTES) -> list[bytes]:
+        """The peer answered HELLO: it is catching up.  Returns the batch frames to send it
+        first: ``snapshot`` (everything outstanding, see :func:`outstanding`; whatever was
+        recorded before must have been sent with :meth:`take_batch` already); it receives
+        every live batch after them, and counts toward ``--replication-min-acks`` once it
+        acknowledged the snapshot's last batch.  Without a snapshot it is in sync at once and
+        counts for the batches sent from now on only."""
         peer = self.peers[address]
-        peer.state = IN_SYNC
+        peer.state = CATCHING_UP if snapshot is not None else IN_SYNC
         peer.node_id = node_id
         peer.base = self.last_sent
         peer.acked = self.last_sent
         peer.unacked.clear()
+        peer.lag_messages = 0
         peer.since = now
         peer.reason = ""
+        frames: list[bytes] = []
+        if snapshot is None:
+            return frames
+        peer.catch_ups += 1
+        for entries in chunks(snapshot, batch_bytes):
+            seq = self.next_seq
+            self.next_seq += 1
+            self.last_sent = seq
+            count = sum(1 for e in entries if e[0] == wire.SNAP_MSG)
+            frames.append(wire.encode_batch(seq, entries))
+            peer.unacked.append((seq, now, count))
+            peer.lag_messages += count
+        peer.catchup_seq = self.last_sent
+        return frames
 
     def unlinked(self, address: str, now: float, reason: str) -> tuple[list[Any], list[Any]]:
         """The link is gone (closed, refused, stalled): the peer is out of sync; returns the
@@ -162,28 +203,44 @@ class ReplicationOrigin:
         peer.state = OUT_OF_SYNC
         peer.reason = reason
         peer.unacked.clear()
+        peer.lag_messages = 0
         return self._settle()
 
-    def acked(self, address: str, seq: int) -> list[Any]:
-        """The peer stored every batch up to ``seq``: the held answers now released."""
+    def acked(self, address: str, seq: int, now: float = 0.0) -> list[Any]:
+        """The peer stored every batch up to ``seq``: the held answers now released (a peer
+        catching up is in sync once it stored the snapshot's last batch)."""
         peer = self.peers[address]
-        if peer.state != IN_SYNC or seq <= peer.acked:
+        if (peer.state != IN_SYNC and peer.state != CATCHING_UP) or seq <= peer.acked:
             return []
         peer.acked = seq
         unacked = peer.unacked
         while unacked and unacked[0][0] <= seq:
-            unacked.popleft()
+            peer.lag_messages -= unacked.popleft()[2]
+        if peer.state == CATCHING_UP:
+            if seq < peer.catchup_seq:
+                return []
+            # it holds everything outstanding (the snapshot) and every batch since
+            peer.state = IN_SYNC
+            peer.base = 0
+            peer.since = now
         return self._settle()[0]
 
     def overdue(self, now: float, timeout: float) -> list[str]:
         """Peers whose oldest batch (or HELLO) went unanswered for ``timeout``: stalled links."""
         out = []
         for p in self.peers.values():
-            if p.state == IN_SYNC and p.unacked and now - p.unacked[0][1] >= timeout:
-                out.append(p.address)
-            elif p.state == CONNECTING and now - p.since >= timeout:
+            if p.state != IN_SYNC and p.state != CATCHING_UP:
+                if p.state == CONNECTING and now - p.since >= timeout:
+                    out.append(p.address)
+            elif p.unacked and now - p.unacked[0][1] >= timeout:
                 out.append(p.address)
         return out
+
+    def behind(self) -> list[str]:
+        """Peers more than ``max_lag`` messages behind: fallen behind (drop their link; they
+        catch up from a snapshot when they link again)."""
+        return [p.address for p in self.peers.values()
+                if (p.state == IN_SYNC or p.state == CATCHING_UP) and p.lag_messages > self.max_lag]
 
     # --- the barrier ---------------------------------------------------------------
 
@@ -247,19 +304,29 @@ class ReplicationOrigin:
         self.waiting = []
         return failed
 
-    def stats(self, now: float) -> dict[str, Any]:
-        peers = []
+    def peer_stats(self, now: float) -> list[dict[str, Any]]:
+        """Per peer: ``address``, ``state`` (``in_sync``, ``catching_up``, ``connecting``,
+        ``out_of_sync``), ``lag_messages`` (sent, not yet acknowledged), ``lag_seconds`` (age
+        of the oldest unacknowledged batch, 0 when none), ``unacked_batches``,
+        ``seconds_in_state``, ``catch_ups`` (snapshots sent), and ``node_id`` and ``reason``
+        when known.  The one source of every per-peer figure (/stats, metrics, views)."""
+        out = []
         for p in self.peers.values():
             entry: dict[str, Any] = {"address": p.address, "state": p.state,
+                                     "lag_messages": p.lag_messages,
+                                     "lag_seconds": round(max(0.0, now - p.unacked[0][1]), 3) if p.unacked else 0.0,
                                      "unacked_batches": len(p.unacked),
-                                     "seconds_in_state": round(max(0.0, now - p.since), 3)}
+                                     "seconds_in_state": round(max(0.0, now - p.since), 3),
+                                     "catch_ups": p.catch_ups}
             if p.node_id is not None:
                 entry["node_id"] = p.node_id
-            if p.unacked:
-                entry["lag_seconds"] = round(max(0.0, now - p.unacked[0][1]), 3)
             if p.reason:
                 entry["reason"] = p.reason
-            peers.append(entry)
+            out.append(entry)
+        return out
+
+    def stats(self, now: float) -> dict[str, Any]:
+        peers = self.peer_stats(now)
         in_sync = self.in_sync()
         if in_sync >= self.min_acks:
             status = "ok"
@@ -275,12 +342,12 @@ class ReplicationOrigin:
 class OriginLink:
     """The origin's end of one link: send MAGIC and HELLO, read the peer's HELLO, then ACKs."""
 
-    def __init__(self, node_id: int, instance: bytes, name: str) -> None:
+    def __init__(self, node_id: int, instance: bytes, name: str, epoch: int = 0) -> None:
         self.node_id = node_id
         self.instance = instance
         self._decoder = wire.LinkDecoder()
         self.hello: wire.Hello | None = None
-        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name)
+        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name, epoch)
 
     def start(self) -> bytes:
         return self._greeting
@@ -314,10 +381,14 @@ class ShadowReceiver:
     """The peer's end of one link: the origin's HELLO, then batches to store and acknowledge.
 
     ``store(origin_node_id, batch_body)`` keeps one batch in that origin's shadow (raising
-    ``OSError`` when the disk refuses it)."""
+    ``OSError`` when the disk refuses it); ``adopted(origin_node_id, epoch)`` is the highest
+    message ID this node adopted of that origin's epoch (:data:`~wire.NO_ID`: none), the
+    answer its HELLO carries."""
 
     def __init__(self, node_id: int, instance: bytes, name: str,
-                 store: Callable[[int, bytes], None]) -> None:
+                 store: Callable[[int, bytes], None],
+                 adopted: Callable[[int, int], bytes] = lambda origin, epoch: wire.NO_ID) -> None:
+        self.adopted = adopted
         self.node_id = node_id
         self.instance = instance
         self.name = name
@@ -351,7 +422,8 @@ class ShadowReceiver:
                 if hello.node_id == self.node_id:
                     return self._refuse(f"E_SAME_NODE_ID both nodes have --node-id={self.node_id}")
                 self.origin = hello
-                out.append(wire.encode_hello(self.node_id, self.instance, self.name))
+                out.append(wire.encode_hello(self.node_id, self.instance, self.name, 0,
+                                             self.adopted(hello.node_id, hello.epoch)))
             elif kind == wire.BATCH:
                 if len(body) < 8:
                     return b"".join(out) + self._refuse("E_BAD_PROTOCOL malformed BATCH")
@@ -464,14 +536,64 @@ class ShadowMessage:
 
 class ShadowState:
     """An origin's topics, channels and unfinished messages, rebuilt from its BATCH items in
-    order: a message is dropped once every channel that got it finished it (or was deleted)."""
+    order: a message is dropped once every channel that got it finished it (or was deleted or
+    emptied).  A catch-up snapshot (``SNAP_BEGIN`` ... ``SNAP_END``) is built aside and replaces
+    the state once it is whole; ``epoch`` is the origin's epoch it came with, ``max_id`` the
+    highest message ID this shadow ever held (what an adoption reports back to the origin)."""
 
     def __init__(self) -> None:
         self.topics: dict[str, set[str]] = {}
         self.messages: dict[bytes, ShadowMessage] = {}
+        #: paused topics (channel "") and channels
+        self.paused: set[tuple[str, str]] = set()
         self.live_bytes = 0
+        self.epoch = 0
+        self.max_id = wire.NO_ID
+        self._staged: ShadowState | None = None
+        #: snapshots that replaced the state so far
+        self.snapshots = 0
+
+    @property
+    def catching_up(self) -> bool:
+        """A snapshot is being received (the state is still the one from before it)."""
+        return self._staged is not None
 
     def apply(self, entries: list[wire.Entry]) -> None:
+        target = self._staged if self._staged is not None else self
+        seg: list[wire.Entry] = []
+        for entry in entries:
+            kind = entry[0]
+            if kind == wire.SNAP_BEGIN:
+                target._apply(seg)
+                seg = []
+                target = self._staged = ShadowState()
+                if len(entry[4]) == 8:
+                    target.epoch = int.from_bytes(entry[4], "big")
+            elif kind == wire.SNAP_END:
+                target._apply(seg)
+                seg = []
+                staged = self._staged
+                if staged is not None:
+                    if len(entry[4]) == 16 and entry[4] > staged.max_id:
+                        staged.max_id = entry[4]
+                    self._replace(staged)
+                target = self
+            else:
+                seg.append(entry)
+        target._apply(seg)
+
+    def _replace(self, staged: ShadowState) -> None:
+        self.topics = staged.topics
+        self.messages = staged.messages
+        self.paused = staged.paused
+        self.live_bytes = staged.live_bytes
+        self.epoch = staged.epoch
+        if staged.max_id > self.max_id:
+            self.max_id = staged.max_id
+        self._staged = None
+        self.snapshots += 1
+
+    def _apply(self, entries: list[wire.Entry]) -> None:
         opened: list[ShadowMessage] = []
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
@@ -481,13 +603,17 @@ class ShadowState:
                 messages = self.messages
                 pos = 0
                 end = len(data)
+                mid = b""
                 while pos < end:
                     stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
                     if stop > end:
                         raise wire.LinkError("truncated message frame")
                     frame = data[pos:stop]
-                    messages[frame[18:34]] = ShadowMessage(topic, due, frame, pending)
+                    mid = frame[18:34]
+                    messages[mid] = ShadowMessage(topic, due, frame, pending)
                     pos = stop
+                if mid > self.max_id:  # the IDs of one origin increase: the last is the highest
+                    self.max_id = mid
                 self.live_bytes += end
             elif kind == wire.FIN:
                 messages = self.messages
@@ -503,6 +629,8 @@ class ShadowState:
                     held = self.messages.get(mid)
                     if held is not None:
                         held.due = when
+            elif kind == wire.SNAP_MSG:
+                self._snap_msg(topic, channel, due, data)
             elif kind == wire.TOPIC_NEW:
                 self.topics.setdefault(topic, set())
             elif kind == wire.CHANNEL_NEW:
@@ -515,19 +643,50 @@ class ShadowState:
                             if not m.open:
                                 m.open = True
                             opened.append(m)
-            elif kind == wire.CHANNEL_DEL:
-                self.topics.get(topic, set()).discard(channel)
+            elif kind == wire.CHANNEL_DEL or (kind == wire.EMPTY and channel):
+                if kind == wire.CHANNEL_DEL:
+                    self.topics.get(topic, set()).discard(channel)
+                    self.paused.discard((topic, channel))
                 for mid, m in list(self._items_of_topic(topic)):
                     if m.pending is not None and channel in m.pending:
                         m.pending = m.pending - {channel}
                         if not m.pending:
                             self._drop(mid, m)
+            elif kind == wire.EMPTY:  # the topic's own queue: what no channel got yet
+                for mid, m in list(self._items_of_topic(topic)):
+                    if m.pending is None:
+                        self._drop(mid, m)
+            elif kind == wire.PAUSE:
+                self.paused.add((topic, channel))
+            elif kind == wire.UNPAUSE:
+                self.paused.discard((topic, channel))
             elif kind == wire.TOPIC_DEL:
                 self.topics.pop(topic, None)
+                self.paused = {p for p in self.paused if p[0] != topic}
                 for mid, m in list(self._items_of_topic(topic)):
                     self._drop(mid, m)
         for m in opened:  # channels created in one batch all get the backlog; later ones do not
             m.open = False
+
+    def _snap_msg(self, topic: str, channel: str, due: int, data: bytes) -> None:
+        """Messages a snapshot says one channel (or the topic's queue, ``channel`` empty) holds."""
+        messages = self.messages
+        top = self.max_id
+        for frame in wire.split_frames(data):
+            mid = frame[18:34]
+            if mid > top:
+                top = mid
+            held = messages.get(mid)
+            if held is None:
+                m = ShadowMessage(topic, due, frame, frozenset((channel,)) if channel else None)
+                m.open = False
+                messages[mid] = m
+                self.live_bytes += len(frame)
+            elif channel and held.pending is not None:
+                held.pending = held.pending | {channel}
+                if due < held.due:  # deferred on one channel, due now on another: the earlier
+                    held.due = due
+        self.max_id = top
 
     def _of_topic(self, topic: str) -> list[ShadowMessage]:
         return [m for m in self.messages.values() if m.topic == topic]
@@ -545,20 +704,99 @@ class ShadowState:
 
     def snapshot(self) -> list[wire.Entry]:
         """BATCH items that rebuild this state from nothing (a compacted shadow log)."""
-        out: list[wire.Entry] = []
-        for topic, channels in self.topics.items():
-            out.append((wire.TOPIC_NEW, topic, "", 0, b""))
-            for ch in sorted(channels):
-                out.append((wire.CHANNEL_NEW, topic, ch, 0, b""))
-        fins: dict[tuple[str, str], list[bytes]] = {}
-        for mid, m in self.messages.items():
-            out.append(wire.message_entry(m.topic, m.due, m.frame))
-            if m.pending is not None:
-                for ch in self.topics.get(m.topic, set()) - m.pending:
-                    fins.setdefault((m.topic, ch), []).append(mid)
-        for (topic, ch), ids in fins.items():
-            out.append((wire.FIN, topic, ch, 0, b"".join(ids)))
+        out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(self.epoch))]
+        out.extend(topology_entries((t, sorted(chs)) for t, chs in self.topics.items()))
+        out.extend((wire.PAUSE, t, c, 0, b"") for t, c in sorted(self.paused))
+        for m in self.messages.values():
+            if m.pending is None:
+                out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
+            else:
+                out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.frame) for ch in sorted(m.pending))
+        out.append((wire.SNAP_END, "", "", 0, self.max_id))
         return out
+
+
+def topology_entries(topics: Any) -> list[wire.Entry]:
+    out: list[wire.Entry] = []
+    for topic, channels in topics:
+        out.append((wire.TOPIC_NEW, topic, "", 0, b""))
+        out.extend((wire.CHANNEL_NEW, topic, ch, 0, b"") for ch in channels)
+    return out
+
+
+_BIG = 1 << 40
+
+
+def outstanding(broker: Broker, epoch: int) -> list[wire.Entry]:
+    """A catch-up snapshot of an origin's broker: every durable topic and channel, which are
+    paused, and every message not finished on each channel (queued in memory or on disk, in
+    flight, deferred with its due time) or waiting in a topic's own queue, framed by
+    ``SNAP_BEGIN``/``SNAP_END``.  Reads only; changes no position, counter or state."""
+    out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(epoch))]
+    top = wire.NO_ID
+    msgs: list[wire.Entry] = []
+
+    def add(topic: str, channel: str, due: int, frames: list[bytes]) -> None:
+        nonlocal top
+        if not frames:
+            return
+        for f in frames:
+            mid = f[18:34]
+            if mid > top:
+                top = mid
+        msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames)))
+
+    def queued(topic: str, channel: str, mem: Any, backend: Any) -> None:
+        add(topic, channel, 0, mem.peek(mem.depth()))
+        peek = getattr(backend, "peek", None)
+        if peek is not None and backend.depth():
+            now_frames = []
+            for head, _, due in peek(backend.depth() + 1, _BIG):
+                if due is None:
+                    now_frames.append(head)
+                else:
+                    add(topic, channel, int(due * 1e9), [head])
+            add(topic, channel, 0, now_frames)
+
+    for t in list(broker.topics.values()):
+        if t.ephemeral:
+            continue
+        names = [c for c in t.channels if not is_ephemeral(c)]
+        out.extend(topology_entries([(t.name, names)]))
+        if t.paused:
+            out.append((wire.PAUSE, t.name, "", 0, b""))
+        queued(t.name, "", t.mem, t.backend)
+        for at, frame in t.deferred:
+            add(t.name, "", int(at * 1e9), [frame])
+        for name in names:
+            ch = t.channels[name]
+            if ch.paused:
+                out.append((wire.PAUSE, t.name, name, 0, b""))
+            add(t.name, name, 0, [f for mid, ep in ch.inflight.items()
+                                  if (f := ep.msgs.get(mid)) is not None])
+            queued(t.name, name, ch.mem, ch.backend)
+            for at, _, frame in ch.deferred:
+                add(t.name, name, int(at * 1e9), [frame])
+    out.extend(msgs)
+    out.append((wire.SNAP_END, "", "", 0, top))
+    return out
+
+
+def chunks(entries: list[wire.Entry], limit: int) -> list[list[wire.Entry]]:
+    """``entries`` cut into batches of about ``limit`` bytes of data each."""
+    out: list[list[wire.Entry]] = []
+    cur: list[wire.Entry] = []
+    size = 0
+    for e in entries:
+        cur.append(e)
+        size += len(e[4]) + 40
+        if size >= limit:
+            out.append(cur)
+            cur = []
+            size = 0
+    if cur or not out:
+        out.append(cur)
+    return out
 
 
 # --- adoption ---------------------------------------------------------------------------
@@ -625,4 +863,12 @@ def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
             adopted += 1
         except Exception:
             refused += 1
+    for topic_name, channel_name in sorted(state.paused):  # paused on the origin: paused here
+        t = broker.topics.get(topic_name)
+        if t is None:
+            continue
+        if not channel_name:
+            t.pause()
+        elif (c := t.channels.get(channel_name)) is not None:
+            c.pause()
     return adopted, refused
