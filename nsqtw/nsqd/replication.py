@@ -428,6 +428,10 @@ class ReplicationService(Service):
         self.origin.record(topic, due_ns, frames, count)
         self.turn.soon(self._flush)
 
+    def record_entries(self, entries: list[wire.Entry]) -> None:
+        self.origin.record_entries(entries)
+        self.turn.soon(self._flush)
+
     def on_event(self, event: str, topic: str, channel: str | None) -> None:
         """The broker's topic and channel creations and deletions, in order on the link."""
         if is_ephemeral(topic) or (channel is not None and is_ephemeral(channel)):

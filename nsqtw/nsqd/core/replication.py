@@ -33,7 +33,7 @@ from ...protocol.names import is_ephemeral
 
 __all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
            "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "chunks", "topology_entries",
-           "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES"]
+           "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "onward_entries"]
 
 IN_SYNC = "in_sync"
 CATCHING_UP = "catching_up"
@@ -105,6 +105,11 @@ class ReplicationOrigin:
         """A publish was stored locally: ``count`` message frames for ``topic``."""
         self.pending.append((wire.MSG, topic, "", due_ns, frames))
         self.pending_count += count
+
+    def record_entries(self, entries: list[wire.Entry]) -> None:
+        """Items recorded as they are (adopted messages replicated onward: ``SNAP_MSG``)."""
+        self.pending.extend(entries)
+        self.pending_count += sum(1 for e in entries if e[0] == wire.SNAP_MSG)
 
     def op(self, kind: int, topic: str, channel: str = "") -> None:
         """A topic or channel was created or deleted: in order with the publishes."""
@@ -834,6 +839,19 @@ class AdoptAfterTimeout:
         for o in out:
             del self.down_since[o]
         return out
+
+
+def onward_entries(state: ShadowState) -> list[wire.Entry]:
+    """An adopted shadow as BATCH items for the adopter's own peers: its topics and channels,
+    then each unfinished message to exactly the channels that had not finished it (or to its
+    topic's own queue), with its due time (``SNAP_MSG`` items outside a snapshot)."""
+    out = topology_entries((t, sorted(chs)) for t, chs in state.topics.items())
+    for m in state.unfinished():
+        if m.pending is None:
+            out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
+        else:
+            out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.frame) for ch in sorted(m.pending))
+    return out
 
 
 def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
