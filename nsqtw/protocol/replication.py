@@ -18,7 +18,10 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
              ``data`` the message frames exactly as nsqd stores them (size, type,
              timestamp, attempts, ID, body)
            * ``TOPIC_NEW``, ``TOPIC_DEL``, ``CHANNEL_NEW``, ``CHANNEL_DEL``: no data
-           * ``FIN``: ``data`` the 16-byte IDs a channel finished
+           * ``FIN``: ``data`` what a channel finished as ranges of IDs: 32 bytes each, the
+             first and the last ID of a run of consecutive IDs (the IDs of one origin are
+             increasing 64-bit integers in 16 hex digits, so a consumer finishing in publish
+             order sends one range per batch of messages)
            * ``REQ``: ``data`` 24 bytes each: an ID a channel requeued and its new due
              time (i64 ns since the epoch)
            * ``PAUSE``, ``UNPAUSE``, ``EMPTY``: of a channel, or of the topic when ``channel``
@@ -45,7 +48,7 @@ from collections.abc import Iterator, Sequence
 __all__ = [
     "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
     "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
-    "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "NO_ID", "epoch_data",
+    "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "NO_ID", "epoch_data", "fin_data", "fin_ids",
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "decode_batch",
     "encode_ack", "decode_ack", "encode_error",
@@ -124,6 +127,45 @@ def message_entry(topic: str, due: int, frames: bytes) -> Entry:
 
 def req_data(items: Sequence[tuple[bytes, int]]) -> bytes:
     return b"".join(_REQ.pack(mid, due) for mid, due in items)
+
+
+_HEX16 = b"%016x".__mod__
+
+
+def fin_data(ids: Sequence[bytes]) -> bytes:
+    """FIN ``data`` for a channel's finished IDs: sorted, consecutive ones as one range."""
+    try:
+        nums = sorted(set(int(m, 16) for m in ids))
+    except ValueError:  # not hex (not an nsqd's ID): each ID a range of its own
+        return b"".join(m + m for m in ids)
+    out = []
+    lo = hi = nums[0] if nums else 0
+    for n in nums[1:]:
+        if n == hi + 1:
+            hi = n
+            continue
+        out.append(_HEX16(lo) + _HEX16(hi))
+        lo = hi = n
+    if nums:
+        out.append(_HEX16(lo) + _HEX16(hi))
+    return b"".join(out)
+
+
+def fin_ids(data: bytes) -> Iterator[bytes]:
+    """Every ID of FIN ``data`` (its ranges expanded)."""
+    for i in range(0, len(data) - 31, 32):
+        lo = data[i:i + 16]
+        hi = data[i + 16:i + 32]
+        if lo == hi:
+            yield lo
+            continue
+        try:
+            a, b = int(lo, 16), int(hi, 16)
+        except ValueError:
+            raise LinkError("malformed FIN range") from None
+        if b < a or b - a > 1 << 24:
+            raise LinkError("malformed FIN range")
+        yield from map(_HEX16, range(a, b + 1))
 
 
 def split_req(data: bytes) -> list[tuple[bytes, int]]:

@@ -92,7 +92,7 @@ def test_shadow_swaps_in_a_whole_snapshot_and_keeps_the_old_one_if_cut_short():
     assert s.messages[mid(5)].due == 5 and s.paused == {("t", "d")}
     assert s.max_id == mid(6)
     # the live stream after it applies as always
-    s.apply([(wire.FIN, "t", "c", 0, mid(3) + mid(4))])
+    s.apply([(wire.FIN, "t", "c", 0, wire.fin_data([mid(3), mid(4)]))])
     assert set(s.messages) == {mid(4), mid(5), mid(6)}
     # and the compacted form rebuilds the same state
     again = ShadowState()

@@ -32,7 +32,7 @@ def op(kind: int, topic: str, channel: str = "") -> wire.Entry:
 
 
 def fin(topic: str, channel: str, *ns: int) -> wire.Entry:
-    return (wire.FIN, topic, channel, 0, b"".join(mid(n) for n in ns))
+    return (wire.FIN, topic, channel, 0, wire.fin_data([mid(n) for n in ns]))
 
 
 def test_a_message_is_dropped_once_every_channel_finished_it():
@@ -92,7 +92,33 @@ def test_origin_sends_fins_and_reqs_per_channel_in_one_batch():
     [(kind, body)] = wire.LinkDecoder().feed(frame_bytes)
     _, entries = wire.decode_batch(body)
     assert [(k, t, c) for k, t, c, _, _ in entries] == [(wire.REQ, "t", "b"), (wire.FIN, "t", "a")]
-    assert entries[1][4] == mid(1) + mid(2) + mid(3)
+    assert entries[1][4] == mid(1) + mid(3)  # one range: 1 to 3
+    assert list(wire.fin_ids(entries[1][4])) == [mid(1), mid(2), mid(3)]
+
+
+def test_fin_ranges_merge_consecutive_ids_in_any_order():
+    ids = [b"%016x" % n for n in (7, 3, 4, 5, 9, 4)]
+    data = wire.fin_data(ids)
+    assert data == b"%016x%016x%016x%016x%016x%016x" % (3, 5, 7, 7, 9, 9)
+    assert list(wire.fin_ids(data)) == [b"%016x" % n for n in (3, 4, 5, 7, 9)]
+
+
+def test_a_published_batch_is_one_run_until_its_messages_part():
+    from nsqtw.nsqd.core.replication import ShadowRun
+
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"), msg("t", 1, 2, 3, 4)])
+    assert len({id(m) for m in s.messages.values()}) == 1 and type(s.messages[mid(1)]) is ShadowRun
+    s.apply([fin("t", "a", 2), (wire.REQ, "t", "b", 0, wire.req_data([(mid(3), 99)]))])
+    assert type(s.messages[mid(2)]) is not ShadowRun and s.messages[mid(2)].pending == {"b"}
+    assert s.messages[mid(3)].due == 99 and s.messages[mid(3)].frame == frame(3)
+    s.apply([fin("t", "b", 2)])
+    assert mid(2) not in s.messages
+    s.apply([op(wire.CHANNEL_DEL, "t", "a"), fin("t", "b", 1, 3, 4)])
+    assert not s.messages and s.live_bytes == 0
+    # frames of different sizes are a run too
+    s.apply([wire.message_entry("u", 0, frame(5, b"x") + frame(6, b"yyyy"))])
+    assert [m.frame for m in s.unfinished()] == [frame(5, b"x"), frame(6, b"yyyy")]
 
 
 def test_shadow_files_replay_and_compact(tmp_path):

@@ -18,7 +18,9 @@ Nothing here imports a reactor; times are passed in.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
+from itertools import repeat
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -137,7 +139,7 @@ class ReplicationOrigin:
         for (topic, channel), items in self.reqs.items():
             pending.append((wire.REQ, topic, channel, 0, wire.req_data(items)))
         for (topic, channel), ids in self.fins.items():
-            pending.append((wire.FIN, topic, channel, 0, b"".join(ids)))
+            pending.append((wire.FIN, topic, channel, 0, wire.fin_data(ids)))
         self.fins = {}
         self.reqs = {}
         return True
@@ -539,6 +541,61 @@ class ShadowMessage:
         self.open = pending is None
 
 
+class ShadowRun:
+    """The messages of one published batch (an MSG item of two or more frames), held as
+    received: the shadow's index maps each of their IDs to this one object, and a message gets
+    an object of its own (:class:`ShadowMessage`) only when it is finished, requeued or
+    changed on its own.  Its ``pending`` and ``open`` apply to every message still here."""
+
+    __slots__ = ("topic", "due", "data", "pending", "open", "ids", "starts")
+
+    def __init__(self, topic: str, due: int, data: bytes, pending: frozenset[str] | None,
+                 ids: list[bytes], starts: Any) -> None:
+        self.topic = topic
+        self.due = due
+        self.data = data
+        self.pending = pending
+        self.open = pending is None
+        #: the IDs, increasing (as the origin minted them), and where each frame starts
+        self.ids = ids
+        self.starts = starts
+
+    def frame(self, mid: bytes) -> bytes:
+        i = bisect_left(self.ids, mid)
+        starts = self.starts
+        return self.data[starts[i]:starts[i + 1] if i + 1 < len(starts) else len(self.data)]
+
+    def solo(self, mid: bytes) -> ShadowMessage:
+        m = ShadowMessage(self.topic, self.due, self.frame(mid), self.pending)
+        m.open = self.open
+        return m
+
+
+def _index_frames(data: bytes) -> tuple[list[bytes], Any]:
+    """The IDs of an MSG item's frames and where each starts: a batch of one body size (an
+    MPUB of equal bodies, the common case) is checked and sliced without a loop in Python."""
+    end = len(data)
+    if end >= 4:
+        head = data[:4]
+        stride = int.from_bytes(head, "big") + 4
+        n, rest = divmod(end, stride)
+        if stride >= 34 and rest == 0 and n > 1 and all(
+                data[i::stride] == head[i:i + 1] * n for i in range(4)):
+            starts: Any = range(0, end, stride)
+            return [data[o + 18:o + 34] for o in starts], starts
+    ids: list[bytes] = []
+    offsets: list[int] = []
+    pos = 0
+    while pos < end:
+        stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+        if stop > end or stop - pos < 34:
+            raise wire.LinkError("truncated message frame")
+        ids.append(data[pos + 18:pos + 34])
+        offsets.append(pos)
+        pos = stop
+    return ids, offsets
+
+
 class ShadowState:
     """An origin's topics, channels and unfinished messages, rebuilt from its BATCH items in
     order: a message is dropped once every channel that got it finished it (or was deleted or
@@ -548,7 +605,8 @@ class ShadowState:
 
     def __init__(self) -> None:
         self.topics: dict[str, set[str]] = {}
-        self.messages: dict[bytes, ShadowMessage] = {}
+        #: every unfinished message by ID: its own object, or the run it came in
+        self.messages: dict[bytes, ShadowMessage | ShadowRun] = {}
         #: paused topics (channel "") and channels
         self.paused: set[tuple[str, str]] = set()
         self.live_bytes = 0
@@ -605,27 +663,28 @@ class ShadowState:
                 channels = self.topics.setdefault(topic, set())
                 # one frozenset shared by every message of the entry (replaced, never changed)
                 pending = frozenset(channels) if channels else None
-                messages = self.messages
-                pos = 0
-                end = len(data)
-                mid = b""
-                while pos < end:
-                    stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
-                    if stop > end:
-                        raise wire.LinkError("truncated message frame")
-                    frame = data[pos:stop]
-                    mid = frame[18:34]
-                    messages[mid] = ShadowMessage(topic, due, frame, pending)
-                    pos = stop
-                if mid > self.max_id:  # the IDs of one origin increase: the last is the highest
-                    self.max_id = mid
-                self.live_bytes += end
+                ids, starts = _index_frames(data)
+                if not ids:
+                    continue
+                if len(ids) == 1:
+                    self.messages[ids[0]] = ShadowMessage(topic, due, data, pending)
+                elif all(map(bytes.__lt__, ids, ids[1:])):
+                    self.messages.update(zip(ids, repeat(ShadowRun(topic, due, data, pending, ids, starts))))
+                else:  # not in increasing order (not from an origin's publish): one by one
+                    for i, mid in enumerate(ids):
+                        stop = starts[i + 1] if i + 1 < len(ids) else len(data)
+                        self.messages[mid] = ShadowMessage(topic, due, data[starts[i]:stop], pending)
+                top = max(ids[-1], ids[0])
+                if top > self.max_id:  # the IDs of one origin increase: the last is the highest
+                    self.max_id = top
+                self.live_bytes += len(data)
             elif kind == wire.FIN:
                 messages = self.messages
-                for i in range(0, len(data), 16):
-                    mid = data[i:i + 16]
+                for mid in wire.fin_ids(data):
                     held = messages.get(mid)
                     if held is not None and held.pending is not None and channel in held.pending:
+                        if type(held) is ShadowRun:
+                            held = messages[mid] = held.solo(mid)
                         held.pending = held.pending - {channel}
                         if not held.pending:
                             self._drop(mid, held)
@@ -633,6 +692,8 @@ class ShadowState:
                 for mid, when in wire.split_req(data):
                     held = self.messages.get(mid)
                     if held is not None:
+                        if type(held) is ShadowRun:
+                            held = self.messages[mid] = held.solo(mid)
                         held.due = when
             elif kind == wire.SNAP_MSG:
                 self._snap_msg(topic, channel, due, data)
@@ -649,6 +710,7 @@ class ShadowState:
                                 m.open = True
                             opened.append(m)
             elif kind == wire.CHANNEL_DEL or (kind == wire.EMPTY and channel):
+                self._solid(topic)
                 if kind == wire.CHANNEL_DEL:
                     self.topics.get(topic, set()).discard(channel)
                     self.paused.discard((topic, channel))
@@ -658,6 +720,7 @@ class ShadowState:
                         if not m.pending:
                             self._drop(mid, m)
             elif kind == wire.EMPTY:  # the topic's own queue: what no channel got yet
+                self._solid(topic)
                 for mid, m in list(self._items_of_topic(topic)):
                     if m.pending is None:
                         self._drop(mid, m)
@@ -668,6 +731,7 @@ class ShadowState:
             elif kind == wire.TOPIC_DEL:
                 self.topics.pop(topic, None)
                 self.paused = {p for p in self.paused if p[0] != topic}
+                self._solid(topic)
                 for mid, m in list(self._items_of_topic(topic)):
                     self._drop(mid, m)
         for m in opened:  # channels created in one batch all get the backlog; later ones do not
@@ -682,6 +746,8 @@ class ShadowState:
             if mid > top:
                 top = mid
             held = messages.get(mid)
+            if type(held) is ShadowRun:
+                held = messages[mid] = held.solo(mid)
             if held is None:
                 m = ShadowMessage(topic, due, frame, frozenset((channel,)) if channel else None)
                 m.open = False
@@ -693,11 +759,20 @@ class ShadowState:
                     held.due = due
         self.max_id = top
 
-    def _of_topic(self, topic: str) -> list[ShadowMessage]:
-        return [m for m in self.messages.values() if m.topic == topic]
+    def _of_topic(self, topic: str) -> list[ShadowMessage | ShadowRun]:
+        """Each message object of ``topic`` (a run once, however many of its messages are left)."""
+        return list({id(m): m for m in self.messages.values() if m.topic == topic}.values())
 
     def _items_of_topic(self, topic: str) -> list[tuple[bytes, ShadowMessage]]:
-        return [(mid, m) for mid, m in self.messages.items() if m.topic == topic]
+        return [(mid, m) for mid, m in self.messages.items()
+                if m.topic == topic and type(m) is ShadowMessage]
+
+    def _solid(self, topic: str | None) -> None:
+        """Give every message of ``topic`` (None: of every topic) still in a run its own object."""
+        messages = self.messages
+        for mid, m in list(messages.items()):
+            if type(m) is ShadowRun and (topic is None or m.topic == topic):
+                messages[mid] = m.solo(mid)
 
     def _drop(self, mid: bytes, m: ShadowMessage) -> None:
         del self.messages[mid]
@@ -705,14 +780,15 @@ class ShadowState:
 
     def unfinished(self) -> list[ShadowMessage]:
         """Every message some channel has not finished, in publish order."""
-        return list(self.messages.values())
+        self._solid(None)
+        return [m for m in self.messages.values() if type(m) is ShadowMessage]
 
     def snapshot(self) -> list[wire.Entry]:
         """BATCH items that rebuild this state from nothing (a compacted shadow log)."""
         out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(self.epoch))]
         out.extend(topology_entries((t, sorted(chs)) for t, chs in self.topics.items()))
         out.extend((wire.PAUSE, t, c, 0, b"") for t, c in sorted(self.paused))
-        for m in self.messages.values():
+        for m in self.unfinished():
             if m.pending is None:
                 out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
             else:
