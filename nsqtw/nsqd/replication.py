@@ -132,7 +132,7 @@ class ShadowFiles:
                 state.apply(entries)
             self.sizes[origin] = len(data)
             log.info("REPLICATION: shadow of node {id}: {n} unfinished messages", id=origin,
-                     n=len(state.messages))
+                     n=state.count())
 
     def store(self, origin: int, body: bytes) -> None:
         """Append one batch (checked first) to the origin's log: once this returns, the batch
@@ -216,7 +216,7 @@ class ShadowFiles:
         return kept
 
     def stats(self) -> list[dict[str, Any]]:
-        return [{"origin_node_id": origin, "unfinished_messages": len(state.messages),
+        return [{"origin_node_id": origin, "unfinished_messages": state.count(),
                  "topics": len(state.topics), "log_bytes": self.sizes.get(origin, 0),
                  "epoch": state.epoch, "catching_up": state.catching_up}
                 for origin, state in sorted(self.states.items())]

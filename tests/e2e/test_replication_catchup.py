@@ -90,7 +90,7 @@ async def test_a_restarted_peer_catches_up_and_adopts_what_was_published_while_i
         c.send(command("RDY", 0))
         for m in first[:3]:  # three finished, one stays in flight on the origin
             c.send(command("FIN", text_id(m.id)))
-        await until(lambda: len(peer.service.shadow_files.states[1].messages) == 7)
+        await until(lambda: peer.service.shadow_files.states[1].count() == 7)
 
         # load keeps coming while the peer restarts (degraded=accept: acknowledged without it)
         acknowledged = [b"a%d" % i for i in range(10)]
@@ -126,7 +126,7 @@ async def test_a_restarted_peer_catches_up_and_adopts_what_was_published_while_i
         assert entry["state"] == "in_sync" and entry["catch_ups"] == 2 and "lag_messages" in entry
         assert peer.service.shadow_files.states[1].snapshots == 2  # the first replayed from its log, then the new one
         outstanding = len(acknowledged) - 3
-        await until(lambda: len(peer.service.shadow_files.states[1].messages) == outstanding)
+        await until(lambda: peer.service.shadow_files.states[1].count() == outstanding)
 
         # the origin dies: the peer adopts everything outstanding, the in-flight one included
         await c.close()
@@ -160,7 +160,7 @@ async def _adopted_pair(tmp_path):
             assert r.code == 200
         r = await treq.post(f"http://127.0.0.1:{origin.http_port}/mpub?topic=t", b"m0\nm1\nm2\nm3\nm4")
         assert r.code == 200
-        await until(lambda: len(peer.service.shadow_files.states[1].messages) == 5)
+        await until(lambda: peer.service.shadow_files.states[1].count() == 5)
     except BaseException:
         await peer.stop()
         raise

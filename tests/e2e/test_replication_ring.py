@@ -49,8 +49,8 @@ async def test_b_replicates_what_it_adopted_from_a_to_c_before_delivering_it():
             assert (await treq.post(f"http://127.0.0.1:{a.http_port}/{path}")).code == 200
         r = await treq.post(f"http://127.0.0.1:{a.http_port}/mpub?topic=t", b"\n".join(b"r%d" % i for i in range(6)))
         assert r.code == 200
-        await until(lambda: len(b.service.shadow_files.states.get(1, type("", (), {"messages": {}})).messages) == 6)
-        assert 2 not in c.service.shadow_files.states or not c.service.shadow_files.states[2].messages
+        await until(lambda: 1 in b.service.shadow_files.states and b.service.shadow_files.states[1].count() == 6)
+        assert 2 not in c.service.shadow_files.states or not c.service.shadow_files.states[2].count()
 
         s = await connect_raw(b.tcp_port)
         s.send(command("SUB", "t", "ch"))

@@ -18,9 +18,8 @@ Nothing here imports a reactor; times are passed in.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
-from itertools import repeat
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -547,7 +546,7 @@ class ShadowRun:
     an object of its own (:class:`ShadowMessage`) only when it is finished, requeued or
     changed on its own.  Its ``pending`` and ``open`` apply to every message still here."""
 
-    __slots__ = ("topic", "due", "data", "pending", "open", "ids", "starts")
+    __slots__ = ("topic", "due", "data", "pending", "open", "ids", "starts", "gone", "left")
 
     def __init__(self, topic: str, due: int, data: bytes, pending: frozenset[str] | None,
                  ids: list[bytes], starts: Any) -> None:
@@ -559,11 +558,25 @@ class ShadowRun:
         #: the IDs, increasing (as the origin minted them), and where each frame starts
         self.ids = ids
         self.starts = starts
+        #: IDs no longer here (finished, or given an object of their own), and how many are left
+        self.gone: set[bytes] = set()
+        self.left = len(ids)
+
+    def has(self, mid: bytes) -> bool:
+        ids = self.ids
+        if mid > ids[-1] or mid in self.gone:
+            return False
+        i = bisect_left(ids, mid)
+        return i < len(ids) and ids[i] == mid
 
     def frame(self, mid: bytes) -> bytes:
         i = bisect_left(self.ids, mid)
         starts = self.starts
         return self.data[starts[i]:starts[i + 1] if i + 1 < len(starts) else len(self.data)]
+
+    def remaining(self) -> list[bytes]:
+        gone = self.gone
+        return [mid for mid in self.ids if mid not in gone] if gone else list(self.ids)
 
     def solo(self, mid: bytes) -> ShadowMessage:
         m = ShadowMessage(self.topic, self.due, self.frame(mid), self.pending)
@@ -605,8 +618,12 @@ class ShadowState:
 
     def __init__(self) -> None:
         self.topics: dict[str, set[str]] = {}
-        #: every unfinished message by ID: its own object, or the run it came in
-        self.messages: dict[bytes, ShadowMessage | ShadowRun] = {}
+        #: unfinished messages with an object of their own, by ID
+        self.messages: dict[bytes, ShadowMessage] = {}
+        #: unfinished messages still in the batch they came in, indexed by ID range: the runs
+        #: in increasing ID order and their first IDs
+        self.runs: list[ShadowRun] = []
+        self._firsts: list[bytes] = []
         #: paused topics (channel "") and channels
         self.paused: set[tuple[str, str]] = set()
         self.live_bytes = 0
@@ -648,6 +665,8 @@ class ShadowState:
     def _replace(self, staged: ShadowState) -> None:
         self.topics = staged.topics
         self.messages = staged.messages
+        self.runs = staged.runs
+        self._firsts = staged._firsts
         self.paused = staged.paused
         self.live_bytes = staged.live_bytes
         self.epoch = staged.epoch
@@ -666,11 +685,13 @@ class ShadowState:
                 ids, starts = _index_frames(data)
                 if not ids:
                     continue
+                runs = self.runs
                 if len(ids) == 1:
                     self.messages[ids[0]] = ShadowMessage(topic, due, data, pending)
-                elif all(map(bytes.__lt__, ids, ids[1:])):
-                    self.messages.update(zip(ids, repeat(ShadowRun(topic, due, data, pending, ids, starts))))
-                else:  # not in increasing order (not from an origin's publish): one by one
+                elif (not runs or ids[0] > runs[-1].ids[-1]) and all(map(bytes.__lt__, ids, ids[1:])):
+                    runs.append(ShadowRun(topic, due, data, pending, ids, starts))
+                    self._firsts.append(ids[0])
+                else:  # not after the last run, or not increasing (not an origin's publish): one by one
                     for i, mid in enumerate(ids):
                         stop = starts[i + 1] if i + 1 < len(ids) else len(data)
                         self.messages[mid] = ShadowMessage(topic, due, data[starts[i]:stop], pending)
@@ -682,19 +703,28 @@ class ShadowState:
                 messages = self.messages
                 for mid in wire.fin_ids(data):
                     held = messages.get(mid)
-                    if held is not None and held.pending is not None and channel in held.pending:
-                        if type(held) is ShadowRun:
-                            held = messages[mid] = held.solo(mid)
+                    if held is None:
+                        run = self._run_of(mid)
+                        if run is None or run.pending is None or channel not in run.pending:
+                            continue
+                        if len(run.pending) == 1:  # its last channel: gone, no object made
+                            self.live_bytes -= len(run.frame(mid))
+                            self._leave(run, mid)
+                            continue
+                        held = self._solo(run, mid)
+                    if held.pending is not None and channel in held.pending:
                         held.pending = held.pending - {channel}
                         if not held.pending:
                             self._drop(mid, held)
             elif kind == wire.REQ:
                 for mid, when in wire.split_req(data):
                     held = self.messages.get(mid)
-                    if held is not None:
-                        if type(held) is ShadowRun:
-                            held = self.messages[mid] = held.solo(mid)
-                        held.due = when
+                    if held is None:
+                        run = self._run_of(mid)
+                        if run is None:
+                            continue
+                        held = self._solo(run, mid)
+                    held.due = when
             elif kind == wire.SNAP_MSG:
                 self._snap_msg(topic, channel, due, data)
             elif kind == wire.TOPIC_NEW:
@@ -746,8 +776,8 @@ class ShadowState:
             if mid > top:
                 top = mid
             held = messages.get(mid)
-            if type(held) is ShadowRun:
-                held = messages[mid] = held.solo(mid)
+            if held is None and (run := self._run_of(mid)) is not None:
+                held = self._solo(run, mid)
             if held is None:
                 m = ShadowMessage(topic, due, frame, frozenset((channel,)) if channel else None)
                 m.open = False
@@ -759,29 +789,55 @@ class ShadowState:
                     held.due = due
         self.max_id = top
 
+    def count(self) -> int:
+        """How many messages are unfinished."""
+        return len(self.messages) + sum(run.left for run in self.runs)
+
+    def _run_of(self, mid: bytes) -> ShadowRun | None:
+        """The run still holding ``mid``, found by ID range (None: no run holds it)."""
+        i = bisect_right(self._firsts, mid) - 1
+        if i < 0:
+            return None
+        run = self.runs[i]
+        return run if run.has(mid) else None
+
+    def _leave(self, run: ShadowRun, mid: bytes) -> None:
+        run.gone.add(mid)
+        run.left -= 1
+        if not run.left:
+            i = bisect_left(self._firsts, run.ids[0])
+            del self.runs[i]
+            del self._firsts[i]
+
+    def _solo(self, run: ShadowRun, mid: bytes) -> ShadowMessage:
+        m = self.messages[mid] = run.solo(mid)
+        self._leave(run, mid)
+        return m
+
     def _of_topic(self, topic: str) -> list[ShadowMessage | ShadowRun]:
         """Each message object of ``topic`` (a run once, however many of its messages are left)."""
-        return list({id(m): m for m in self.messages.values() if m.topic == topic}.values())
+        out: list[ShadowMessage | ShadowRun] = [m for m in self.messages.values() if m.topic == topic]
+        out.extend(run for run in self.runs if run.topic == topic)
+        return out
 
     def _items_of_topic(self, topic: str) -> list[tuple[bytes, ShadowMessage]]:
-        return [(mid, m) for mid, m in self.messages.items()
-                if m.topic == topic and type(m) is ShadowMessage]
+        return [(mid, m) for mid, m in self.messages.items() if m.topic == topic]
 
     def _solid(self, topic: str | None) -> None:
         """Give every message of ``topic`` (None: of every topic) still in a run its own object."""
-        messages = self.messages
-        for mid, m in list(messages.items()):
-            if type(m) is ShadowRun and (topic is None or m.topic == topic):
-                messages[mid] = m.solo(mid)
+        for run in [r for r in self.runs if topic is None or r.topic == topic]:
+            for mid in run.remaining():
+                self._solo(run, mid)
 
     def _drop(self, mid: bytes, m: ShadowMessage) -> None:
         del self.messages[mid]
         self.live_bytes -= len(m.frame)
 
     def unfinished(self) -> list[ShadowMessage]:
-        """Every message some channel has not finished, in publish order."""
+        """Every message some channel has not finished, in publish order (the IDs of one
+        origin increase)."""
         self._solid(None)
-        return [m for m in self.messages.values() if type(m) is ShadowMessage]
+        return [m for _, m in sorted(self.messages.items())]
 
     def snapshot(self) -> list[wire.Entry]:
         """BATCH items that rebuild this state from nothing (a compacted shadow log)."""
