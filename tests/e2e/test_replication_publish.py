@@ -282,3 +282,27 @@ async def test_with_sync_every_1_the_ok_waits_for_both_and_a_refusal_names_repli
     finally:
         await origin.stop()
         await peer.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_whose_disk_is_full_refuses_and_is_out_of_sync(pair):
+    """The peer's shadow log cannot be written (ENOSPC): it answers E_STORE_FAILED and closes;
+    the origin puts it out of sync and, with --replication-min-acks=1, refuses the publish."""
+    import errno
+
+    origin, peer = pair
+    files = peer.service.shadow_files
+
+    def full(origin_id: int, record: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    files._append = full
+    c = await connect_raw(origin.tcp_port)
+    c.send(body_command("PUB", "t", body=b"x"))
+    ftype, data = await c.frame()
+    assert ftype == FRAME_ERROR and data.startswith(b"E_PUB_FAILED")
+    peer_state = next(iter(origin.service.replication.origin.peers.values()))
+    assert peer_state.state != "in_sync"
+    await until(lambda: "E_STORE_FAILED" in peer_state.reason)
+    assert "No space left on device" in peer_state.reason
+    await c.close()
