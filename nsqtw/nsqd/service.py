@@ -297,7 +297,8 @@ class NsqdService(MultiService):
             t = self.broker.topics.get(name)
             if t is None:
                 continue
-            for target in (t, *t.channels.values()):
+            targets: list[Any] = [t, *t.channels.values()]
+            for target in targets:
                 if not target.paused:
                     target.pause()
                     held.append(target)

@@ -676,7 +676,7 @@ class ShadowState:
         self.snapshots += 1
 
     def _apply(self, entries: list[wire.Entry]) -> None:
-        opened: list[ShadowMessage] = []
+        opened: list[ShadowMessage | ShadowRun] = []
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
                 channels = self.topics.setdefault(topic, set())
