@@ -373,11 +373,16 @@ class _PeerLink(Protocol):
         node_id, instance, name = service.origin_identity
         self.link = OriginLink(node_id, instance, name, service.epoch)
         self.up = False
+        self._seam: seam.SocketSeam | None = None
+        self.write: Callable[[bytes], None] = lambda data: None
 
     def connectionMade(self) -> None:
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
-        self.transport.write(self.link.start())
+        # a batch goes out at once (an eager send) rather than at the next reactor iteration
+        self._seam = seam.attach_client(self.transport, self.dataReceived)
+        self.write = self._seam.write if self._seam is not None else self.transport.write
+        self.write(self.link.start())
 
     def dataReceived(self, data: bytes) -> None:
         try:
@@ -393,6 +398,9 @@ class _PeerLink(Protocol):
             self.service.acked(self.address, seq)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        if self._seam is not None:
+            self._seam.detach()
+            self._seam = None
         self.service.link_lost(self, reason.getErrorMessage() if reason is not None else "closed")
 
 
@@ -470,7 +478,7 @@ class ReplicationService(Service):
         for p in peers:
             link = self.links.get(p.address)
             if link is not None and link.transport is not None:
-                link.transport.write(frame)
+                link.write(frame)
 
     def health(self) -> tuple[bool, str]:
         """``(ok, text)`` for /ping: not ok while publishes are refused."""
@@ -563,7 +571,7 @@ class ReplicationService(Service):
         now = self.reactor.seconds()
         frames = self.origin.linked(link.address, hello.node_id, now, outstanding(self.broker, self.epoch))
         for frame in frames:
-            link.transport.write(frame)
+            link.write(frame)
         log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up ({n} snapshot batches)",
                  peer=link.address, name=hello.name, id=hello.node_id, n=len(frames))
 

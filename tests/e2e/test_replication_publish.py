@@ -306,3 +306,19 @@ async def test_a_peer_whose_disk_is_full_refuses_and_is_out_of_sync(pair):
     await until(lambda: "E_STORE_FAILED" in peer_state.reason)
     assert "No space left on device" in peer_state.reason
     await c.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_origins_link_sends_eagerly(pair):
+    """The origin's link is an outgoing connection: the socket seam's eager write is attached
+    to it (a batch leaves at once, not at the next reactor iteration); NSQTW_FAST_IO=0 would
+    turn it off as everywhere."""
+    from twisted.internet import tcp
+
+    from nsqtw.runtime import seam
+
+    origin, _ = pair
+    link = next(iter(origin.service.replication.links.values()))
+    assert type(link.transport) is tcp.Client
+    assert link._seam is not None and link.write == link._seam.write
+    assert seam.attach_client(object(), lambda data: None) is None
