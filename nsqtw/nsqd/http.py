@@ -354,7 +354,7 @@ class NsqdHTTPAPI:
         self._guard(request)
         topic = self._topic_param(query(request))
         try:
-            self._broker.find_topic(topic).empty()
+            self._broker.empty(topic)
         except TopicNotFound:
             raise HTTPAPIError(404, "TOPIC_NOT_FOUND") from None
         return v1(request, None)
@@ -411,7 +411,7 @@ class NsqdHTTPAPI:
         self._guard(request)
         topic, channel = topic_channel_args(query(request))
         try:
-            self._broker.find_channel(topic, channel).empty()
+            self._broker.empty(topic, channel)
         except TopicNotFound:
             raise HTTPAPIError(404, "TOPIC_NOT_FOUND") from None
         except ChannelNotFound:

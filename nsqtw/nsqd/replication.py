@@ -32,8 +32,10 @@ from ..runtime import seam
 from ..protocol.names import is_ephemeral
 from ..protocol import replication as wire
 from ..protocol.replication import LinkError, batch_body, decode_batch, read_shadow_records, shadow_record
+from .core.broker import Event
 from .core.replication import (
     IN_SYNC, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
+    outstanding,
 )
 from .core.replication import PeerLag, peer_stats
 
@@ -48,6 +50,40 @@ CONSUMER_STATE_INTERVAL = 0.1
 #: a shadow log is compacted once larger than this and four times what is unfinished
 COMPACT_MIN_BYTES = 16 * 1024 * 1024
 _SHADOW_NAME = re.compile(r"nsqtw-shadow\.([0-9]+)\.log\Z")
+_ADOPTED_NAME = re.compile(r"nsqtw-adopted\.([0-9]+)\.([0-9]+)\Z")
+#: the origin's epoch, beside its diskqueue files
+EPOCH_FILE = "nsqtw-replication.epoch"
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably (a temporary file, fsync, rename)."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_epoch(data_path: str) -> int:
+    """The origin's epoch kept in its data path (0: none yet)."""
+    try:
+        with open(os.path.join(data_path, EPOCH_FILE), "rb") as f:
+            return int(f.read().strip() or b"0")
+    except (OSError, ValueError):
+        return 0
+
+
+def new_epoch(data_path: str, now_ns: int, old: int = 0) -> int:
+    """A new epoch (after ``old``), kept in the data path before it is used."""
+    epoch = max(now_ns, old + 1)
+    os.makedirs(data_path, exist_ok=True)
+    _write_file(os.path.join(data_path, EPOCH_FILE), b"%d\n" % epoch)
+    return epoch
 
 
 def shadow_path(data_path: str, origin_node_id: int) -> str:
@@ -72,12 +108,20 @@ class ShadowFiles:
         self.states: dict[int, ShadowState] = {}
         self._unapplied: list[tuple[int, list[wire.Entry]]] = []
         self.compactions = 0
+        #: (origin node id, epoch) -> the highest message ID adopted of it (kept on disk as
+        #: ``nsqtw-adopted.<id>.<epoch>``; what this node answers an origin asking at link setup)
+        self.adopted: dict[tuple[int, int], bytes] = {}
 
     def load(self) -> None:
         """Replay every shadow log of the data path (a record cut short by a crash ends it)."""
         if not os.path.isdir(self.data_path):
             return
         for name in sorted(os.listdir(self.data_path)):
+            a = _ADOPTED_NAME.match(name)
+            if a is not None:
+                with open(os.path.join(self.data_path, name), "rb") as f:
+                    self.adopted[(int(a.group(1)), int(a.group(2)))] = f.read(16).ljust(16, b"\0")
+                continue
             m = _SHADOW_NAME.match(name)
             if m is None:
                 continue
@@ -89,7 +133,7 @@ class ShadowFiles:
                 state.apply(entries)
             self.sizes[origin] = len(data)
             log.info("REPLICATION: shadow of node {id}: {n} unfinished messages", id=origin,
-                     n=len(state.messages))
+                     n=state.count())
 
     def store(self, origin: int, body: bytes) -> None:
         """Append one batch (checked first) to the origin's log: once this returns, the batch
@@ -148,9 +192,19 @@ class ShadowFiles:
         self.sizes[origin] = len(record)
         self.compactions += 1
 
+    def adopted_id(self, origin: int, epoch: int) -> bytes:
+        """The highest ID adopted of ``origin``'s ``epoch`` (NO_ID: that epoch was not adopted)."""
+        return self.adopted.get((origin, epoch), wire.NO_ID)
+
     def retire(self, origin: int, stamp: int) -> str:
         """The origin was adopted: forget its shadow; its log is kept, renamed
-        ``nsqtw-shadow.<id>.adopted.<stamp>`` (the adopted epoch, never replayed again)."""
+        ``nsqtw-shadow.<id>.adopted.<stamp>`` (never replayed again), and the adopted epoch
+        recorded (``nsqtw-adopted.<id>.<epoch>``, holding the highest ID adopted) before it is
+        forgotten, so the origin, when it comes back, learns it was adopted."""
+        state = self.states.get(origin)
+        if state is not None:
+            _write_file(os.path.join(self.data_path, f"nsqtw-adopted.{origin}.{state.epoch}"), state.max_id)
+            self.adopted[(origin, state.epoch)] = state.max_id
         fd = self._fds.pop(origin, None)
         if fd is not None:
             os.close(fd)
@@ -163,8 +217,9 @@ class ShadowFiles:
         return kept
 
     def stats(self) -> list[dict[str, Any]]:
-        return [{"origin_node_id": origin, "unfinished_messages": len(state.messages),
-                 "topics": len(state.topics), "log_bytes": self.sizes.get(origin, 0)}
+        return [{"origin_node_id": origin, "unfinished_messages": state.count(),
+                 "topics": len(state.topics), "log_bytes": self.sizes.get(origin, 0),
+                 "epoch": state.epoch, "catching_up": state.catching_up}
                 for origin, state in sorted(self.states.items())]
 
     def close(self) -> None:
@@ -237,7 +292,8 @@ class ShadowFactory(Factory):
             p.transport.abortConnection()
 
     def buildProtocol(self, addr: Any) -> Protocol:
-        p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.store))
+        p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.store,
+                                           self.files.adopted_id))
         p.factory = self
         return p
 
@@ -315,14 +371,19 @@ class _PeerLink(Protocol):
     def __init__(self, service: ReplicationService, address: str) -> None:
         self.service = service
         self.address = address
-        origin = service.origin_identity
-        self.link = OriginLink(*origin)
+        node_id, instance, name = service.origin_identity
+        self.link = OriginLink(node_id, instance, name, service.epoch)
         self.up = False
+        self._seam: seam.SocketSeam | None = None
+        self.write: Callable[[bytes], None] = lambda data: None
 
     def connectionMade(self) -> None:
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
-        self.transport.write(self.link.start())
+        # a batch goes out at once (an eager send) rather than at the next reactor iteration
+        self._seam = seam.attach_client(self.transport, self.dataReceived)
+        self.write = self._seam.write if self._seam is not None else self.transport.write
+        self.write(self.link.start())
 
     def dataReceived(self, data: bytes) -> None:
         try:
@@ -333,11 +394,14 @@ class _PeerLink(Protocol):
             return
         if hello is not None:
             self.up = True
-            self.service.link_up(self, hello.node_id, hello.name)
+            self.service.link_up(self, hello)
         for seq in acks:
             self.service.acked(self.address, seq)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        if self._seam is not None:
+            self._seam.detach()
+            self._seam = None
         self.service.link_lost(self, reason.getErrorMessage() if reason is not None else "closed")
 
 
@@ -345,9 +409,15 @@ class ReplicationService(Service):
     """The origin's links to its peers and its publish barrier."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, instance: bytes, name: str,
-                 turn: Any, topology: Callable[[], list[tuple[str, list[str]]]]) -> None:
+                 turn: Any, broker: Any, data_path: str) -> None:
         self.setName("replication")
-        self.topology = topology
+        self.broker = broker
+        self.data_path = data_path
+        #: this node's epoch as an origin (kept in its data path; renewed when a peer reports
+        #: it adopted it)
+        self.epoch = 0
+        #: (peer address, messages dropped, kept) of every adoption a peer reported
+        self.adoptions_reported: list[tuple[str, int, int]] = []
         self._state_loop: task.LoopingCall | None = None
         self.options = options
         self.reactor = reactor
@@ -369,13 +439,21 @@ class ReplicationService(Service):
         self.origin.record(topic, due_ns, frames, count)
         self.turn.soon(self._flush)
 
+    def record_entries(self, entries: list[wire.Entry]) -> None:
+        self.origin.record_entries(entries)
+        self.turn.soon(self._flush)
+
     def on_event(self, event: str, topic: str, channel: str | None) -> None:
         """The broker's topic and channel creations and deletions, in order on the link."""
         if is_ephemeral(topic) or (channel is not None and is_ephemeral(channel)):
             return
         kind = _EVENT_KINDS.get(event)
         if kind is None:
-            return
+            if event != Event.PAUSED:
+                return
+            t = self.broker.topics.get(topic)
+            target = t if channel is None or t is None else t.channels.get(channel)
+            kind = wire.PAUSE if target is not None and target.paused else wire.UNPAUSE
         self.origin.op(kind, topic, channel or "")
         self.turn.soon(self._flush)
 
@@ -405,7 +483,7 @@ class ReplicationService(Service):
         for p in peers:
             link = self.links.get(p.address)
             if link is not None and link.transport is not None:
-                link.transport.write(frame)
+                link.write(frame)
 
     def health(self) -> tuple[bool, str]:
         """``(ok, text)`` for /ping: not ok while publishes are refused."""
@@ -420,14 +498,23 @@ class ReplicationService(Service):
     def stats(self) -> dict[str, Any]:
         now = self.reactor.seconds()
         doc = self.origin.stats(now)
+        # the operator's view (sync_state; a peer that is down lags by what was accepted since)
         for entry, seen in zip(doc["peers"], peer_stats(self.origin, self.lag, now), strict=True):
-            entry.update(seen)
+            entry["sync_state"] = seen["sync_state"]
+            if seen["sync_state"] == "down":
+                entry["lag_messages"] = seen["lag_messages"]
+                entry["lag_seconds"] = seen["lag_seconds"]
+        doc["epoch"] = self.epoch
+        if self.adoptions_reported:
+            doc["adoptions_reported"] = [{"peer": a, "dropped": d, "kept": k}
+                                         for a, d, k in self.adoptions_reported]
         return doc
 
     # --- links ------------------------------------------------------------------
 
     def startService(self) -> None:
         super().startService()
+        self.epoch = read_epoch(self.data_path) or new_epoch(self.data_path, int(self.reactor.seconds() * 1e9))
         for address in self.origin.peers:
             self._connect(address)
         timeout = self.options.replication_timeout
@@ -488,16 +575,44 @@ class ReplicationService(Service):
         if self.running and address not in self._retries:
             self._retries[address] = self.reactor.callLater(RECONNECT_INTERVAL, self._connect, address)
 
-    def link_up(self, link: _PeerLink, node_id: int, name: str) -> None:
-        self.origin.linked(link.address, node_id, self.reactor.seconds())
+    def link_up(self, link: _PeerLink, hello: wire.Hello) -> None:
+        """The peer answered HELLO: if it adopted this node's epoch, drop what it adopted;
+        then it catches up: a snapshot of everything outstanding, then the live stream."""
+        if hello.adopted != wire.NO_ID:
+            self._adopted_by(link.address, hello.adopted)
+        self.flush()  # what was recorded before the snapshot goes to the others first
+        now = self.reactor.seconds()
         self.lag.up(link.address)
-        # the peer learns every topic and channel there is (creating one again changes nothing)
-        for topic, channels in self.topology():
-            self.origin.op(wire.TOPIC_NEW, topic)
-            for ch in channels:
-                self.origin.op(wire.CHANNEL_NEW, topic, ch)
-        self.turn.soon(self._flush)
-        log.info("REPLICATION: peer {peer} ({name}, node {id}) in sync", peer=link.address, name=name, id=node_id)
+        frames = self.origin.linked(link.address, hello.node_id, now, outstanding(self.broker, self.epoch))
+        for frame in frames:
+            link.write(frame)
+        log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up ({n} snapshot batches)",
+                 peer=link.address, name=hello.name, id=hello.node_id, n=len(frames))
+
+    def _adopted_by(self, address: str, adopted_id: bytes) -> None:
+        """A peer adopted this node's epoch up to message ``adopted_id``: the backlog here is
+        dropped if every message of it is one the peer adopted (IDs up to ``adopted_id``);
+        if any is newer (published after the peer's shadow stopped), everything is kept and
+        delivered (duplicates, never loss).  A new epoch starts either way."""
+        ids = [e[4] for e in outstanding(self.broker, 0) if e[0] == wire.SNAP_MSG]
+        top = max((f[18:34] for data in ids for f in wire.split_frames(data)), default=wire.NO_ID)
+        count = sum(1 for data in ids for _ in wire.split_frames(data))
+        if top <= adopted_id:
+            for t in list(self.broker.topics.values()):
+                if t.ephemeral:
+                    continue
+                self.broker.empty(t.name)
+                for name in [c for c in t.channels if not is_ephemeral(c)]:
+                    self.broker.empty(t.name, name)
+            self.adoptions_reported.append((address, count, 0))
+            log.warn("REPLICATION: peer {peer} adopted this node's messages (epoch {epoch}): "
+                     "dropped the {n} it had adopted", peer=address, epoch=self.epoch, n=count)
+        else:
+            self.adoptions_reported.append((address, 0, count))
+            log.warn("REPLICATION: peer {peer} adopted this node's epoch {epoch}, but some of the {n} "
+                     "messages here are newer than what it adopted: delivering them all "
+                     "(duplicates possible)", peer=address, epoch=self.epoch, n=count)
+        self.epoch = new_epoch(self.data_path, int(self.reactor.seconds() * 1e9), self.epoch)
 
     def link_failed(self, link: _PeerLink, reason: str) -> None:
         link.up = False
@@ -510,14 +625,20 @@ class ReplicationService(Service):
             self._down(link.address, f"link lost: {reason}")
 
     def acked(self, address: str, seq: int) -> None:
-        self._release(self.origin.acked(address, seq))
+        peer = self.origin.peers[address]
+        was = peer.state
+        self._release(self.origin.acked(address, seq, self.reactor.seconds()))
+        if peer.state != was and peer.state == IN_SYNC:
+            log.info("REPLICATION: peer {peer} caught up, in sync", peer=address)
 
     def _check_stalled(self) -> None:
         now = self.reactor.seconds()
-        for address in self.origin.overdue(now, self.options.replication_timeout):
+        behind = self.origin.behind()
+        for address in dict.fromkeys(self.origin.overdue(now, self.options.replication_timeout) + behind):
             link = self.links.pop(address, None)
             pending = self._connecting.pop(address, None)
-            self._down(address, "stalled: no answer within --replication-timeout")
+            self._down(address, "stalled: no answer within --replication-timeout" if address not in behind
+                       else f"fell behind: over {self.origin.max_lag} messages unacknowledged")
             if link is not None:
                 link.transport.abortConnection()
             if pending is not None:
@@ -534,8 +655,9 @@ class ReplicationService(Service):
             d.errback(Failure(PublishRefused(reason)))
 
 
-_EVENT_KINDS = {"topic_created": wire.TOPIC_NEW, "topic_deleted": wire.TOPIC_DEL,
-                "channel_created": wire.CHANNEL_NEW, "channel_deleted": wire.CHANNEL_DEL}
+_EVENT_KINDS = {Event.TOPIC_CREATED: wire.TOPIC_NEW, Event.TOPIC_DELETED: wire.TOPIC_DEL,
+                Event.CHANNEL_CREATED: wire.CHANNEL_NEW, Event.CHANNEL_DELETED: wire.CHANNEL_DEL,
+                Event.EMPTIED: wire.EMPTY}
 
 
 class _LinkFactory(Factory):

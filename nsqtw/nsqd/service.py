@@ -89,7 +89,7 @@ class NsqdService(MultiService):
             self.broker = ReplicatedBroker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
             self.replication = ReplicationService(options, reactor, instance=self.instance,
                                                   name=options.broadcast_address, turn=self.turn,
-                                                  topology=self._topology)
+                                                  broker=self.broker, data_path=self.data_path)
             origin = self.replication.origin
             self.broker.replicate = self.replication.record
             self.broker.replicate_fin = origin.fin
@@ -234,7 +234,7 @@ class NsqdService(MultiService):
         self.metadata_fragments.touch(topic)
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
             self._sampler.stale = True
-        if event != Event.PAUSED and not self.broker.loading and not self.broker.exiting:
+        if event != Event.PAUSED and event != Event.EMPTIED and not self.broker.loading and not self.broker.exiting:
             if not topic.endswith("#ephemeral") and not (channel or "").endswith("#ephemeral"):
                 self.persist_metadata()
 
@@ -281,15 +281,41 @@ class NsqdService(MultiService):
     def _adopt(self, state: Any) -> tuple[int, int]:
         """Republish an adopted origin's unfinished messages here (see core.replication.adopt);
         the new topics and channels are registered with nsqlookupd as any others."""
-        from .core.replication import adopt
+        from .core.replication import adopt, onward_entries
         result = adopt(self.broker, state, self.reactor.seconds())
+        if self.replication is not None and result[0]:
+            self._replicate_adopted(state, onward_entries(state))
         self.settle()
         return result
 
-    def _topology(self) -> list[tuple[str, list[str]]]:
-        """Every durable topic and its durable channels (what a peer's shadow mirrors)."""
-        return [(t.name, [c for c in t.channels if not c.endswith("#ephemeral")])
-                for t in self.broker.topics.values() if not t.ephemeral]
+    def _replicate_adopted(self, state: Any, entries: list[Any]) -> None:
+        """Onward replication: adopted messages go to this node's own peers before they are
+        delivered here.  Every topic and channel that got them is held paused until
+        ``--replication-min-acks`` peers stored them (or, with too few peers in sync, until
+        that is known: then they are delivered anyway, the peers get them with their next
+        catch-up); what the origin had paused stays paused."""
+        held: list[Any] = []
+        for name in {m.topic for m in state.unfinished()}:
+            t = self.broker.topics.get(name)
+            if t is None:
+                continue
+            targets: list[Any] = [t, *t.channels.values()]
+            for target in targets:
+                if not target.paused:
+                    target.pause()
+                    held.append(target)
+        self.replication.record_entries(entries)
+        d = self.replication.barrier()
+
+        def release(result: Any) -> None:
+            if result is not None:
+                log.warn("REPLICATION: adopted messages delivered before the peers stored them: {why}",
+                         why=result.getErrorMessage())
+            for target in held:
+                target.unpause()
+            self.settle()
+
+        d.addCallbacks(lambda _: release(None), release)
 
     def set_options(self, **changes: Any) -> None:
         self.options = self.options.replace(**changes)

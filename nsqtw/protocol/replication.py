@@ -6,7 +6,11 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
 
     [u32 size][u8 type][body: size - 1 bytes]
 
-``HELLO``  u16 version, u16 node id, 16-byte instance token, utf-8 name
+``HELLO``  u16 version, u16 node id, 16-byte instance token, u64 epoch, 16-byte adopted ID,
+           utf-8 name.  An origin sends its epoch (a number kept in its data path, renewed
+           when an adoption of its backlog was reported to it) and 16 zero bytes; a peer
+           answers with the highest message ID of that origin's epoch it adopted (16 zero
+           bytes: it did not adopt that epoch)
 ``BATCH``  u64 sequence, u32 count, then count items, in the order they happened:
            ``[u8 kind][u16 length][topic][u16 length][channel][i64 due][u32 length][data]``
 
@@ -14,9 +18,20 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
              ``data`` the message frames exactly as nsqd stores them (size, type,
              timestamp, attempts, ID, body)
            * ``TOPIC_NEW``, ``TOPIC_DEL``, ``CHANNEL_NEW``, ``CHANNEL_DEL``: no data
-           * ``FIN``: ``data`` the 16-byte IDs a channel finished
+           * ``FIN``: ``data`` what a channel finished as ranges of IDs: 32 bytes each, the
+             first and the last ID of a run of consecutive IDs (the IDs of one origin are
+             increasing 64-bit integers in 16 hex digits, so a consumer finishing in publish
+             order sends one range per batch of messages)
            * ``REQ``: ``data`` 24 bytes each: an ID a channel requeued and its new due
              time (i64 ns since the epoch)
+           * ``PAUSE``, ``UNPAUSE``, ``EMPTY``: of a channel, or of the topic when ``channel``
+             is empty; in order with the creations and deletions
+           * ``SNAP_BEGIN`` (``data`` the origin's u64 epoch) ... ``SNAP_END`` (``data`` the
+             highest ID in the snapshot, or nothing): a catch-up snapshot of everything the
+             origin has not finished; the peer replaces its shadow of the origin with it once
+             ``SNAP_END`` is stored (a snapshot cut short leaves the old shadow in place)
+           * ``SNAP_MSG``: messages held by exactly one channel (``channel``), or by the topic's
+             own queue (``channel`` empty: the channels there are when it moves get it)
 ``ACK``    u64 sequence: every batch up to it is stored in the peer's shadow log
 ``ERROR``  utf-8 text; the sender closes the link after it
 
@@ -33,6 +48,7 @@ from collections.abc import Iterator, Sequence
 __all__ = [
     "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
     "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
+    "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "NO_ID", "epoch_data", "fin_data", "fin_ids",
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "decode_batch",
     "encode_ack", "decode_ack", "encode_error",
@@ -40,7 +56,7 @@ __all__ = [
 ]
 
 MAGIC = b"  NSQTWR1"
-VERSION = 1
+VERSION = 2
 
 HELLO = 1
 BATCH = 2
@@ -56,13 +72,22 @@ CHANNEL_NEW = 3
 CHANNEL_DEL = 4
 FIN = 5
 REQ = 6
-_KINDS = frozenset((MSG, TOPIC_NEW, TOPIC_DEL, CHANNEL_NEW, CHANNEL_DEL, FIN, REQ))
+PAUSE = 7
+UNPAUSE = 8
+EMPTY = 9
+SNAP_BEGIN = 10
+SNAP_END = 11
+SNAP_MSG = 12
+_KINDS = frozenset(range(MSG, SNAP_MSG + 1))
+
+#: the adopted ID of a HELLO that reports no adoption
+NO_ID = bytes(16)
 
 #: the largest frame a link accepts (a batch is cut well below it by the sender)
 MAX_FRAME = 256 * 1024 * 1024
 
 _HEAD = struct.Struct(">IB")
-_HELLO = struct.Struct(">HH16s")
+_HELLO = struct.Struct(">HH16sQ16s")
 _SEQ = struct.Struct(">Q")
 _BATCH_HEAD = struct.Struct(">QI")
 _U16 = struct.Struct(">H")
@@ -79,13 +104,17 @@ class LinkError(ValueError):
 class Hello:
     """Who is at the other end of a link."""
 
-    __slots__ = ("version", "node_id", "instance", "name")
+    __slots__ = ("version", "node_id", "instance", "name", "epoch", "adopted")
 
-    def __init__(self, version: int, node_id: int, instance: bytes, name: str) -> None:
+    def __init__(self, version: int, node_id: int, instance: bytes, name: str,
+                 epoch: int = 0, adopted: bytes = NO_ID) -> None:
         self.version = version
         self.node_id = node_id
         self.instance = instance
         self.name = name
+        self.epoch = epoch
+        #: (a peer's answer) the highest ID of the origin's epoch it adopted; NO_ID: none
+        self.adopted = adopted
 
 
 #: one BATCH item: (kind, topic, channel, due in ns since the epoch or 0, data)
@@ -100,6 +129,45 @@ def req_data(items: Sequence[tuple[bytes, int]]) -> bytes:
     return b"".join(_REQ.pack(mid, due) for mid, due in items)
 
 
+_HEX16 = b"%016x".__mod__
+
+
+def fin_data(ids: Sequence[bytes]) -> bytes:
+    """FIN ``data`` for a channel's finished IDs: sorted, consecutive ones as one range."""
+    try:
+        nums = sorted(set(int(m, 16) for m in ids))
+    except ValueError:  # not hex (not an nsqd's ID): each ID a range of its own
+        return b"".join(m + m for m in ids)
+    out = []
+    lo = hi = nums[0] if nums else 0
+    for n in nums[1:]:
+        if n == hi + 1:
+            hi = n
+            continue
+        out.append(_HEX16(lo) + _HEX16(hi))
+        lo = hi = n
+    if nums:
+        out.append(_HEX16(lo) + _HEX16(hi))
+    return b"".join(out)
+
+
+def fin_ids(data: bytes) -> Iterator[bytes]:
+    """Every ID of FIN ``data`` (its ranges expanded)."""
+    for i in range(0, len(data) - 31, 32):
+        lo = data[i:i + 16]
+        hi = data[i + 16:i + 32]
+        if lo == hi:
+            yield lo
+            continue
+        try:
+            a, b = int(lo, 16), int(hi, 16)
+        except ValueError:
+            raise LinkError("malformed FIN range") from None
+        if b < a or b - a > 1 << 24:
+            raise LinkError("malformed FIN range")
+        yield from map(_HEX16, range(a, b + 1))
+
+
 def split_req(data: bytes) -> list[tuple[bytes, int]]:
     return [(bytes(m), int(d)) for m, d in _REQ.iter_unpack(data)]
 
@@ -108,21 +176,25 @@ def encode_frame(kind: int, body: bytes) -> bytes:
     return _HEAD.pack(len(body) + 1, kind) + body
 
 
-def encode_hello(node_id: int, instance: bytes, name: str) -> bytes:
-    return encode_frame(HELLO, _HELLO.pack(VERSION, node_id, instance) + name.encode())
+def epoch_data(epoch: int) -> bytes:
+    return _SEQ.pack(epoch)
+
+
+def encode_hello(node_id: int, instance: bytes, name: str, epoch: int = 0, adopted: bytes = NO_ID) -> bytes:
+    return encode_frame(HELLO, _HELLO.pack(VERSION, node_id, instance, epoch, adopted) + name.encode())
 
 
 def decode_hello(body: bytes) -> Hello:
+    if len(body) >= 2 and _U16.unpack_from(body)[0] != VERSION:
+        raise LinkError(f"unsupported replication protocol version {_U16.unpack_from(body)[0]}")
     if len(body) < _HELLO.size:
         raise LinkError("short HELLO")
-    version, node_id, instance = _HELLO.unpack_from(body)
-    if version != VERSION:
-        raise LinkError(f"unsupported replication protocol version {version}")
+    version, node_id, instance, epoch, adopted = _HELLO.unpack_from(body)
     try:
         name = body[_HELLO.size:].decode()
     except UnicodeDecodeError:
         raise LinkError("HELLO name is not utf-8") from None
-    return Hello(version, node_id, instance, name)
+    return Hello(version, node_id, instance, name, epoch, adopted)
 
 
 def batch_body(seq: int, entries: Sequence[Entry]) -> bytes:

@@ -44,7 +44,7 @@ from twisted.internet import tcp
 from twisted.internet.interfaces import ISSLTransport
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 
-__all__ = ["SocketSeam", "attach", "ENABLED", "READ_SIZE", "epoll_parts", "clear_exit_signal"]
+__all__ = ["SocketSeam", "attach", "attach_client", "ENABLED", "READ_SIZE", "epoll_parts", "clear_exit_signal"]
 
 #: the one switch: False makes :func:`attach` attach nothing (plain Twisted I/O everywhere)
 ENABLED = os.environ.get("NSQTW_FAST_IO", "1") != "0"
@@ -61,7 +61,7 @@ class SocketSeam:
 
     __slots__ = ("transport", "write", "_do_read", "attached")
 
-    def __init__(self, transport: tcp.Server, data_received: Callable[[bytes], None]) -> None:
+    def __init__(self, transport: tcp.Server | tcp.Client, data_received: Callable[[bytes], None]) -> None:
         self.transport = transport
         self.attached = True
         sock = transport.socket
@@ -115,6 +115,19 @@ class SocketSeam:
 #: what the seam reads of a tcp.Server (checked on every connection it attaches to)
 _SERVER_NEEDS = ("socket", "_tempDataLen", "dataBuffer", "offset", "connected", "disconnecting",
                  "_aborting", "_writeDisconnected", "TLS", "protocol", "doRead")
+
+
+def attach_client(transport: Any, data_received: Callable[[bytes], None]) -> SocketSeam | None:
+    """A :class:`SocketSeam` on an outgoing plain TCP connection (``tcp.Client``, e.g. one an
+    endpoint connected, whose protocol may be the endpoint's forwarding wrapper): the caller's
+    ``data_received`` gets what is read."""
+    if not ENABLED or type(transport) is not tcp.Client:
+        return None
+    if not all(hasattr(transport, name) for name in _SERVER_NEEDS):
+        return None
+    if ISSLTransport.providedBy(transport) or transport.TLS or transport.socket is None:
+        return None
+    return SocketSeam(transport, data_received)
 
 
 def attach(transport: Any, protocol: Any, data_received: Callable[[bytes], None]) -> SocketSeam | None:

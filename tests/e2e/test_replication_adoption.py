@@ -58,9 +58,9 @@ async def test_the_peer_delivers_what_the_dead_origin_had_not_finished():
         first = [await c.message() for _ in range(3)]
         for m in first:
             c.send(command("FIN", text_id(m.id)))
-        await until(lambda: len(peer._service.shadow_files.states[1].messages) == 8)
+        await until(lambda: peer._service.shadow_files.states[1].count() == 8)
         shadowed = {m.frame[18:34]: int.from_bytes(m.frame[8:16], "big")
-                    for m in peer._service.shadow_files.states[1].messages.values()}
+                    for m in peer._service.shadow_files.states[1].unfinished()}
         # the origin dies (its links drop); nothing is adopted before --adopt-after
         await p.close()
         await c.close()
@@ -109,7 +109,7 @@ async def test_an_origin_that_comes_back_in_time_is_not_adopted():
         await until(lambda: origin._service.replication.origin.in_sync() == 0)
         await until(lambda: origin._service.replication.origin.in_sync() == 1, 5)
         await sleep(1.2)
-        assert not peer._service.adoption.adopted and len(peer._service.shadow_files.states[1].messages) == 1
+        assert not peer._service.adoption.adopted and peer._service.shadow_files.states[1].count() == 1
     finally:
         await origin.stop()
         await peer.stop()

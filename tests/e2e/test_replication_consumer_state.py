@@ -59,7 +59,7 @@ async def test_fins_empty_the_shadow_and_req_moves_its_due_time(pair):
     p = await connect_raw(origin.tcp_port)
     p.send(mpub_command("t", [b"m%d" % i for i in range(10)]))
     assert await p.response() == b"OK"
-    assert len(shadow(peer).messages) == 10
+    assert shadow(peer).count() == 10
     a.send(command("RDY", 10))
     ids = [(await a.message()).id for _ in range(10)]
     for i in ids:
@@ -71,7 +71,7 @@ async def test_fins_empty_the_shadow_and_req_moves_its_due_time(pair):
         b.send(command("FIN", m.id.decode() if isinstance(m.id, bytes) else m.id))
     last = got[9].id.decode() if isinstance(got[9].id, bytes) else got[9].id
     b.send(command("REQ", last, 60000))
-    await until(lambda: len(shadow(peer).messages) == 1)
+    await until(lambda: shadow(peer).count() == 1)
     [(mid, m)] = shadow(peer).messages.items()
     await until(lambda: m.due > 0)
     assert abs(m.due / 1e9 - reactor.seconds() - 60) < 10
@@ -94,9 +94,9 @@ async def test_channel_and_topic_deletion_drop_what_only_they_held(pair):
     assert r.code == 200
     r = await treq.post(f"{http}/pub?topic=u", b"3")
     assert r.code == 200
-    assert len(shadow(peer).messages) == 3
+    assert shadow(peer).count() == 3
     await treq.post(f"{http}/channel/delete?topic=t&channel=a")
-    await until(lambda: len(shadow(peer).messages) == 1)
+    await until(lambda: shadow(peer).count() == 1)
     await treq.post(f"{http}/topic/delete?topic=u")
     await until(lambda: not shadow(peer).messages and "u" not in shadow(peer).topics)
 

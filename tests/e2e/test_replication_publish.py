@@ -197,14 +197,22 @@ async def test_stalled_peer_and_wrong_protocol_are_out_of_sync():
 
 @pytest_twisted.ensureDeferred
 async def test_a_peer_that_stalls_after_a_batch_fails_the_held_publish():
-    """The peer accepts HELLO then never ACKs: after --replication-timeout the held PUB is refused."""
+    """The peer accepts HELLO and acknowledges the catch-up snapshot, then never ACKs again:
+    after --replication-timeout the held PUB is refused."""
     from nsqtw.protocol import replication as wire
 
     class _NoAck(protocol.Protocol):
+        def connectionMade(self) -> None:
+            self.decoder = wire.LinkDecoder(expect_magic=True)
+            self.acked = False
+
         def dataReceived(self, data: bytes) -> None:
-            if not getattr(self, "greeted", False):
-                self.greeted = True
-                self.transport.write(wire.encode_hello(9, b"x" * 16, "noack"))
+            for kind, body in self.decoder.feed(data):
+                if kind == wire.HELLO:
+                    self.transport.write(wire.encode_hello(9, b"x" * 16, "noack"))
+                elif kind == wire.BATCH and not self.acked:  # the snapshot, then silence
+                    self.acked = True
+                    self.transport.write(wire.encode_ack(int.from_bytes(body[:8], "big")))
 
     port = await _serve(_NoAck)
     origin = await start_nsqd(node_id=1, replication_timeout=0.3,
@@ -274,3 +282,43 @@ async def test_with_sync_every_1_the_ok_waits_for_both_and_a_refusal_names_repli
     finally:
         await origin.stop()
         await peer.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_whose_disk_is_full_refuses_and_is_out_of_sync(pair):
+    """The peer's shadow log cannot be written (ENOSPC): it answers E_STORE_FAILED and closes;
+    the origin puts it out of sync and, with --replication-min-acks=1, refuses the publish."""
+    import errno
+
+    origin, peer = pair
+    files = peer._service.shadow_files
+
+    def full(origin_id: int, record: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    files._append = full
+    c = await connect_raw(origin.tcp_port)
+    c.send(body_command("PUB", "t", body=b"x"))
+    ftype, data = await c.frame()
+    assert ftype == FRAME_ERROR and data.startswith(b"E_PUB_FAILED")
+    peer_state = next(iter(origin._service.replication.origin.peers.values()))
+    assert peer_state.state != "in_sync"
+    await until(lambda: "E_STORE_FAILED" in peer_state.reason)
+    assert "No space left on device" in peer_state.reason
+    await c.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_origins_link_sends_eagerly(pair):
+    """The origin's link is an outgoing connection: the socket seam's eager write is attached
+    to it (a batch leaves at once, not at the next reactor iteration); NSQTW_FAST_IO=0 would
+    turn it off as everywhere."""
+    from twisted.internet import tcp
+
+    from nsqtw.runtime import seam
+
+    origin, _ = pair
+    link = next(iter(origin._service.replication.links.values()))
+    assert type(link.transport) is tcp.Client
+    assert link._seam is not None and link.write == link._seam.write
+    assert seam.attach_client(object(), lambda data: None) is None

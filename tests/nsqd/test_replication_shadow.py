@@ -19,6 +19,16 @@ def frame(n: int, body: bytes = b"body") -> bytes:
     return struct.pack(">iiqH", len(body) + 30, 2, 1_000_000_000 + n, 1) + mid + body
 
 
+def ids(s) -> list[bytes]:
+    """The IDs of every unfinished message of a shadow."""
+    return sorted(m.frame[18:34] for m in s.unfinished())
+
+
+def one(s, n: int):
+    """The unfinished message ``n`` of a shadow."""
+    return {m.frame[18:34]: m for m in s.unfinished()}[mid(n)]
+
+
 def mid(n: int) -> bytes:
     return b"%016d" % n
 
@@ -32,7 +42,7 @@ def op(kind: int, topic: str, channel: str = "") -> wire.Entry:
 
 
 def fin(topic: str, channel: str, *ns: int) -> wire.Entry:
-    return (wire.FIN, topic, channel, 0, b"".join(mid(n) for n in ns))
+    return (wire.FIN, topic, channel, 0, wire.fin_data([mid(n) for n in ns]))
 
 
 def test_a_message_is_dropped_once_every_channel_finished_it():
@@ -40,32 +50,32 @@ def test_a_message_is_dropped_once_every_channel_finished_it():
     s.apply([op(wire.TOPIC_NEW, "t"), op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"),
              msg("t", 1, 2, 3)])
     s.apply([fin("t", "a", 1, 2)])
-    assert sorted(s.messages) == [mid(1), mid(2), mid(3)]  # b still has them
+    assert ids(s) == [mid(1), mid(2), mid(3)]  # b still has them
     s.apply([fin("t", "b", 1), fin("t", "x", 2)])  # an unknown channel's FIN changes nothing
-    assert sorted(s.messages) == [mid(2), mid(3)]
+    assert ids(s) == [mid(2), mid(3)]
     s.apply([op(wire.CHANNEL_DEL, "t", "b")])  # b gone: 2 was finished by a, the only one left
-    assert sorted(s.messages) == [mid(3)]
+    assert ids(s) == [mid(3)]
     s.apply([op(wire.TOPIC_DEL, "t")])
-    assert s.messages == {} and s.live_bytes == 0
+    assert ids(s) == [] and s.live_bytes == 0
 
 
 def test_messages_before_any_channel_go_to_the_channels_created_next():
     s = ShadowState()
     s.apply([msg("t", 1)])
-    assert s.messages[mid(1)].pending is None
+    assert one(s, 1).pending is None
     s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b")])  # one batch: both get it
-    assert s.messages[mid(1)].pending == {"a", "b"}
+    assert one(s, 1).pending == {"a", "b"}
     s.apply([op(wire.CHANNEL_NEW, "t", "c")])  # later: it does not
-    assert s.messages[mid(1)].pending == {"a", "b"}
+    assert one(s, 1).pending == {"a", "b"}
     s.apply([msg("t", 2)])
-    assert s.messages[mid(2)].pending == {"a", "b", "c"}
+    assert one(s, 2).pending == {"a", "b", "c"}
 
 
 def test_req_keeps_the_new_due_time_and_deferred_publishes_keep_theirs():
     s = ShadowState()
     s.apply([op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1), msg("t", 2, due=5_000)])
     s.apply([(wire.REQ, "t", "a", 0, wire.req_data([(mid(1), 9_000)]))])
-    assert s.messages[mid(1)].due == 9_000 and s.messages[mid(2)].due == 5_000
+    assert one(s, 1).due == 9_000 and one(s, 2).due == 5_000
 
 
 def test_snapshot_rebuilds_the_same_state():
@@ -75,8 +85,8 @@ def test_snapshot_rebuilds_the_same_state():
     again = ShadowState()
     again.apply(s.snapshot())
     assert again.topics == s.topics
-    assert {k: (m.topic, m.due, m.frame, m.pending) for k, m in again.messages.items()} == \
-        {k: (m.topic, m.due, m.frame, m.pending) for k, m in s.messages.items()}
+    assert {k: (m.topic, m.due, m.frame, m.pending) for k, m in ((m.frame[18:34], m) for m in again.unfinished())} == \
+        {k: (m.topic, m.due, m.frame, m.pending) for k, m in ((m.frame[18:34], m) for m in s.unfinished())}
 
 
 def test_origin_sends_fins_and_reqs_per_channel_in_one_batch():
@@ -92,7 +102,36 @@ def test_origin_sends_fins_and_reqs_per_channel_in_one_batch():
     [(kind, body)] = wire.LinkDecoder().feed(frame_bytes)
     _, entries = wire.decode_batch(body)
     assert [(k, t, c) for k, t, c, _, _ in entries] == [(wire.REQ, "t", "b"), (wire.FIN, "t", "a")]
-    assert entries[1][4] == mid(1) + mid(2) + mid(3)
+    assert entries[1][4] == mid(1) + mid(3)  # one range: 1 to 3
+    assert list(wire.fin_ids(entries[1][4])) == [mid(1), mid(2), mid(3)]
+
+
+def test_fin_ranges_merge_consecutive_ids_in_any_order():
+    ids = [b"%016x" % n for n in (7, 3, 4, 5, 9, 4)]
+    data = wire.fin_data(ids)
+    assert data == b"%016x%016x%016x%016x%016x%016x" % (3, 5, 7, 7, 9, 9)
+    assert list(wire.fin_ids(data)) == [b"%016x" % n for n in (3, 4, 5, 7, 9)]
+
+
+def test_a_published_batch_is_one_run_until_its_messages_part():
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b"), msg("t", 1, 2, 3, 4)])
+    assert len(s.runs) == 1 and not s.messages and s.count() == 4  # no object per message
+    s.apply([fin("t", "a", 2), (wire.REQ, "t", "b", 0, wire.req_data([(mid(3), 99)]))])
+    assert set(s.messages) == {mid(2), mid(3)} and s.runs[0].left == 2 and s.count() == 4
+    assert s.messages[mid(2)].pending == {"b"}
+    assert s.messages[mid(3)].due == 99 and s.messages[mid(3)].frame == frame(3)
+    s.apply([fin("t", "b", 2)])
+    assert mid(2) not in ids(s)
+    s.apply([op(wire.CHANNEL_DEL, "t", "a"), fin("t", "b", 1, 3, 4)])
+    assert not ids(s) and s.live_bytes == 0 and not s.runs
+    # a run whose only channel finishes it leaves without an object per message
+    s.apply([op(wire.CHANNEL_NEW, "v", "only"), msg("v", 10, 11, 12)])
+    s.apply([fin("v", "only", 10, 11, 12)])
+    assert not s.runs and not s.messages and s.live_bytes == 0
+    # frames of different sizes are a run too
+    s.apply([wire.message_entry("u", 0, frame(5, b"x") + frame(6, b"yyyy"))])
+    assert [m.frame for m in s.unfinished()] == [frame(5, b"x"), frame(6, b"yyyy")]
 
 
 def test_shadow_files_replay_and_compact(tmp_path):
@@ -102,7 +141,7 @@ def test_shadow_files_replay_and_compact(tmp_path):
     assert 1 not in files.states  # stored (and acknowledgeable) first, applied after
     files.apply()
     assert files.compactions == 1  # the log held 100 messages, one is unfinished
-    assert len(files.states[1].messages) == 1
+    assert files.states[1].count() == 1
     size = (tmp_path / "nsqtw-shadow.1.log").stat().st_size
     assert size < 200
     files.store(1, wire.batch_body(3, [msg("t", 100)]))
@@ -111,8 +150,8 @@ def test_shadow_files_replay_and_compact(tmp_path):
     # a restarted peer replays the log: same unfinished messages
     again = ShadowFiles(str(tmp_path), fsync=False)
     again.load()
-    assert sorted(again.states[1].messages) == [mid(99), mid(100)]
-    assert again.states[1].messages[mid(99)].pending == {"a"}
+    assert ids(again.states[1]) == [mid(99), mid(100)]
+    assert one(again.states[1], 99).pending == {"a"}
     assert shadow_path(str(tmp_path), 1).endswith("nsqtw-shadow.1.log")
 
 

@@ -56,6 +56,7 @@ class Event:
     CHANNEL_CREATED = "channel_created"
     CHANNEL_DELETED = "channel_deleted"
     PAUSED = "paused"
+    EMPTIED = "emptied"
 
 
 BackendFactory = Callable[[str, bool], Any]
@@ -299,6 +300,13 @@ class Broker:
         else:
             target.unpause()
         self._notify(Event.PAUSED, topic_name, channel_name)
+
+    def empty(self, topic_name: str, channel_name: str | None = None) -> None:
+        """Empty a topic's own queue or a channel (``/topic/empty``, ``/channel/empty``)."""
+        target: Any = self.find_topic(topic_name) if channel_name is None \
+            else self.find_channel(topic_name, channel_name)
+        target.empty()
+        self._notify(Event.EMPTIED, topic_name, channel_name)
 
     def _notify(self, event: str, topic: str, channel: str | None) -> None:
         for listener in list(self.listeners):

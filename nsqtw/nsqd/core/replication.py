@@ -18,6 +18,7 @@ Nothing here imports a reactor; times are passed in.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,13 +30,22 @@ from .broker import Broker
 from .channel import Channel
 from .client import ClientState
 from .topic import Topic
+from ...protocol.names import is_ephemeral
 
 __all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
-           "IN_SYNC", "CONNECTING", "OUT_OF_SYNC"]
+           "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "chunks", "topology_entries",
+           "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "onward_entries"]
 
 IN_SYNC = "in_sync"
+CATCHING_UP = "catching_up"
 CONNECTING = "connecting"
 OUT_OF_SYNC = "out_of_sync"
+
+#: a peer more messages behind than this (sent, not acknowledged) has fallen behind: its link is
+#: dropped and it catches up from a snapshot when it links again
+MAX_LAG_MESSAGES = 1_000_000
+#: a catch-up snapshot goes out in batches of about this many bytes
+SNAPSHOT_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class PublishRefused(Exception):
@@ -46,7 +56,8 @@ class PublishRefused(Exception):
 class PeerState:
     """What the origin knows of one peer."""
 
-    __slots__ = ("address", "state", "node_id", "base", "acked", "unacked", "since", "reason")
+    __slots__ = ("address", "state", "node_id", "base", "acked", "unacked", "since", "reason",
+                 "catchup_seq", "lag_messages", "catch_ups")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -55,8 +66,14 @@ class PeerState:
         #: the last batch sent before this peer came in sync: it never saw those
         self.base = 0
         self.acked = 0
-        #: (sequence, sent at) of every batch it has not acknowledged yet
-        self.unacked: deque[tuple[int, float]] = deque()
+        #: (sequence, sent at, messages) of every batch it has not acknowledged yet
+        self.unacked: deque[tuple[int, float, int]] = deque()
+        #: catching up: in sync once it acknowledged this batch (the snapshot's last)
+        self.catchup_seq = 0
+        #: messages sent to it and not acknowledged yet
+        self.lag_messages = 0
+        #: snapshots sent to it
+        self.catch_ups = 0
         #: when it entered its current state
         self.since = 0.0
         self.reason = ""
@@ -65,8 +82,10 @@ class PeerState:
 class ReplicationOrigin:
     """The origin's side: records, batches, acknowledgements and the publish barrier."""
 
-    def __init__(self, peers: list[str], min_acks: int, accept_degraded: bool) -> None:
+    def __init__(self, peers: list[str], min_acks: int, accept_degraded: bool,
+                 max_lag: int = MAX_LAG_MESSAGES) -> None:
         self.peers = {address: PeerState(address) for address in peers}
+        self.max_lag = max_lag
         self.min_acks = min_acks
         self.accept_degraded = accept_degraded
         self.pending: list[wire.Entry] = []
@@ -87,6 +106,11 @@ class ReplicationOrigin:
         """A publish was stored locally: ``count`` message frames for ``topic``."""
         self.pending.append((wire.MSG, topic, "", due_ns, frames))
         self.pending_count += count
+
+    def record_entries(self, entries: list[wire.Entry]) -> None:
+        """Items recorded as they are (adopted messages replicated onward: ``SNAP_MSG``)."""
+        self.pending.extend(entries)
+        self.pending_count += sum(1 for e in entries if e[0] == wire.SNAP_MSG)
 
     def op(self, kind: int, topic: str, channel: str = "") -> None:
         """A topic or channel was created or deleted: in order with the publishes."""
@@ -114,7 +138,7 @@ class ReplicationOrigin:
         for (topic, channel), items in self.reqs.items():
             pending.append((wire.REQ, topic, channel, 0, wire.req_data(items)))
         for (topic, channel), ids in self.fins.items():
-            pending.append((wire.FIN, topic, channel, 0, b"".join(ids)))
+            pending.append((wire.FIN, topic, channel, 0, wire.fin_data(ids)))
         self.fins = {}
         self.reqs = {}
         return True
@@ -126,15 +150,17 @@ class ReplicationOrigin:
         seq = self.next_seq
         self.next_seq += 1
         self.last_sent = seq
-        targets = [p for p in self.peers.values() if p.state == IN_SYNC]
-        # no peer in sync: nothing is encoded (degraded=accept, or publishes being refused)
+        targets = [p for p in self.peers.values() if p.state == IN_SYNC or p.state == CATCHING_UP]
+        # no peer linked: nothing is encoded (degraded=accept, or publishes being refused)
         frame = wire.encode_batch(seq, self.pending) if targets else b""
+        count = self.pending_count
         if targets:
-            self.replicated_messages += self.pending_count
+            self.replicated_messages += count
         self.pending = []
         self.pending_count = 0
         for p in targets:
-            p.unacked.append((seq, now))
+            p.unacked.append((seq, now, count))
+            p.lag_messages += count
         return frame, targets
 
     def connecting(self, address: str, now: float) -> None:
@@ -142,16 +168,37 @@ class ReplicationOrigin:
         peer.state = CONNECTING
         peer.since = now
 
-    def linked(self, address: str, node_id: int, now: float) -> None:
-        """The peer answered HELLO: it receives every batch from the next one on."""
+    def linked(self, address: str, node_id: int, now: float, snapshot: list[wire.Entry] | None = None,
+               batch_bytes: int = SNAPSHOT_BATCH_BYTES) -> list[bytes]:
+        """The peer answered HELLO: it is catching up.  Returns the batch frames to send it
+        first: ``snapshot`` (everything outstanding, see :func:`outstanding`; whatever was
+        recorded before must have been sent with :meth:`take_batch` already); it receives
+        every live batch after them, and counts toward ``--replication-min-acks`` once it
+        acknowledged the snapshot's last batch.  Without a snapshot it is in sync at once and
+        counts for the batches sent from now on only."""
         peer = self.peers[address]
-        peer.state = IN_SYNC
+        peer.state = CATCHING_UP if snapshot is not None else IN_SYNC
         peer.node_id = node_id
         peer.base = self.last_sent
         peer.acked = self.last_sent
         peer.unacked.clear()
+        peer.lag_messages = 0
         peer.since = now
         peer.reason = ""
+        frames: list[bytes] = []
+        if snapshot is None:
+            return frames
+        peer.catch_ups += 1
+        for entries in chunks(snapshot, batch_bytes):
+            seq = self.next_seq
+            self.next_seq += 1
+            self.last_sent = seq
+            count = sum(1 for e in entries if e[0] == wire.SNAP_MSG)
+            frames.append(wire.encode_batch(seq, entries))
+            peer.unacked.append((seq, now, count))
+            peer.lag_messages += count
+        peer.catchup_seq = self.last_sent
+        return frames
 
     def unlinked(self, address: str, now: float, reason: str) -> tuple[list[Any], list[Any]]:
         """The link is gone (closed, refused, stalled): the peer is out of sync; returns the
@@ -162,28 +209,44 @@ class ReplicationOrigin:
         peer.state = OUT_OF_SYNC
         peer.reason = reason
         peer.unacked.clear()
+        peer.lag_messages = 0
         return self._settle()
 
-    def acked(self, address: str, seq: int) -> list[Any]:
-        """The peer stored every batch up to ``seq``: the held answers now released."""
+    def acked(self, address: str, seq: int, now: float = 0.0) -> list[Any]:
+        """The peer stored every batch up to ``seq``: the held answers now released (a peer
+        catching up is in sync once it stored the snapshot's last batch)."""
         peer = self.peers[address]
-        if peer.state != IN_SYNC or seq <= peer.acked:
+        if (peer.state != IN_SYNC and peer.state != CATCHING_UP) or seq <= peer.acked:
             return []
         peer.acked = seq
         unacked = peer.unacked
         while unacked and unacked[0][0] <= seq:
-            unacked.popleft()
+            peer.lag_messages -= unacked.popleft()[2]
+        if peer.state == CATCHING_UP:
+            if seq < peer.catchup_seq:
+                return []
+            # it holds everything outstanding (the snapshot) and every batch since
+            peer.state = IN_SYNC
+            peer.base = 0
+            peer.since = now
         return self._settle()[0]
 
     def overdue(self, now: float, timeout: float) -> list[str]:
         """Peers whose oldest batch (or HELLO) went unanswered for ``timeout``: stalled links."""
         out = []
         for p in self.peers.values():
-            if p.state == IN_SYNC and p.unacked and now - p.unacked[0][1] >= timeout:
-                out.append(p.address)
-            elif p.state == CONNECTING and now - p.since >= timeout:
+            if p.state != IN_SYNC and p.state != CATCHING_UP:
+                if p.state == CONNECTING and now - p.since >= timeout:
+                    out.append(p.address)
+            elif p.unacked and now - p.unacked[0][1] >= timeout:
                 out.append(p.address)
         return out
+
+    def behind(self) -> list[str]:
+        """Peers more than ``max_lag`` messages behind: fallen behind (drop their link; they
+        catch up from a snapshot when they link again)."""
+        return [p.address for p in self.peers.values()
+                if (p.state == IN_SYNC or p.state == CATCHING_UP) and p.lag_messages > self.max_lag]
 
     # --- the barrier ---------------------------------------------------------------
 
@@ -247,19 +310,29 @@ class ReplicationOrigin:
         self.waiting = []
         return failed
 
-    def stats(self, now: float) -> dict[str, Any]:
-        peers = []
+    def peer_stats(self, now: float) -> list[dict[str, Any]]:
+        """Per peer: ``address``, ``state`` (``in_sync``, ``catching_up``, ``connecting``,
+        ``out_of_sync``), ``lag_messages`` (sent, not yet acknowledged), ``lag_seconds`` (age
+        of the oldest unacknowledged batch, 0 when none), ``unacked_batches``,
+        ``seconds_in_state``, ``catch_ups`` (snapshots sent), and ``node_id`` and ``reason``
+        when known.  The one source of every per-peer figure (/stats, metrics, views)."""
+        out = []
         for p in self.peers.values():
             entry: dict[str, Any] = {"address": p.address, "state": p.state,
+                                     "lag_messages": p.lag_messages,
+                                     "lag_seconds": round(max(0.0, now - p.unacked[0][1]), 3) if p.unacked else 0.0,
                                      "unacked_batches": len(p.unacked),
-                                     "seconds_in_state": round(max(0.0, now - p.since), 3)}
+                                     "seconds_in_state": round(max(0.0, now - p.since), 3),
+                                     "catch_ups": p.catch_ups}
             if p.node_id is not None:
                 entry["node_id"] = p.node_id
-            if p.unacked:
-                entry["lag_seconds"] = round(max(0.0, now - p.unacked[0][1]), 3)
             if p.reason:
                 entry["reason"] = p.reason
-            peers.append(entry)
+            out.append(entry)
+        return out
+
+    def stats(self, now: float) -> dict[str, Any]:
+        peers = self.peer_stats(now)
         in_sync = self.in_sync()
         if in_sync >= self.min_acks:
             status = "ok"
@@ -275,12 +348,12 @@ class ReplicationOrigin:
 class OriginLink:
     """The origin's end of one link: send MAGIC and HELLO, read the peer's HELLO, then ACKs."""
 
-    def __init__(self, node_id: int, instance: bytes, name: str) -> None:
+    def __init__(self, node_id: int, instance: bytes, name: str, epoch: int = 0) -> None:
         self.node_id = node_id
         self.instance = instance
         self._decoder = wire.LinkDecoder()
         self.hello: wire.Hello | None = None
-        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name)
+        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name, epoch)
 
     def start(self) -> bytes:
         return self._greeting
@@ -314,10 +387,14 @@ class ShadowReceiver:
     """The peer's end of one link: the origin's HELLO, then batches to store and acknowledge.
 
     ``store(origin_node_id, batch_body)`` keeps one batch in that origin's shadow (raising
-    ``OSError`` when the disk refuses it)."""
+    ``OSError`` when the disk refuses it); ``adopted(origin_node_id, epoch)`` is the highest
+    message ID this node adopted of that origin's epoch (:data:`~wire.NO_ID`: none), the
+    answer its HELLO carries."""
 
     def __init__(self, node_id: int, instance: bytes, name: str,
-                 store: Callable[[int, bytes], None]) -> None:
+                 store: Callable[[int, bytes], None],
+                 adopted: Callable[[int, int], bytes] = lambda origin, epoch: wire.NO_ID) -> None:
+        self.adopted = adopted
         self.node_id = node_id
         self.instance = instance
         self.name = name
@@ -351,7 +428,8 @@ class ShadowReceiver:
                 if hello.node_id == self.node_id:
                     return self._refuse(f"E_SAME_NODE_ID both nodes have --node-id={self.node_id}")
                 self.origin = hello
-                out.append(wire.encode_hello(self.node_id, self.instance, self.name))
+                out.append(wire.encode_hello(self.node_id, self.instance, self.name, 0,
+                                             self.adopted(hello.node_id, hello.epoch)))
             elif kind == wire.BATCH:
                 if len(body) < 8:
                     return b"".join(out) + self._refuse("E_BAD_PROTOCOL malformed BATCH")
@@ -462,47 +540,193 @@ class ShadowMessage:
         self.open = pending is None
 
 
+class ShadowRun:
+    """The messages of one published batch (an MSG item of two or more frames), held as
+    received: the shadow's index maps each of their IDs to this one object, and a message gets
+    an object of its own (:class:`ShadowMessage`) only when it is finished, requeued or
+    changed on its own.  Its ``pending`` and ``open`` apply to every message still here."""
+
+    __slots__ = ("topic", "due", "data", "pending", "open", "ids", "starts", "gone", "left")
+
+    def __init__(self, topic: str, due: int, data: bytes, pending: frozenset[str] | None,
+                 ids: list[bytes], starts: Any) -> None:
+        self.topic = topic
+        self.due = due
+        self.data = data
+        self.pending = pending
+        self.open = pending is None
+        #: the IDs, increasing (as the origin minted them), and where each frame starts
+        self.ids = ids
+        self.starts = starts
+        #: IDs no longer here (finished, or given an object of their own), and how many are left
+        self.gone: set[bytes] = set()
+        self.left = len(ids)
+
+    def has(self, mid: bytes) -> bool:
+        ids = self.ids
+        if mid > ids[-1] or mid in self.gone:
+            return False
+        i = bisect_left(ids, mid)
+        return i < len(ids) and ids[i] == mid
+
+    def frame(self, mid: bytes) -> bytes:
+        i = bisect_left(self.ids, mid)
+        starts = self.starts
+        return self.data[starts[i]:starts[i + 1] if i + 1 < len(starts) else len(self.data)]
+
+    def remaining(self) -> list[bytes]:
+        gone = self.gone
+        return [mid for mid in self.ids if mid not in gone] if gone else list(self.ids)
+
+    def solo(self, mid: bytes) -> ShadowMessage:
+        m = ShadowMessage(self.topic, self.due, self.frame(mid), self.pending)
+        m.open = self.open
+        return m
+
+
+def _index_frames(data: bytes) -> tuple[list[bytes], Any]:
+    """The IDs of an MSG item's frames and where each starts: a batch of one body size (an
+    MPUB of equal bodies, the common case) is checked and sliced without a loop in Python."""
+    end = len(data)
+    if end >= 4:
+        head = data[:4]
+        stride = int.from_bytes(head, "big") + 4
+        n, rest = divmod(end, stride)
+        if stride >= 34 and rest == 0 and n > 1 and all(
+                data[i::stride] == head[i:i + 1] * n for i in range(4)):
+            starts: Any = range(0, end, stride)
+            return [data[o + 18:o + 34] for o in starts], starts
+    ids: list[bytes] = []
+    offsets: list[int] = []
+    pos = 0
+    while pos < end:
+        stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+        if stop > end or stop - pos < 34:
+            raise wire.LinkError("truncated message frame")
+        ids.append(data[pos + 18:pos + 34])
+        offsets.append(pos)
+        pos = stop
+    return ids, offsets
+
+
 class ShadowState:
     """An origin's topics, channels and unfinished messages, rebuilt from its BATCH items in
-    order: a message is dropped once every channel that got it finished it (or was deleted)."""
+    order: a message is dropped once every channel that got it finished it (or was deleted or
+    emptied).  A catch-up snapshot (``SNAP_BEGIN`` ... ``SNAP_END``) is built aside and replaces
+    the state once it is whole; ``epoch`` is the origin's epoch it came with, ``max_id`` the
+    highest message ID this shadow ever held (what an adoption reports back to the origin)."""
 
     def __init__(self) -> None:
         self.topics: dict[str, set[str]] = {}
+        #: unfinished messages with an object of their own, by ID
         self.messages: dict[bytes, ShadowMessage] = {}
+        #: unfinished messages still in the batch they came in, indexed by ID range: the runs
+        #: in increasing ID order and their first IDs
+        self.runs: list[ShadowRun] = []
+        self._firsts: list[bytes] = []
+        #: paused topics (channel "") and channels
+        self.paused: set[tuple[str, str]] = set()
         self.live_bytes = 0
+        self.epoch = 0
+        self.max_id = wire.NO_ID
+        self._staged: ShadowState | None = None
+        #: snapshots that replaced the state so far
+        self.snapshots = 0
+
+    @property
+    def catching_up(self) -> bool:
+        """A snapshot is being received (the state is still the one from before it)."""
+        return self._staged is not None
 
     def apply(self, entries: list[wire.Entry]) -> None:
-        opened: list[ShadowMessage] = []
+        target = self._staged if self._staged is not None else self
+        seg: list[wire.Entry] = []
+        for entry in entries:
+            kind = entry[0]
+            if kind == wire.SNAP_BEGIN:
+                target._apply(seg)
+                seg = []
+                target = self._staged = ShadowState()
+                if len(entry[4]) == 8:
+                    target.epoch = int.from_bytes(entry[4], "big")
+            elif kind == wire.SNAP_END:
+                target._apply(seg)
+                seg = []
+                staged = self._staged
+                if staged is not None:
+                    if len(entry[4]) == 16 and entry[4] > staged.max_id:
+                        staged.max_id = entry[4]
+                    self._replace(staged)
+                target = self
+            else:
+                seg.append(entry)
+        target._apply(seg)
+
+    def _replace(self, staged: ShadowState) -> None:
+        self.topics = staged.topics
+        self.messages = staged.messages
+        self.runs = staged.runs
+        self._firsts = staged._firsts
+        self.paused = staged.paused
+        self.live_bytes = staged.live_bytes
+        self.epoch = staged.epoch
+        if staged.max_id > self.max_id:
+            self.max_id = staged.max_id
+        self._staged = None
+        self.snapshots += 1
+
+    def _apply(self, entries: list[wire.Entry]) -> None:
+        opened: list[ShadowMessage | ShadowRun] = []
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
                 channels = self.topics.setdefault(topic, set())
                 # one frozenset shared by every message of the entry (replaced, never changed)
                 pending = frozenset(channels) if channels else None
-                messages = self.messages
-                pos = 0
-                end = len(data)
-                while pos < end:
-                    stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
-                    if stop > end:
-                        raise wire.LinkError("truncated message frame")
-                    frame = data[pos:stop]
-                    messages[frame[18:34]] = ShadowMessage(topic, due, frame, pending)
-                    pos = stop
-                self.live_bytes += end
+                ids, starts = _index_frames(data)
+                if not ids:
+                    continue
+                runs = self.runs
+                if len(ids) == 1:
+                    self.messages[ids[0]] = ShadowMessage(topic, due, data, pending)
+                elif (not runs or ids[0] > runs[-1].ids[-1]) and all(map(bytes.__lt__, ids, ids[1:])):
+                    runs.append(ShadowRun(topic, due, data, pending, ids, starts))
+                    self._firsts.append(ids[0])
+                else:  # not after the last run, or not increasing (not an origin's publish): one by one
+                    for i, mid in enumerate(ids):
+                        stop = starts[i + 1] if i + 1 < len(ids) else len(data)
+                        self.messages[mid] = ShadowMessage(topic, due, data[starts[i]:stop], pending)
+                top = max(ids[-1], ids[0])
+                if top > self.max_id:  # the IDs of one origin increase: the last is the highest
+                    self.max_id = top
+                self.live_bytes += len(data)
             elif kind == wire.FIN:
                 messages = self.messages
-                for i in range(0, len(data), 16):
-                    mid = data[i:i + 16]
+                for mid in wire.fin_ids(data):
                     held = messages.get(mid)
-                    if held is not None and held.pending is not None and channel in held.pending:
+                    if held is None:
+                        run = self._run_of(mid)
+                        if run is None or run.pending is None or channel not in run.pending:
+                            continue
+                        if len(run.pending) == 1:  # its last channel: gone, no object made
+                            self.live_bytes -= len(run.frame(mid))
+                            self._leave(run, mid)
+                            continue
+                        held = self._solo(run, mid)
+                    if held.pending is not None and channel in held.pending:
                         held.pending = held.pending - {channel}
                         if not held.pending:
                             self._drop(mid, held)
             elif kind == wire.REQ:
                 for mid, when in wire.split_req(data):
                     held = self.messages.get(mid)
-                    if held is not None:
-                        held.due = when
+                    if held is None:
+                        run = self._run_of(mid)
+                        if run is None:
+                            continue
+                        held = self._solo(run, mid)
+                    held.due = when
+            elif kind == wire.SNAP_MSG:
+                self._snap_msg(topic, channel, due, data)
             elif kind == wire.TOPIC_NEW:
                 self.topics.setdefault(topic, set())
             elif kind == wire.CHANNEL_NEW:
@@ -515,50 +739,201 @@ class ShadowState:
                             if not m.open:
                                 m.open = True
                             opened.append(m)
-            elif kind == wire.CHANNEL_DEL:
-                self.topics.get(topic, set()).discard(channel)
+            elif kind == wire.CHANNEL_DEL or (kind == wire.EMPTY and channel):
+                self._solid(topic)
+                if kind == wire.CHANNEL_DEL:
+                    self.topics.get(topic, set()).discard(channel)
+                    self.paused.discard((topic, channel))
                 for mid, m in list(self._items_of_topic(topic)):
                     if m.pending is not None and channel in m.pending:
                         m.pending = m.pending - {channel}
                         if not m.pending:
                             self._drop(mid, m)
+            elif kind == wire.EMPTY:  # the topic's own queue: what no channel got yet
+                self._solid(topic)
+                for mid, m in list(self._items_of_topic(topic)):
+                    if m.pending is None:
+                        self._drop(mid, m)
+            elif kind == wire.PAUSE:
+                self.paused.add((topic, channel))
+            elif kind == wire.UNPAUSE:
+                self.paused.discard((topic, channel))
             elif kind == wire.TOPIC_DEL:
                 self.topics.pop(topic, None)
+                self.paused = {p for p in self.paused if p[0] != topic}
+                self._solid(topic)
                 for mid, m in list(self._items_of_topic(topic)):
                     self._drop(mid, m)
         for m in opened:  # channels created in one batch all get the backlog; later ones do not
             m.open = False
 
-    def _of_topic(self, topic: str) -> list[ShadowMessage]:
-        return [m for m in self.messages.values() if m.topic == topic]
+    def _snap_msg(self, topic: str, channel: str, due: int, data: bytes) -> None:
+        """Messages a snapshot says one channel (or the topic's queue, ``channel`` empty) holds."""
+        messages = self.messages
+        top = self.max_id
+        for frame in wire.split_frames(data):
+            mid = frame[18:34]
+            if mid > top:
+                top = mid
+            held = messages.get(mid)
+            if held is None and (run := self._run_of(mid)) is not None:
+                held = self._solo(run, mid)
+            if held is None:
+                m = ShadowMessage(topic, due, frame, frozenset((channel,)) if channel else None)
+                m.open = False
+                messages[mid] = m
+                self.live_bytes += len(frame)
+            elif channel and held.pending is not None:
+                held.pending = held.pending | {channel}
+                if due < held.due:  # deferred on one channel, due now on another: the earlier
+                    held.due = due
+        self.max_id = top
+
+    def count(self) -> int:
+        """How many messages are unfinished."""
+        return len(self.messages) + sum(run.left for run in self.runs)
+
+    def _run_of(self, mid: bytes) -> ShadowRun | None:
+        """The run still holding ``mid``, found by ID range (None: no run holds it)."""
+        i = bisect_right(self._firsts, mid) - 1
+        if i < 0:
+            return None
+        run = self.runs[i]
+        return run if run.has(mid) else None
+
+    def _leave(self, run: ShadowRun, mid: bytes) -> None:
+        run.gone.add(mid)
+        run.left -= 1
+        if not run.left:
+            i = bisect_left(self._firsts, run.ids[0])
+            del self.runs[i]
+            del self._firsts[i]
+
+    def _solo(self, run: ShadowRun, mid: bytes) -> ShadowMessage:
+        m = self.messages[mid] = run.solo(mid)
+        self._leave(run, mid)
+        return m
+
+    def _of_topic(self, topic: str) -> list[ShadowMessage | ShadowRun]:
+        """Each message object of ``topic`` (a run once, however many of its messages are left)."""
+        out: list[ShadowMessage | ShadowRun] = [m for m in self.messages.values() if m.topic == topic]
+        out.extend(run for run in self.runs if run.topic == topic)
+        return out
 
     def _items_of_topic(self, topic: str) -> list[tuple[bytes, ShadowMessage]]:
         return [(mid, m) for mid, m in self.messages.items() if m.topic == topic]
+
+    def _solid(self, topic: str | None) -> None:
+        """Give every message of ``topic`` (None: of every topic) still in a run its own object."""
+        for run in [r for r in self.runs if topic is None or r.topic == topic]:
+            for mid in run.remaining():
+                self._solo(run, mid)
 
     def _drop(self, mid: bytes, m: ShadowMessage) -> None:
         del self.messages[mid]
         self.live_bytes -= len(m.frame)
 
     def unfinished(self) -> list[ShadowMessage]:
-        """Every message some channel has not finished, in publish order."""
-        return list(self.messages.values())
+        """Every message some channel has not finished, in publish order (the IDs of one
+        origin increase)."""
+        self._solid(None)
+        return [m for _, m in sorted(self.messages.items())]
 
     def snapshot(self) -> list[wire.Entry]:
         """BATCH items that rebuild this state from nothing (a compacted shadow log)."""
-        out: list[wire.Entry] = []
-        for topic, channels in self.topics.items():
-            out.append((wire.TOPIC_NEW, topic, "", 0, b""))
-            for ch in sorted(channels):
-                out.append((wire.CHANNEL_NEW, topic, ch, 0, b""))
-        fins: dict[tuple[str, str], list[bytes]] = {}
-        for mid, m in self.messages.items():
-            out.append(wire.message_entry(m.topic, m.due, m.frame))
-            if m.pending is not None:
-                for ch in self.topics.get(m.topic, set()) - m.pending:
-                    fins.setdefault((m.topic, ch), []).append(mid)
-        for (topic, ch), ids in fins.items():
-            out.append((wire.FIN, topic, ch, 0, b"".join(ids)))
+        out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(self.epoch))]
+        out.extend(topology_entries((t, sorted(chs)) for t, chs in self.topics.items()))
+        out.extend((wire.PAUSE, t, c, 0, b"") for t, c in sorted(self.paused))
+        for m in self.unfinished():
+            if m.pending is None:
+                out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
+            else:
+                out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.frame) for ch in sorted(m.pending))
+        out.append((wire.SNAP_END, "", "", 0, self.max_id))
         return out
+
+
+def topology_entries(topics: Any) -> list[wire.Entry]:
+    out: list[wire.Entry] = []
+    for topic, channels in topics:
+        out.append((wire.TOPIC_NEW, topic, "", 0, b""))
+        out.extend((wire.CHANNEL_NEW, topic, ch, 0, b"") for ch in channels)
+    return out
+
+
+_BIG = 1 << 40
+
+
+def outstanding(broker: Broker, epoch: int) -> list[wire.Entry]:
+    """A catch-up snapshot of an origin's broker: every durable topic and channel, which are
+    paused, and every message not finished on each channel (queued in memory or on disk, in
+    flight, deferred with its due time) or waiting in a topic's own queue, framed by
+    ``SNAP_BEGIN``/``SNAP_END``.  Reads only; changes no position, counter or state."""
+    out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(epoch))]
+    top = wire.NO_ID
+    msgs: list[wire.Entry] = []
+
+    def add(topic: str, channel: str, due: int, frames: list[bytes]) -> None:
+        nonlocal top
+        if not frames:
+            return
+        for f in frames:
+            mid = f[18:34]
+            if mid > top:
+                top = mid
+        msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames)))
+
+    def queued(topic: str, channel: str, mem: Any, backend: Any) -> None:
+        add(topic, channel, 0, mem.peek(mem.depth()))
+        peek = getattr(backend, "peek", None)
+        if peek is not None and backend.depth():
+            now_frames = []
+            for head, _, due in peek(backend.depth() + 1, _BIG):
+                if due is None:
+                    now_frames.append(head)
+                else:
+                    add(topic, channel, int(due * 1e9), [head])
+            add(topic, channel, 0, now_frames)
+
+    for t in list(broker.topics.values()):
+        if t.ephemeral:
+            continue
+        names = [c for c in t.channels if not is_ephemeral(c)]
+        out.extend(topology_entries([(t.name, names)]))
+        if t.paused:
+            out.append((wire.PAUSE, t.name, "", 0, b""))
+        queued(t.name, "", t.mem, t.backend)
+        for at, frame in t.deferred:
+            add(t.name, "", int(at * 1e9), [frame])
+        for name in names:
+            ch = t.channels[name]
+            if ch.paused:
+                out.append((wire.PAUSE, t.name, name, 0, b""))
+            add(t.name, name, 0, [f for mid, ep in ch.inflight.items()
+                                  if (f := ep.msgs.get(mid)) is not None])
+            queued(t.name, name, ch.mem, ch.backend)
+            for at, _, frame in ch.deferred:
+                add(t.name, name, int(at * 1e9), [frame])
+    out.extend(msgs)
+    out.append((wire.SNAP_END, "", "", 0, top))
+    return out
+
+
+def chunks(entries: list[wire.Entry], limit: int) -> list[list[wire.Entry]]:
+    """``entries`` cut into batches of about ``limit`` bytes of data each."""
+    out: list[list[wire.Entry]] = []
+    cur: list[wire.Entry] = []
+    size = 0
+    for e in entries:
+        cur.append(e)
+        size += len(e[4]) + 40
+        if size >= limit:
+            out.append(cur)
+            cur = []
+            size = 0
+    if cur or not out:
+        out.append(cur)
+    return out
 
 
 # --- adoption ---------------------------------------------------------------------------
@@ -598,6 +973,19 @@ class AdoptAfterTimeout:
         return out
 
 
+def onward_entries(state: ShadowState) -> list[wire.Entry]:
+    """An adopted shadow as BATCH items for the adopter's own peers: its topics and channels,
+    then each unfinished message to exactly the channels that had not finished it (or to its
+    topic's own queue), with its due time (``SNAP_MSG`` items outside a snapshot)."""
+    out = topology_entries((t, sorted(chs)) for t, chs in state.topics.items())
+    for m in state.unfinished():
+        if m.pending is None:
+            out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
+        else:
+            out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.frame) for ch in sorted(m.pending))
+    return out
+
+
 def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
     """Republish every unfinished message of an origin's shadow into ``broker``: to each
     channel that had not finished it (created if needed), or to its topic when it had no
@@ -625,6 +1013,14 @@ def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
             adopted += 1
         except Exception:
             refused += 1
+    for topic_name, channel_name in sorted(state.paused):  # paused on the origin: paused here
+        t = broker.topics.get(topic_name)
+        if t is None:
+            continue
+        if not channel_name:
+            t.pause()
+        elif (c := t.channels.get(channel_name)) is not None:
+            c.pause()
     return adopted, refused
 
 

@@ -1,0 +1,231 @@
+"""Catch-up and the adopted-epoch handshake (issue 26, steps 3 and 4), over loopback: a peer
+restarted under load catches up from a snapshot (catching_up, then in_sync) and, after the
+origin dies, adopts everything outstanding, including what was published while it was down;
+an origin that comes back with its data drops the backlog a peer adopted, and delivers it
+when no peer can tell."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet import defer, reactor
+
+from nsqtw.embed import start_nsqd
+from nsqtw.testing import body_command, command, connect_raw, mpub_command
+
+pytestmark = pytest.mark.e2e
+
+
+async def until(predicate, seconds: float = 8.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return
+        await sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+async def sleep(seconds: float) -> None:
+    d = defer.Deferred()
+    reactor.callLater(seconds, d.callback, None)
+    await d
+
+
+def text_id(mid) -> str:
+    return mid.decode() if isinstance(mid, bytes) else mid
+
+
+async def drain(node, topic: str, channel: str, n: int) -> list[bytes]:
+    s = await connect_raw(node.tcp_port)
+    s.send(command("SUB", topic, channel))
+    assert await s.response() == b"OK"
+    s.send(command("RDY", 500))
+    got = []
+    for _ in range(n):
+        m = await s.message()
+        got.append(m.body)
+        s.send(command("FIN", text_id(m.id)))
+    await s.close()
+    return got
+
+
+async def stats(node) -> dict:
+    r = await treq.get(f"http://127.0.0.1:{node.http_port}/stats?format=json")
+    return json.loads(await r.content())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_restarted_peer_catches_up_and_adopts_what_was_published_while_it_was_down(tmp_path):
+    peer_data, origin_data = str(tmp_path / "peer"), str(tmp_path / "origin")
+    os.mkdir(peer_data)
+    os.mkdir(origin_data)
+    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=peer_data)
+    port = peer._service.replication_port
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{port}"], data_path=origin_data,
+                              replication_degraded="accept")
+    rep = origin._service.replication.origin
+    seen_states = []
+    linked = rep.linked
+
+    def watch_linked(*args, **kw):
+        frames = linked(*args, **kw)
+        seen_states.append(rep.peer_stats(0.0)[0]["state"])
+        return frames
+
+    rep.linked = watch_linked
+    publisher = None
+    try:
+        await until(lambda: rep.in_sync() == 1)
+        c = await connect_raw(origin.tcp_port)
+        c.send(command("SUB", "t", "c"))
+        assert await c.response() == b"OK"
+        p = await connect_raw(origin.tcp_port)
+        p.send(mpub_command("t", [b"a%d" % i for i in range(10)]))
+        assert await p.response() == b"OK"
+        c.send(command("RDY", 4))
+        first = [await c.message() for _ in range(4)]
+        c.send(command("RDY", 0))
+        for m in first[:3]:  # three finished, one stays in flight on the origin
+            c.send(command("FIN", text_id(m.id)))
+        await until(lambda: peer._service.shadow_files.states[1].count() == 7)
+
+        # load keeps coming while the peer restarts (degraded=accept: acknowledged without it)
+        acknowledged = [b"a%d" % i for i in range(10)]
+        stop = []
+
+        async def publish() -> None:
+            n = 0
+            while not stop:
+                body = b"b%d" % n
+                p.send(body_command("PUB", "t", body=body))
+                assert await p.response() == b"OK"
+                acknowledged.append(body)
+                n += 1
+                await sleep(0.005)
+
+        publisher = defer.ensureDeferred(publish())
+        await sleep(0.05)
+        await peer.stop()
+        await until(lambda: rep.in_sync() == 0)
+        await sleep(0.1)
+        down = len(acknowledged)
+        peer = await start_nsqd(node_id=2, replication_address=f"127.0.0.1:{port}", adopt_after=60,
+                                data_path=peer_data)
+        await until(lambda: rep.in_sync() == 1)
+        await sleep(0.05)
+        stop.append(True)
+        await publisher
+        publisher = None
+        assert len(acknowledged) > down  # some were published while the peer was down...
+        assert seen_states == ["catching_up", "catching_up"]  # ...then it caught up, both times
+        doc = await stats(origin)
+        (entry,) = doc["replication"]["peers"]
+        assert entry["state"] == "in_sync" and entry["catch_ups"] == 2 and "lag_messages" in entry
+        assert peer._service.shadow_files.states[1].snapshots == 2  # the first replayed from its log, then the new one
+        outstanding = len(acknowledged) - 3
+        await until(lambda: peer._service.shadow_files.states[1].count() == outstanding)
+
+        # the origin dies: the peer adopts everything outstanding, the in-flight one included
+        await c.close()
+        await p.close()
+        await origin.stop()
+        peer._service.adoption.policy.adopt_after = 0.2
+        await until(lambda: peer._service.adoption.adopted)
+        assert peer._service.adoption.adopted[0][:3] == (1, outstanding, 0)
+        got = await drain(peer, "t", "c", outstanding)
+        assert sorted(got) == sorted(b for b in acknowledged if b not in {m.body for m in first[:3]})
+    finally:
+        if publisher is not None:
+            stop.append(True)
+        await origin.stop()
+        await peer.stop()
+
+
+async def _adopted_pair(tmp_path):
+    """A pair whose origin published five messages to t/c and stopped; the peer adopted them."""
+    peer_data, origin_data = str(tmp_path / "peer"), str(tmp_path / "origin")
+    os.mkdir(peer_data)
+    os.mkdir(origin_data)
+    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3, data_path=peer_data)
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
+                              data_path=origin_data)
+    try:
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
+        epoch = origin._service.replication.epoch
+        for path in ("topic/create?topic=t", "channel/create?topic=t&channel=c"):
+            r = await treq.post(f"http://127.0.0.1:{origin.http_port}/{path}")
+            assert r.code == 200
+        r = await treq.post(f"http://127.0.0.1:{origin.http_port}/mpub?topic=t", b"m0\nm1\nm2\nm3\nm4")
+        assert r.code == 200
+        await until(lambda: peer._service.shadow_files.states[1].count() == 5)
+    except BaseException:
+        await peer.stop()
+        raise
+    finally:
+        await origin.stop()  # its queues stay in its data path
+    return peer, origin_data, epoch
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_origin_coming_back_drops_the_backlog_its_peer_adopted(tmp_path):
+    peer, origin_data, epoch = await _adopted_pair(tmp_path)
+    origin = None
+    try:
+        await until(lambda: peer._service.adoption.adopted)
+        assert (1, epoch) in peer._service.shadow_files.adopted  # the adopted epoch, kept on disk
+        assert os.path.exists(os.path.join(peer._service.data_path, f"nsqtw-adopted.1.{epoch}"))
+        origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
+                                  data_path=origin_data)
+        assert origin._service.broker.topics["t"].channels["c"].depth() == 5  # its backlog, reloaded
+        rep = origin._service.replication
+        await until(lambda: rep.adoptions_reported and rep.origin.in_sync() == 1)
+        assert rep.adoptions_reported == [(f"127.0.0.1:{peer._service.replication_port}", 5, 0)]
+        assert origin._service.broker.topics["t"].channels["c"].depth() == 0
+        assert rep.epoch > epoch  # a new epoch from here on
+        assert (await stats(origin))["replication"]["epoch"] == rep.epoch
+        # the peer delivers them, once
+        assert sorted(await drain(peer, "t", "c", 5)) == [b"m%d" % i for i in range(5)]
+    finally:
+        if origin is not None:
+            await origin.stop()
+        await peer.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_origin_that_cannot_ask_delivers_its_backlog(tmp_path):
+    peer, origin_data, _ = await _adopted_pair(tmp_path)
+    await until(lambda: peer._service.adoption.adopted)
+    await peer.stop()  # no peer reachable: the origin cannot tell, so it delivers (duplicates, never loss)
+    origin = await start_nsqd(node_id=1, replica_peers=["127.0.0.1:1"], data_path=origin_data,
+                              replication_degraded="accept")
+    try:
+        assert sorted(await drain(origin, "t", "c", 5)) == [b"m%d" % i for i in range(5)]
+        assert origin._service.replication.adoptions_reported == []
+    finally:
+        await origin.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_origin_back_before_adoption_keeps_its_backlog(tmp_path):
+    peer_data, origin_data = str(tmp_path / "peer"), str(tmp_path / "origin")
+    os.mkdir(peer_data)
+    os.mkdir(origin_data)
+    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=peer_data)
+    address = f"127.0.0.1:{peer._service.replication_port}"
+    origin = await start_nsqd(node_id=1, replica_peers=[address], data_path=origin_data)
+    try:
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
+        r = await treq.post(f"http://127.0.0.1:{origin.http_port}/mpub?topic=t", b"x\ny")
+        assert r.code == 200
+        await origin.stop()
+        origin = await start_nsqd(node_id=1, replica_peers=[address], data_path=origin_data)
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
+        assert origin._service.replication.adoptions_reported == []  # the peer did not adopt it
+        assert not peer._service.adoption.adopted
+        assert sorted(await drain(origin, "t", "c", 2)) == [b"x", b"y"]
+    finally:
+        await origin.stop()
+        await peer.stop()
