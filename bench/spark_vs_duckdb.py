@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -290,7 +291,10 @@ def main() -> None:
     p.add_argument("--cores", type=int, default=2, help="local[N] for Spark, threads for DuckDB (default 2)")
     p.add_argument("--no-html", action="store_true", help="skip the --html run")
     p.add_argument("--stats", default=os.path.join(os.path.dirname(sys.executable), "nsqtw-stats"),
-                   help="the nsqtw-stats to run (default: the one beside this Python)")
+                   help="the nsqtw-stats command to run, split as a shell would (default: the one beside this Python)")
+    p.add_argument("--before", default="", metavar="COMMAND",
+                   help="another nsqtw-stats command (an older tree: 'env PYTHONPATH=/tmp/old python -m nsqtw.spark "
+                        "stats'), run back to back with --stats on the same input: before/after figures")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--duckdb-only", nargs=2, metavar=("DATA", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -305,22 +309,29 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="nsqtw-spark-vs-duckdb-")
     figures: dict[str, object] = {"input_mb": round(gen["bytes"] / 1e6), "cores": args.cores}
     try:
-        spark_out, duck_out = os.path.join(work, "spark"), os.path.join(work, "duck.parquet")
+        duck_out = os.path.join(work, "duck.parquet")
         figures["duckdb"] = timed([sys.executable, __file__, "--cores", str(args.cores),
                                    "--duckdb-only", args.data, duck_out], env)
-        figures["stats"] = timed([args.stats, args.data, "-q", "--master", f"local[{args.cores}]",
-                                  "-o", spark_out], env)
-        if not args.no_html:
-            figures["stats_html"] = timed([args.stats, args.data, "-q", "--master", f"local[{args.cores}]",
-                                           "-o", os.path.join(work, "spark-html"),
-                                           "--html", os.path.join(work, "report.html")], env)
+        runs = [("stats", shlex.split(args.stats))]
+        if args.before:
+            runs.insert(0, ("before_stats", shlex.split(args.before)))
+        for suffix, extra in [("", [])] + ([] if args.no_html else [("_html", ["--html"])]):
+            for name, cmd in runs:
+                out_dir = os.path.join(work, name + suffix)
+                more = [extra[0], out_dir + ".html"] if extra else []
+                figures[name + suffix] = timed(cmd + [args.data, "-q", "--master", f"local[{args.cores}]",
+                                                      "-o", out_dir] + more, env)
+        spark_out = os.path.join(work, "stats")
         figures["agreement"] = compare(spark_out, duck_out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     d, s = figures["duckdb"], figures["stats"]
     figures["stats_over_duckdb_wall"] = round(s["wall_s"] / d["wall_s"], 2)  # type: ignore[index]  # dicts above
+    if "before_stats" in figures:
+        figures["before_over_duckdb_wall"] = round(figures["before_stats"]["wall_s"] / d["wall_s"], 2)  # type: ignore[index]  # dicts above
     if "stats_html" in figures:
         figures["html_extra_wall_pct"] = round(100 * (figures["stats_html"]["wall_s"] / s["wall_s"] - 1))  # type: ignore[index]  # dicts above
+        figures["html_extra_cpu_pct"] = round(100 * (figures["stats_html"]["cpu_s"] / s["cpu_s"] - 1))  # type: ignore[index]  # dicts above
     if args.json:
         print(json.dumps(figures))
     else:

@@ -98,3 +98,47 @@ def test_html_adds_two_small_queries_over_the_cached_table(spark, tmp_path) -> N
     plain = jobs([], "cost-plain")
     html = jobs(["--html", str(tmp_path / "r.html")], "cost-html")
     assert plain >= 1 and html - plain <= 6, (plain, html)
+
+
+def test_local_launch_settings_respect_spark_defaults(tmp_path, monkeypatch) -> None:
+    """The driver heap of local_settings goes to a JVM this process launches for a local master, unless
+    spark-defaults.conf sets it; never under spark-submit or for a cluster master from the defaults."""
+    pytest.importorskip("pyspark")
+    from nsqtw.spark import session
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.delenv("MASTER", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert session._defaults_file() == {} and session._launches_local(None) and session._launches_local("local[2]")
+    (tmp_path / "spark-defaults.conf").write_text("# mine\nspark.master  spark://10.0.0.5:7077\n"
+                                                  "spark.driver.memory=700m\n")
+    assert session._defaults_file() == {"spark.master": "spark://10.0.0.5:7077", "spark.driver.memory": "700m"}
+    assert not session._launches_local(None) and session._launches_local("local[1]")
+    assert not session._launches_local("yarn")
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    assert not session._launches_local("local[1]")
+
+
+def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
+    """A local job's JVM starts with local_settings' heap (Spark's default is 1g)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("pyspark")
+    script = textwrap.dedent("""
+        from nsqtw.spark.session import get_session
+        s = get_session("heap", "local[1]", {"spark.ui.enabled": "false"}, verbose=False,
+                        local_conf={"spark.driver.memory": "1536m"})
+        print(s.sparkContext.getConf().get("spark.driver.memory"),
+              s.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20)
+        s.stop()
+    """)
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(tmp_path))
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env.pop("MASTER", None)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    setting, heap_mib = out.stdout.split()[-2:]
+    assert setting == "1536m" and int(heap_mib) > 1100, out.stderr[-2000:]
