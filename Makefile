@@ -24,7 +24,7 @@ SOURCES := setup.cfg pyproject.toml $(wildcard plugins/*.py) $(shell find nsqtw 
 # Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark
 SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless
 
-.PHONY: run run-nsqd test quick unit lint docs venv install install-test system-deps bench clean
+.PHONY: run run-nsqd test quick unit lint docs venv install install-test system-deps bench bench-spark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,11 @@ unit: install-test
 
 bench: install
 	$(PY) bench/bench_broker.py
+
+# the stats job against DuckDB on the same snapshots (duckdb is installed here only, never at run time)
+bench-spark: install-test
+	$(PIP) install --quiet ".[spark,bench]"
+	$(PY) bench/spark_vs_duckdb.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info docs/_build docs/guide

@@ -137,6 +137,42 @@ def _is_local(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
+def _defaults_file() -> dict[str, str]:
+    """``spark-defaults.conf`` (``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf`` or pyspark's), as the
+    launcher will read it; empty when there is none."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = os.environ.get("SPARK_HOME")
+        if not home:
+            try:
+                import pyspark
+            except ImportError:  # pragma: no cover - require_pyspark() said so already
+                return {}
+            home = os.path.dirname(pyspark.__file__)
+        conf_dir = os.path.join(home, "conf")
+    out: dict[str, str] = {}
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+            for raw in f:
+                text = raw.strip()
+                if text and not text.startswith("#"):
+                    key, _sep, value = text.replace("=", " ", 1).partition(" ")
+                    out[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def _launches_local(master: str | None) -> bool:
+    """This process starts the JVM (not spark-submit) and the master will be a local one."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return False
+    if master is not None:
+        return _is_local(master)
+    effective = os.environ.get("MASTER") or _defaults_file().get("spark.master") or DEFAULT_MASTER
+    return _is_local(effective)
+
+
 def get_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None,
                 progress: bool = False, verbose: bool = True, local_conf: dict[str, str] | None = None) -> Any:
     """A SparkSession on ``master`` if given, else on spark-submit's (or the defaults') master.
@@ -144,7 +180,9 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
     Local masters: the workers run this interpreter and the driver binds loopback.  ``progress``
     shows Spark's console progress bar on stderr; ``verbose=False`` silences the driver's log,
     under spark-submit too (the CLI jobs say what failed in one line instead of Spark's stack traces).
-    ``local_conf``: settings for a local master only (sizing to this machine), unless ``conf`` sets them.
+    ``local_conf``: settings for a local master only (sizing to this machine), unless ``conf`` sets them
+    (or ``spark-defaults.conf``); its ``spark.driver.*`` settings (the heap) are given to the JVM this
+    process starts, never to spark-submit's.
     """
     require_pyspark()
     check_master(master)
@@ -169,6 +207,11 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
         if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit its JVM runs already: quiet it
             settings["spark.log.level"] = "OFF"     # this early (the first lines of SparkContext)
     settings.update(user)
+    if SparkContext._gateway is None and local_conf and _launches_local(master):
+        defaults_file = _defaults_file()
+        for key, value in local_conf.items():
+            if key.startswith("spark.driver.") and key not in user and key not in defaults_file:
+                settings[key] = value  # the JVM's own settings: only at its launch
     if SparkContext._gateway is None and master is not None and not _is_local(master):
         reach_master(master)  # before a JVM starts: seconds, not Spark's minute of retries
     launch = SparkConf(loadDefaults=False)

@@ -1,0 +1,144 @@
+"""What keeps nsqtw-stats cheap (issue 29, item 7): local sizing, one pass, the plan's shape, few jobs.
+
+The cost itself is measured by ``bench/spark_vs_duckdb.py`` (wall times are never asserted here);
+these tests pin the structure that the measured figures depend on.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from spark_data import channel, line, topic
+
+pytestmark = pytest.mark.spark
+
+T0 = 1_700_000_040
+
+
+def test_local_settings_size_the_shuffles_and_keep_the_aggregate_hashed() -> None:
+    """Shuffle partitions: two per core, one per 128 MiB of input, at most 200; the object hash
+    aggregate keeps far more than Spark's 128 groups before it falls back to sorting."""
+    pytest.importorskip("pyspark")
+    from nsqtw.spark.stats import OBJECT_AGG_GROUPS, local_settings, shuffle_partitions
+
+    assert shuffle_partitions(1000, cores=2) == 4
+    assert shuffle_partitions(769_000_000, cores=2) == 6
+    assert shuffle_partitions(2_696_000_000, cores=2) == 21
+    assert shuffle_partitions(10**13, cores=2) == 200
+    conf = local_settings(769_000_000, cores=2)
+    assert conf["spark.sql.shuffle.partitions"] == "6"
+    assert int(conf["spark.sql.objectHashAggregate.sortBased.fallbackThreshold"]) == OBJECT_AGG_GROUPS >= 65536
+
+
+def _snapshots(tmp_path):
+    lines = []
+    for node in ("a.example", "b.example"):
+        for i in range(6):
+            tps = [topic(f"t{n}", msgs=10 * i, nbytes=100 * i,
+                         channels=[channel("c", msgs=10 * i, depth=i, pct={0.99: 5e6, 0.5: 1e6})]) for n in range(3)]
+            lines.append(line(T0 + 10 * i, node, 4151, T0 - 100, tps))
+    path = tmp_path / "nsqd-stats.2023-11-14_22.x_4151.jsonl"
+    path.write_bytes(b"".join(lines))
+    return tmp_path
+
+
+def _operators(plan) -> list[str]:
+    """The physical plan's operator names, root first (depth-first, first child first)."""
+    out, stack = [], [plan]
+    while stack:
+        node = stack.pop()
+        out.append(node.nodeName())
+        children = node.children()
+        stack.extend(children.apply(i) for i in reversed(range(children.size())))
+    return out
+
+
+def test_two_shuffles_and_the_node_window_before_the_explode(spark, tmp_path) -> None:
+    """The whole per-window table is one scan and two shuffles: the snapshots by node (the node's
+    previous snapshot is found by sorting snapshots, not every topic row exploded from them), then the
+    topic rows by (node, topic), which the per-series window and the aggregation share (spread over
+    every partition, not one task per node)."""
+    from nsqtw.spark.stats import compute_stats, read_snapshots
+
+    df = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))]))
+    plan = df._jdf.queryExecution().executedPlan()
+    if plan.nodeName() == "AdaptiveSparkPlan":
+        plan = plan.executedPlan()
+    ops = _operators(plan)
+    assert ops.count("Exchange") == 2 and ops.count("FileScan text") + ops.count("Scan text") <= 1
+    windows = [i for i, op in enumerate(ops) if op == "Window"]
+    generates = [i for i, op in enumerate(ops) if op == "Generate"]
+    assert len(windows) == 2
+    # root first: the deepest Window (the node's) has no Generate below it
+    assert all(g < windows[-1] for g in generates), ops
+    assert df.count() > 0
+
+
+def test_html_adds_two_small_queries_over_the_cached_table(spark, tmp_path) -> None:
+    """--html collects the chosen series' windows and the marks from the cached result: two more
+    small queries (six jobs with adaptive execution's stages), not a pass over the input per chart
+    (it was 13 jobs of 200 tasks each)."""
+    from nsqtw.spark.stats import build_parser, run
+
+    data = _snapshots(tmp_path)
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+
+    def jobs(extra: list[str], group: str) -> int:
+        sc.setJobGroup(group, group)
+        try:
+            run(build_parser().parse_args([str(data), "-o", "", *extra]), spark=spark, out=io.StringIO(),
+                err=io.StringIO())
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        return len(tracker.getJobIdsForGroup(group))
+
+    plain = jobs([], "cost-plain")
+    html = jobs(["--html", str(tmp_path / "r.html")], "cost-html")
+    assert plain >= 1 and html - plain <= 6, (plain, html)
+
+
+def test_local_launch_settings_respect_spark_defaults(tmp_path, monkeypatch) -> None:
+    """The driver heap of local_settings goes to a JVM this process launches for a local master, unless
+    spark-defaults.conf sets it; never under spark-submit or for a cluster master from the defaults."""
+    pytest.importorskip("pyspark")
+    from nsqtw.spark import session
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.delenv("MASTER", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert session._defaults_file() == {} and session._launches_local(None) and session._launches_local("local[2]")
+    (tmp_path / "spark-defaults.conf").write_text("# mine\nspark.master  spark://10.0.0.5:7077\n"
+                                                  "spark.driver.memory=700m\n")
+    assert session._defaults_file() == {"spark.master": "spark://10.0.0.5:7077", "spark.driver.memory": "700m"}
+    assert not session._launches_local(None) and session._launches_local("local[1]")
+    assert not session._launches_local("yarn")
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    assert not session._launches_local("local[1]")
+
+
+def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
+    """A local job's JVM starts with local_settings' heap (Spark's default is 1g)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("pyspark")
+    script = textwrap.dedent("""
+        from nsqtw.spark.session import get_session
+        s = get_session("heap", "local[1]", {"spark.ui.enabled": "false"}, verbose=False,
+                        local_conf={"spark.driver.memory": "1536m"})
+        print(s.sparkContext.getConf().get("spark.driver.memory"),
+              s.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20)
+        s.stop()
+    """)
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(tmp_path))
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env.pop("MASTER", None)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    setting, heap_mib = out.stdout.split()[-2:]
+    assert setting == "1536m" and int(heap_mib) > 1100, out.stderr[-2000:]
