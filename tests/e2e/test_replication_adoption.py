@@ -11,31 +11,15 @@ import os
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, reactor
+from twisted.internet import reactor
 
 from nsqtw.embed import start_nsqd
 from nsqtw.lookupd.embed import start_nsqlookupd
 from nsqtw.testing import body_command, command, connect_raw, mpub_command
 
+from replication_support import sleep, text_id, until
+
 pytestmark = pytest.mark.e2e
-
-
-async def until(predicate, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        await sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
-async def sleep(seconds: float) -> None:
-    d = defer.Deferred()
-    reactor.callLater(seconds, d.callback, None)
-    await d
-
-
-def text_id(mid) -> str:
-    return mid.decode() if isinstance(mid, bytes) else mid
 
 
 @pytest_twisted.ensureDeferred

@@ -10,22 +10,14 @@ import json
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, reactor
+from twisted.internet import reactor
 
 from nsqtw.embed import start_nsqd
 from nsqtw.testing import command, connect_raw, mpub_command
 
+from replication_support import until
+
 pytestmark = pytest.mark.e2e
-
-
-async def until(predicate, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        d = defer.Deferred()
-        reactor.callLater(0.02, d.callback, None)
-        await d
-    raise AssertionError("condition not reached")
 
 
 @pytest_twisted.async_yield_fixture

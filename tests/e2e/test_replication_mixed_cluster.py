@@ -10,7 +10,6 @@ there, while Go's nsqd keeps delivering its own."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,11 @@ from nsqtw.embed import start_nsqd
 from nsqtw.lookupd.embed import start_nsqlookupd
 from nsqtw.testing import body_command, connect_raw
 
+from replication_support import free_port, until
+
 pytestmark = pytest.mark.e2e
 
 GO = Path(__file__).resolve().parents[3] / "shared" / "anchors" / "go-nsq-1.3.0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def until(predicate, seconds: float = 15.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        await task.deferLater(reactor, 0.02, lambda: None)
-    raise AssertionError("condition not reached")
 
 
 class _Process(ProcessProtocol):

@@ -13,7 +13,7 @@ import socket
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, protocol, reactor
+from twisted.internet import protocol, reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
 
 from nsqtw.embed import start_nsqd
@@ -22,17 +22,9 @@ from nsqtw.protocol.frames import FRAME_ERROR
 from nsqtw.protocol.replication import MSG, read_shadow_records, split_frames
 from nsqtw.testing import body_command, command, connect_raw, mpub_command
 
+from replication_support import until
+
 pytestmark = pytest.mark.e2e
-
-
-async def until(predicate, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        d = defer.Deferred()
-        reactor.callLater(0.02, d.callback, None)
-        await d
-    raise AssertionError("condition not reached")
 
 
 def shadow(peer, origin_id: int) -> list[tuple[str, int, bytes]]:
@@ -257,7 +249,6 @@ def test_peer_list_naming_the_node_itself_is_one_fatal_line(tmp_path):
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "FATAL" in lines[0] and "--replica-peer" in lines[0] and "itself" in lines[0]
-
 
 
 @pytest_twisted.ensureDeferred

@@ -4,33 +4,16 @@ losing B next loses nothing either."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, reactor
 
 from nsqtw.embed import start_nsqd
 from nsqtw.testing import command, connect_raw
 
+from replication_support import free_port, until
+
 pytestmark = pytest.mark.e2e
-
-
-async def until(predicate, seconds: float = 8.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        d = defer.Deferred()
-        reactor.callLater(0.02, d.callback, None)
-        await d
-    raise AssertionError("condition not reached")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest_twisted.ensureDeferred

@@ -10,22 +10,13 @@ import json
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer, reactor
 
 from nsqtw.embed import start_nsqadmin, start_nsqd
 from nsqtw.testing import body_command, connect_raw, mpub_command
 
+from replication_support import until
+
 pytestmark = pytest.mark.e2e
-
-
-async def until(predicate, seconds: float = 10.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        d = defer.Deferred()
-        reactor.callLater(0.02, d.callback, None)
-        await d
-    raise AssertionError("condition not reached")
 
 
 async def get(url: str) -> tuple[int, bytes]:
