@@ -176,16 +176,7 @@ class ShadowFiles:
         state = self.states[origin]
         record = shadow_record(batch_body(0, state.snapshot()))
         path = shadow_path(self.data_path, origin)
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(record)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        _write_file(path, record)
         old = self._fds.pop(origin, None)
         if old is not None:
             os.close(old)
@@ -478,7 +469,7 @@ class ReplicationService(Service):
         batch = self.origin.take_batch(self.reactor.seconds())
         if batch is None:
             return
-        self.lag.sent(self.origin, self.origin.last_sent, count)
+        self.lag.sent(count)
         frame, peers = batch
         for p in peers:
             link = self.links.get(p.address)
@@ -499,11 +490,7 @@ class ReplicationService(Service):
         now = self.reactor.seconds()
         doc = self.origin.stats(now)
         # the operator's view (sync_state; a peer that is down lags by what was accepted since)
-        for entry, seen in zip(doc["peers"], peer_stats(self.origin, self.lag, now), strict=True):
-            entry["sync_state"] = seen["sync_state"]
-            if seen["sync_state"] == "down":
-                entry["lag_messages"] = seen["lag_messages"]
-                entry["lag_seconds"] = seen["lag_seconds"]
+        doc["peers"] = peer_stats(self.origin, self.lag, now)
         doc["epoch"] = self.epoch
         if self.adoptions_reported:
             doc["adoptions_reported"] = [{"peer": a, "dropped": d, "kept": k}

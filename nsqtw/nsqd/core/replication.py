@@ -1029,15 +1029,15 @@ def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
 
 
 class PeerLag:
-    """How far each peer is behind, in messages and seconds (kept by the glue beside the
-    :class:`ReplicationOrigin`, read by :func:`peer_stats`).
+    """How far a peer that is down is behind, in messages and seconds (kept by the glue beside
+    the :class:`ReplicationOrigin`, read by :func:`peer_stats`; a linked peer's lag is the
+    origin's own count of what it sent and the peer did not acknowledge yet).
 
-    :meth:`sent` is told how many messages each batch carried (entries older than every peer's
-    oldest unacknowledged batch are dropped there); :meth:`down` and :meth:`up` when a peer
-    leaves and enters sync, so that a peer that is down lags by what was accepted since."""
+    :meth:`sent` is told how many messages each batch carried; :meth:`down` and :meth:`up`
+    when a peer leaves and enters sync, so that a peer that is down lags by what was accepted
+    since."""
 
     def __init__(self, now: float) -> None:
-        self.sizes: deque[tuple[int, int]] = deque()
         #: every message accepted (replicated or not) since the start
         self.accepted = 0
         #: address -> (when it went down, messages accepted then); a peer never in sync since
@@ -1045,13 +1045,8 @@ class PeerLag:
         self.left: dict[str, tuple[float, int]] = {}
         self.start = now
 
-    def sent(self, origin: ReplicationOrigin, seq: int, count: int) -> None:
+    def sent(self, count: int) -> None:
         self.accepted += count
-        sizes = self.sizes
-        sizes.append((seq, count))
-        floor = min((p.unacked[0][0] for p in origin.peers.values() if p.unacked), default=seq + 1)
-        while sizes and sizes[0][0] < floor:
-            sizes.popleft()
 
     def down(self, address: str, now: float) -> None:
         self.left.setdefault(address, (now, self.accepted))
@@ -1059,40 +1054,18 @@ class PeerLag:
     def up(self, address: str) -> None:
         self.left.pop(address, None)
 
-    def unacked_messages(self, peer: PeerState) -> int:
-        if not peer.unacked:
-            return 0
-        first, last = peer.unacked[0][0], peer.unacked[-1][0]
-        return sum(n for seq, n in self.sizes if first <= seq <= last)
-
 
 def peer_stats(origin: ReplicationOrigin, lag: PeerLag, now: float) -> list[dict[str, Any]]:
-    """Per peer, what an operator asks: ``sync_state`` (``in_sync``, ``catching_up`` or
-    ``down``), ``lag_messages`` (sent and not acknowledged yet; for a peer that is down, the
-    messages this node accepted since it went down) and ``lag_seconds`` (the age of the oldest
-    unacknowledged batch; for a peer that is down, how long it has been down), beside the
-    link's own ``state``, ``node_id``, ``unacked_batches`` and ``reason``.  Read-only."""
-    out = []
-    for p in origin.peers.values():
-        if p.state == IN_SYNC:
-            sync = "in_sync"
-        elif p.state == "catching_up":
-            sync = "catching_up"
-        else:
-            sync = "down"
+    """Per peer, what an operator asks: the link's figures (:meth:`ReplicationOrigin.peer_stats`)
+    and ``sync_state`` (``in_sync``, ``catching_up`` or ``down``); for a peer that is down,
+    ``lag_messages`` is what this node accepted since it went down and ``lag_seconds`` how long
+    it has been down.  Read-only."""
+    out = origin.peer_stats(now)
+    for entry, p in zip(out, origin.peers.values(), strict=True):
+        sync = "in_sync" if p.state == IN_SYNC else "catching_up" if p.state == "catching_up" else "down"
+        entry["sync_state"] = sync
         if sync == "down":
             since, accepted = lag.left.get(p.address, (lag.start, 0))
-            messages = lag.accepted - accepted
-            seconds = max(0.0, now - since)
-        else:
-            messages = lag.unacked_messages(p)
-            seconds = max(0.0, now - p.unacked[0][1]) if p.unacked else 0.0
-        entry: dict[str, Any] = {"address": p.address, "sync_state": sync, "state": p.state,
-                                 "lag_messages": messages, "lag_seconds": round(seconds, 3),
-                                 "unacked_batches": len(p.unacked)}
-        if p.node_id is not None:
-            entry["node_id"] = p.node_id
-        if p.reason:
-            entry["reason"] = p.reason
-        out.append(entry)
+            entry["lag_messages"] = lag.accepted - accepted
+            entry["lag_seconds"] = round(max(0.0, now - since), 3)
     return out
