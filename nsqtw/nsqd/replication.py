@@ -31,7 +31,9 @@ from ..options import NsqdOptions, split_host_port
 from ..runtime import seam
 from ..protocol.names import is_ephemeral
 from ..protocol import replication as wire
-from ..protocol.replication import LinkError, batch_body, decode_batch, read_shadow_records, shadow_record
+from ..protocol.replication import (
+    LinkError, batch_body, decode_batch, read_shadow_records, shadow_record, shadow_record_head,
+)
 from .core.broker import Event
 from .core.replication import (
     IN_SYNC, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState,
@@ -139,7 +141,7 @@ class ShadowFiles:
         """Append one batch (checked first) to the origin's log: once this returns, the batch
         may be acknowledged; its effect on the state in memory follows in :meth:`apply`."""
         _, entries = decode_batch(body)
-        self._append(origin, shadow_record(body))
+        self._append(origin, shadow_record_head(body), body)  # one writev: the body is not copied
         self._unapplied.append((origin, entries))
 
     def apply(self) -> None:
@@ -161,15 +163,20 @@ class ShadowFiles:
             self._fds[origin] = fd
         return fd
 
-    def _append(self, origin: int, record: bytes) -> None:
+    def _append(self, origin: int, *parts: bytes) -> None:
         fd = self._fd(origin)
-        view = memoryview(record)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        views = [memoryview(p) for p in parts if p]
+        total = sum(map(len, views))
+        while views:
+            n = os.writev(fd, views)
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
         if self.fsync:
             os.fsync(fd)
-        self.sizes[origin] = self.sizes.get(origin, 0) + len(record)
+        self.sizes[origin] = self.sizes.get(origin, 0) + total
 
     def compact(self, origin: int) -> None:
         """Rewrite an origin's log as one snapshot record of what is unfinished."""

@@ -284,7 +284,7 @@ async def test_a_peer_whose_disk_is_full_refuses_and_is_out_of_sync(pair):
     origin, peer = pair
     files = peer._service.shadow_files
 
-    def full(origin_id: int, record: bytes) -> None:
+    def full(origin_id: int, *parts: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     files._append = full
