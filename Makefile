@@ -67,12 +67,12 @@ system-deps:
 
 # nsqd (4150/4151), nsqlookupd (4160/4161) and nsqadmin (4171) in one process
 run: install
-	@mkdir -p $(DATA)
+	@mkdir -p $(DATA)/nsqadmin
 	$(BIN)/twistd --reactor=nsqtw --nodaemon --pidfile= nsqtw \
 		--tcp-address=$(NSQD_TCP_ADDRESS) --http-address=$(NSQD_HTTP_ADDRESS) \
 		--https-address=$(NSQD_HTTPS_ADDRESS) --broadcast-address=$(HOST) --data-path=$(DATA) \
 		--lookupd-tcp-listen=$(LOOKUPD_TCP_ADDRESS) --lookupd-http-listen=$(LOOKUPD_HTTP_ADDRESS) \
-		--admin-http-address=$(ADMIN_HTTP_ADDRESS) $(ARGS)
+		--admin-history-path=$(DATA)/nsqadmin --admin-http-address=$(ADMIN_HTTP_ADDRESS) $(ARGS)
 
 # nsqd alone, as `twistd nsqd`
 run-nsqd: install

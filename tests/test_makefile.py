@@ -76,6 +76,13 @@ def test_make_run_one_address_on_its_own():
     assert "--tcp-address=127.0.0.1:4150 " in out.stdout and "--lookupd-http-listen=127.0.0.1:4161 " in out.stdout
 
 
+def test_make_run_keeps_nsqadmins_history_beside_the_data():
+    """``make run`` gives nsqadmin a history directory in the data directory, so a restart keeps the charts."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", "run", "DATA=/tmp/x"], cwd=str(REPO),
+                         capture_output=True, text=True, check=True)
+    assert "mkdir -p /tmp/x/nsqadmin" in out.stdout and "--admin-history-path=/tmp/x/nsqadmin " in out.stdout
+
+
 def test_install_is_redone_only_when_a_source_changed(tmp_path):
     """The install's stamp: nothing to do while it is newer than every source, a reinstall once one changed."""
     venv = tmp_path / "venv"

@@ -32,7 +32,7 @@ class AllInOneService(MultiService):
     """nsqlookupd + nsqd + nsqadmin; ``lookupd``, ``nsqd`` and ``admin`` are the parts (or None)."""
 
     def __init__(self, nsqd_options: NsqdOptions, reactor: Any, *, lookupd_tcp_address: str,
-                 lookupd_http_address: str, admin_http_address: str) -> None:
+                 lookupd_http_address: str, admin_http_address: str, admin_history_path: str = "") -> None:
         super().__init__()
         self.lookupd: Any | None = None
         self.admin: Any | None = None
@@ -66,11 +66,12 @@ class AllInOneService(MultiService):
             from ..admin.options import AdminOptions
             from ..admin.service import build_admin
             if lookupd_http:
-                admin_options = AdminOptions(http_address=admin_http_address,
+                admin_options = AdminOptions(http_address=admin_http_address, history_path=admin_history_path,
                                              lookupd_http_addresses=[lookupd_http])
             elif nsqd_options.http_address:
-                admin_options = AdminOptions(http_address=admin_http_address, nsqd_http_addresses=[
-                    local_address(nsqd_options.http_address, "http-address")])
+                admin_options = AdminOptions(http_address=admin_http_address, history_path=admin_history_path,
+                                             nsqd_http_addresses=[
+                                                 local_address(nsqd_options.http_address, "http-address")])
             else:
                 raise OptionError("--admin-http-address needs nsqlookupd's or nsqd's HTTP API")
             self.admin = build_admin(admin_options, reactor)

@@ -3,7 +3,8 @@
 
 Takes every nsqd flag, plus ``--lookupd-tcp-listen`` (default
 ``0.0.0.0:4160``), ``--lookupd-http-listen`` (``0.0.0.0:4161``) and
-``--admin-http-address`` (``0.0.0.0:4171``) for the other two parts; an empty
+``--admin-http-address`` (``0.0.0.0:4171``) and ``--admin-history-path`` (nsqadmin's
+``--history-path``) for the other two parts; an empty
 ``--lookupd-tcp-listen`` leaves nsqlookupd out, an empty ``--admin-http-address``
 nsqadmin.  nsqd registers with the local nsqlookupd (and any
 ``--lookupd-tcp-address`` given), and nsqadmin reads the cluster through it.
@@ -25,6 +26,8 @@ EXTRA_FLAGS: dict[str, tuple[str, str, str]] = {
     "lookupd-tcp-listen": ("lookupd_tcp_address", "0.0.0.0:4160", "address nsqlookupd listens on for nsqd (TCP)"),
     "lookupd-http-listen": ("lookupd_http_address", "0.0.0.0:4161", "address nsqlookupd listens on for HTTP"),
     "admin-http-address": ("admin_http_address", "0.0.0.0:4171", "address nsqadmin listens on for HTTP"),
+    "admin-history-path": ("admin_history_path", "", "[nsqtw] a directory where nsqadmin keeps its history "
+                           "(nsqadmin's --history-path), so a restart keeps the charts; empty: memory only"),
 }
 
 
