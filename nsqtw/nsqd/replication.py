@@ -374,13 +374,18 @@ class _PeerLink(Protocol):
         self.up = False
         self._seam: seam.SocketSeam | None = None
         self.write: Callable[[bytes], None] = lambda data: None
+        self.writev: Callable[[list[bytes]], None] = lambda parts: None
 
     def connectionMade(self) -> None:
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
-        # a batch goes out at once (an eager send) rather than at the next reactor iteration
+        # a batch goes out at once (an eager send) rather than at the next reactor iteration,
+        # its parts gathered by the kernel (one sendmsg) rather than joined here first
         self._seam = seam.attach_client(self.transport, self.dataReceived)
-        self.write = self._seam.write if self._seam is not None else self.transport.write
+        if self._seam is not None:
+            self.write, self.writev = self._seam.write, self._seam.writev
+        else:
+            self.write, self.writev = self.transport.write, self.transport.writeSequence
         self.write(self.link.start())
 
     def dataReceived(self, data: bytes) -> None:
@@ -477,11 +482,11 @@ class ReplicationService(Service):
         if batch is None:
             return
         self.lag.sent(count)
-        frame, peers = batch
+        parts, peers = batch
         for p in peers:
             link = self.links.get(p.address)
             if link is not None and link.transport is not None:
-                link.write(frame)
+                link.writev(parts)
 
     def health(self) -> tuple[bool, str]:
         """``(ok, text)`` for /ping: not ok while publishes are refused."""

@@ -50,7 +50,7 @@ __all__ = [
     "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
     "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "NO_ID", "epoch_data", "fin_data", "fin_ids",
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
-    "encode_frame", "encode_hello", "decode_hello", "encode_batch", "decode_batch",
+    "encode_frame", "encode_hello", "decode_hello", "encode_batch", "encode_batch_parts", "decode_batch",
     "encode_ack", "decode_ack", "encode_error",
     "shadow_record", "shadow_record_head", "read_shadow_records", "split_frames",
 ]
@@ -220,6 +220,13 @@ def encode_batch(seq: int, entries: Sequence[Entry]) -> bytes:
     parts = _batch_parts(seq, entries)
     parts.insert(0, _HEAD.pack(sum(map(len, parts)) + 1, BATCH))
     return b"".join(parts)
+
+
+def encode_batch_parts(seq: int, entries: Sequence[Entry]) -> list[bytes]:
+    """:func:`encode_batch`'s bytes as parts, to be sent without joining them (``sendmsg``)."""
+    parts = _batch_parts(seq, entries)
+    parts.insert(0, _HEAD.pack(sum(map(len, parts)) + 1, BATCH))
+    return parts
 
 
 def decode_batch(body: bytes) -> tuple[int, list[Entry]]:

@@ -59,15 +59,17 @@ _READ_VIEW = memoryview(_READ_BUF)
 class SocketSeam:
     """The eager write and the reused-buffer read of one plain TCP connection."""
 
-    __slots__ = ("transport", "write", "_do_read", "attached")
+    __slots__ = ("transport", "write", "writev", "_do_read", "attached")
 
     def __init__(self, transport: tcp.Server | tcp.Client, data_received: Callable[[bytes], None]) -> None:
         self.transport = transport
         self.attached = True
         sock = transport.socket
         send = sock.send
+        sendmsg = sock.sendmsg
         recv_into = sock.recv_into
         fallback = transport.write
+        fallback_seq = transport.writeSequence
         view = _READ_VIEW
         seam = self
 
@@ -85,6 +87,24 @@ class SocketSeam:
             if sent < len(data):
                 fallback(data[sent:])
 
+        def writev(parts: list[bytes]) -> None:
+            """:func:`write` of the parts joined, without joining them (one ``sendmsg``)."""
+            t = transport
+            if not seam.attached or t._tempDataLen or t.offset != len(t.dataBuffer) \
+                    or not t.connected or t.disconnecting or t._aborting or t._writeDisconnected:
+                fallback_seq(parts)
+                return
+            try:
+                sent = sendmsg(parts)
+            except OSError:
+                fallback_seq(parts)
+                return
+            for i, part in enumerate(parts):
+                if sent < len(part):
+                    fallback_seq([part[sent:], *parts[i + 1:]])
+                    return
+                sent -= len(part)
+
         def do_read() -> Any:
             try:
                 n = recv_into(view)
@@ -98,6 +118,7 @@ class SocketSeam:
             return None
 
         self.write: Callable[[bytes], None] = write
+        self.writev: Callable[[list[bytes]], None] = writev
         self._do_read = do_read
         transport.bufferSize = READ_SIZE
         transport.doRead = do_read  # type: ignore[method-assign]  # an instance attribute shadows the method

@@ -58,7 +58,8 @@ def test_batches_and_acks_release_the_barrier():
     o.record("t", 0, b"m1", 1)
     o.record("t", 0, b"m2", 1)
     assert o.barrier("tok") is False
-    frame, peers = o.take_batch(1.0)
+    parts, peers = o.take_batch(1.0)
+    frame = b"".join(parts)
     assert [p.address for p in peers] == ["a"]
     assert frame.startswith(wire.encode_frame(wire.BATCH, b"")[:0])
     assert o.take_batch(1.0) is None  # nothing new: no batch

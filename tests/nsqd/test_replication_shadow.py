@@ -98,7 +98,8 @@ def test_origin_sends_fins_and_reqs_per_channel_in_one_batch():
     assert not o.pending
     assert o.move_consumer_state() is True
     assert o.move_consumer_state() is False  # nothing new
-    frame_bytes, peers = o.take_batch(0.0)
+    parts, peers = o.take_batch(0.0)
+    frame_bytes = b"".join(parts)
     [(kind, body)] = wire.LinkDecoder().feed(frame_bytes)
     _, entries = wire.decode_batch(body)
     assert [(k, t, c) for k, t, c, _, _ in entries] == [(wire.REQ, "t", "b"), (wire.FIN, "t", "a")]
@@ -132,6 +133,36 @@ def test_a_published_batch_is_one_run_until_its_messages_part():
     # frames of different sizes are a run too
     s.apply([wire.message_entry("u", 0, frame(5, b"x") + frame(6, b"yyyy"))])
     assert [m.frame for m in s.unfinished()] == [frame(5, b"x"), frame(6, b"yyyy")]
+
+
+def test_a_runs_ids_are_read_only_when_a_message_is_looked_up():
+    """An MPUB of equal bodies is held with its first and last IDs only (a peer whose messages
+    nobody consumes yet pays nothing per message); the first FIN reads the others."""
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1, 2, 3, 4)])
+    run = s.runs[0]
+    assert run._ids is None and (run.first, run.last) == (mid(1), mid(4)) and s.max_id == mid(4)
+    assert s.count() == 4
+    s.apply([fin("t", "a", 3)])
+    assert run._ids == [mid(1), mid(2), mid(3), mid(4)] and ids(s) == [mid(1), mid(2), mid(4)]
+    assert one(s, 4).frame == frame(4)
+
+
+def test_a_batch_of_equal_frames_whose_ids_do_not_increase_is_still_found():
+    """Not what an origin sends (its IDs increase), but a FIN still finds each message: the
+    IDs are sorted with their frames (a message a FIN cannot find stays: a duplicate at
+    adoption, never a loss)."""
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1, 3, 2, 4)])
+    assert len(s.runs) == 1
+    s.apply([fin("t", "a", 2)])
+    assert ids(s) == [mid(1), mid(3), mid(4)]
+    assert [m.frame for m in s.unfinished()] == [frame(1), frame(3), frame(4)]
+    s.apply([fin("t", "a", 1, 3, 4)])
+    assert not ids(s) and not s.runs and s.live_bytes == 0
+    # increasing IDs in a run that starts before the last run ends: one object per message
+    s.apply([msg("t", 10, 20), msg("t", 15, 30)])
+    assert len(s.runs) == 1 and set(s.messages) == {mid(15), mid(30)}
 
 
 def test_shadow_files_replay_and_compact(tmp_path):

@@ -431,3 +431,47 @@ def test_twisteds_private_attributes_are_read_in_nsqtw_seam_only() -> None:
     found = [f"{path.relative_to(root)}:{i}" for path in root.rglob("*.py") if path.name != "seam.py"
              for i, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert found == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_writev_sends_the_parts_in_order_also_when_the_socket_takes_only_some() -> None:
+    """The seam's gathered write (the replication link's batches): what one ``sendmsg`` does
+    not take goes through ``writeSequence`` in order, and the peer reads the parts joined."""
+    from twisted.internet.protocol import Factory, Protocol
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    parts = [b"head", b"a" * 300_000, b"", b"mid", b"b" * 100_001, b"tail"]
+    expected = b"".join(parts) * 2
+
+    class Sender(Protocol):
+        pass
+
+    endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+    accept = threads.deferToThread(listener.accept)
+    proto = await endpoint.connect(Factory.forProtocol(Sender))
+    conn, _ = await accept
+    try:
+        proto.transport.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        attached = seam.attach_client(proto.transport, lambda data: None)
+        assert attached is not None
+        attached.writev(parts)  # the socket takes a part of it: the rest is buffered by Twisted
+        assert proto.transport.dataBuffer or proto.transport._tempDataLen
+        attached.writev(parts)  # behind the buffered rest, never ahead of it
+
+        def read_all() -> bytes:
+            conn.settimeout(30)
+            got = bytearray()
+            while len(got) < len(expected):
+                chunk = conn.recv(1 << 20)
+                if not chunk:
+                    break
+                got += chunk
+            return bytes(got)
+
+        assert await threads.deferToThread(read_all) == expected
+    finally:
+        proto.transport.loseConnection()
+        conn.close()
+        listener.close()

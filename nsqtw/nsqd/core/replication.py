@@ -146,8 +146,9 @@ class ReplicationOrigin:
         self.reqs = {}
         return True
 
-    def take_batch(self, now: float) -> tuple[bytes, list[PeerState]] | None:
-        """The next batch frame and the peers to send it to (every peer in sync), or None."""
+    def take_batch(self, now: float) -> tuple[list[bytes], list[PeerState]] | None:
+        """The next batch frame, as parts to send without joining them (``sendmsg``), and the
+        peers to send it to (every peer in sync), or None."""
         if not self.pending:
             return None
         seq = self.next_seq
@@ -155,7 +156,7 @@ class ReplicationOrigin:
         self.last_sent = seq
         targets = [p for p in self.peers.values() if p.state == IN_SYNC or p.state == CATCHING_UP]
         # no peer linked: nothing is encoded (degraded=accept, or publishes being refused)
-        frame = wire.encode_batch(seq, self.pending) if targets else b""
+        frame = wire.encode_batch_parts(seq, self.pending) if targets else []
         count = self.pending_count
         if targets:
             self.replicated_messages += count
@@ -547,35 +548,65 @@ class ShadowRun:
     """The messages of one published batch (an MSG item of two or more frames), held as
     received: the shadow's index maps each of their IDs to this one object, and a message gets
     an object of its own (:class:`ShadowMessage`) only when it is finished, requeued or
-    changed on its own.  Its ``pending`` and ``open`` apply to every message still here."""
+    changed on its own.  Its ``pending`` and ``open`` apply to every message still here.
 
-    __slots__ = ("topic", "due", "data", "pending", "open", "ids", "starts", "gone", "left")
+    Only the first and last IDs are read when the run arrives; the others are read from the
+    frames the first time one is looked up (a FIN, a REQ, a snapshot), so a peer whose
+    messages are not consumed yet pays nothing per message for its index."""
+
+    __slots__ = ("topic", "due", "data", "pending", "open", "first", "last", "_ids", "starts",
+                 "stride", "gone", "left")
 
     def __init__(self, topic: str, due: int, data: bytes, pending: frozenset[str] | None,
-                 ids: list[bytes], starts: Any) -> None:
+                 first: bytes, last: bytes, starts: Any, stride: int = 0,
+                 ids: list[bytes] | None = None) -> None:
         self.topic = topic
         self.due = due
         self.data = data
         self.pending = pending
         self.open = pending is None
-        #: the IDs, increasing (as the origin minted them), and where each frame starts
-        self.ids = ids
+        #: the first and last IDs (as the origin minted them: increasing)
+        self.first = first
+        self.last = last
+        #: where each frame starts, and the frames' common length (0: not all alike)
         self.starts = starts
+        self.stride = stride
+        self._ids = ids
         #: IDs no longer here (finished, or given an object of their own), and how many are left
         self.gone: set[bytes] = set()
-        self.left = len(ids)
+        self.left = len(starts)
+
+    @property
+    def ids(self) -> list[bytes]:
+        """Every ID of the run, increasing (read from the frames once, when first needed)."""
+        ids = self._ids
+        if ids is None:
+            ids = list(map(_first, _id_struct(self.stride).iter_unpack(self.data)))
+            if ids != sorted(ids):  # not an origin's batch: keep IDs and frames paired, sorted
+                order = sorted(range(len(ids)), key=ids.__getitem__)
+                starts = self.starts
+                ids = [ids[i] for i in order]
+                self.starts = [starts[i] for i in order]
+                self.stride = 0
+            self._ids = ids
+        return ids
 
     def has(self, mid: bytes) -> bool:
-        ids = self.ids
-        if mid > ids[-1] or mid in self.gone:
+        if mid > self.last or mid < self.first or mid in self.gone:
             return False
+        ids = self.ids
         i = bisect_left(ids, mid)
         return i < len(ids) and ids[i] == mid
 
     def frame(self, mid: bytes) -> bytes:
         i = bisect_left(self.ids, mid)
-        starts = self.starts
-        return self.data[starts[i]:starts[i + 1] if i + 1 < len(starts) else len(self.data)]
+        stride = self.stride
+        if stride:
+            start = i * stride
+            return self.data[start:start + stride]
+        start = self.starts[i]
+        data = self.data
+        return data[start:start + 4 + int.from_bytes(data[start:start + 4], "big")]
 
     def remaining(self) -> list[bytes]:
         gone = self.gone
@@ -596,9 +627,10 @@ def _id_struct(stride: int) -> struct.Struct:
     return struct.Struct(f"18x16s{stride - 34}x")
 
 
-def _index_frames(data: bytes) -> tuple[list[bytes], Any]:
-    """The IDs of an MSG item's frames and where each starts: a batch of one body size (an
-    MPUB of equal bodies, the common case) is checked and sliced without a loop in Python."""
+def _index_frames(data: bytes) -> tuple[list[bytes] | None, Any, int]:
+    """Where an MSG item's frames start: ``(None, starts, stride)`` for a batch of one body
+    size (an MPUB of equal bodies, the common case: checked without a loop in Python, IDs
+    read later, see :attr:`ShadowRun.ids`), else ``(ids, starts, 0)``."""
     end = len(data)
     if end >= 4:
         head = data[:4]
@@ -606,8 +638,7 @@ def _index_frames(data: bytes) -> tuple[list[bytes], Any]:
         n, rest = divmod(end, stride)
         if stride >= 34 and rest == 0 and n > 1 and all(
                 data[i::stride] == head[i:i + 1] * n for i in range(4)):
-            starts: Any = range(0, end, stride)
-            return list(map(_first, _id_struct(stride).iter_unpack(data))), starts  # C loops
+            return None, range(0, end, stride), stride
     ids: list[bytes] = []
     offsets: list[int] = []
     pos = 0
@@ -618,7 +649,7 @@ def _index_frames(data: bytes) -> tuple[list[bytes], Any]:
         ids.append(data[pos + 18:pos + 34])
         offsets.append(pos)
         pos = stop
-    return ids, offsets
+    return ids, offsets, 0
 
 
 class ShadowState:
@@ -694,20 +725,25 @@ class ShadowState:
                 channels = self.topics.setdefault(topic, set())
                 # one frozenset shared by every message of the entry (replaced, never changed)
                 pending = frozenset(channels) if channels else None
-                ids, starts = _index_frames(data)
-                if not ids:
+                ids, starts, stride = _index_frames(data)
+                if ids is None:
+                    first, last = data[18:34], data[len(data) - stride + 18:len(data) - stride + 34]
+                elif not ids:
                     continue
+                else:
+                    first, last = ids[0], ids[-1]
                 runs = self.runs
-                if len(ids) == 1:
-                    self.messages[ids[0]] = ShadowMessage(topic, due, data, pending)
-                elif (not runs or ids[0] > runs[-1].ids[-1]) and all(map(bytes.__lt__, ids, ids[1:])):
-                    runs.append(ShadowRun(topic, due, data, pending, ids, starts))
-                    self._firsts.append(ids[0])
+                if ids is not None and len(ids) == 1:
+                    self.messages[first] = ShadowMessage(topic, due, data, pending)
+                elif (not runs or first > runs[-1].last) and first < last and (ids is None or ids == sorted(ids)):
+                    runs.append(ShadowRun(topic, due, data, pending, first, last, starts, stride, ids))
+                    self._firsts.append(first)
                 else:  # not after the last run, or not increasing (not an origin's publish): one by one
+                    ids = ids if ids is not None else [data[p + 18:p + 34] for p in starts]
                     for i, mid in enumerate(ids):
                         stop = starts[i + 1] if i + 1 < len(ids) else len(data)
                         self.messages[mid] = ShadowMessage(topic, due, data[starts[i]:stop], pending)
-                top = max(ids[-1], ids[0])
+                top = max(last, first)
                 if top > self.max_id:  # the IDs of one origin increase: the last is the highest
                     self.max_id = top
                 self.live_bytes += len(data)
@@ -817,7 +853,7 @@ class ShadowState:
         run.gone.add(mid)
         run.left -= 1
         if not run.left:
-            i = bisect_left(self._firsts, run.ids[0])
+            i = bisect_left(self._firsts, run.first)
             del self.runs[i]
             del self._firsts[i]
 
