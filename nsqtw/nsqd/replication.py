@@ -435,6 +435,9 @@ class ReplicationService(Service):
         self._connecting: dict[str, Any] = {}
         self._loop: task.LoopingCall | None = None
         self._flush = self.flush
+        #: peers not yet heard from since the start while delivery is held (see _hold)
+        self._unanswered: set[str] = set()
+        self._hold_call: Any = None
 
     # --- what the broker and the glue call -------------------------------------------
 
@@ -504,6 +507,7 @@ class ReplicationService(Service):
         # the operator's view (sync_state; a peer that is down lags by what was accepted since)
         doc["peers"] = peer_stats(self.origin, self.lag, now)
         doc["epoch"] = self.epoch
+        doc["delivery_held"] = self.broker.delivery_held
         if self.adoptions_reported:
             doc["adoptions_reported"] = [{"peer": a, "dropped": d, "kept": k}
                                          for a, d, k in self.adoptions_reported]
@@ -513,7 +517,10 @@ class ReplicationService(Service):
 
     def startService(self) -> None:
         super().startService()
-        self.epoch = read_epoch(self.data_path) or new_epoch(self.data_path, int(self.reactor.seconds() * 1e9))
+        old_epoch = read_epoch(self.data_path)
+        self.epoch = old_epoch or new_epoch(self.data_path, int(self.reactor.seconds() * 1e9))
+        if old_epoch and self.origin.peers:
+            self._hold()
         for address in self.origin.peers:
             self._connect(address)
         timeout = self.options.replication_timeout
@@ -524,8 +531,44 @@ class ReplicationService(Service):
         self._state_loop.clock = self.reactor
         self._state_loop.start(CONSUMER_STATE_INTERVAL, now=False)
 
+    def _hold(self) -> None:
+        """A restart with messages restored from the data path: one of the peers may have
+        adopted them while this node was down.  Nothing is delivered until every peer answered
+        HELLO (saying whether it adopted this epoch; then the backlog is dropped or kept, see
+        :meth:`_adopted_by`) or could not be reached, at most ``--replication-timeout``, so
+        consumers connecting early do not get what an adopter delivered already."""
+        backlog = sum(t.depth() + sum(c.depth() + len(c.deferred) + len(c.inflight) for c in t.channels.values()
+                          if not c.ephemeral)
+                      for t in self.broker.topics.values() if not t.ephemeral)
+        if not backlog:
+            return
+        self.broker.delivery_held = True
+        self._unanswered = set(self.origin.peers)
+        self._hold_call = self.reactor.callLater(self.options.replication_timeout, self._release_delivery,
+                                                 "no answer within --replication-timeout")
+        log.info("REPLICATION: holding delivery of the {n} messages restored from the data path until "
+                 "the peers say whether one adopted them (at most {t}s)", n=backlog,
+                 t=self.options.replication_timeout)
+
+    def _answered(self, address: str) -> None:
+        if self._unanswered:
+            self._unanswered.discard(address)
+            if not self._unanswered:
+                self._release_delivery("every peer answered")
+
+    def _release_delivery(self, why: str) -> None:
+        call, self._hold_call = self._hold_call, None
+        if call is not None and call.active():
+            call.cancel()
+        self._unanswered = set()
+        if self.broker.delivery_held:
+            self.broker.delivery_held = False
+            log.info("REPLICATION: delivering the restored messages ({why})", why=why)
+            self.broker.settle(self.reactor.seconds())
+
     def stopService(self) -> None:
         super().stopService()
+        self._release_delivery("exiting")
         for loop in (self._loop, self._state_loop):
             if loop is not None and loop.running:
                 loop.stop()
@@ -573,6 +616,7 @@ class ReplicationService(Service):
         self._refuse(refused, self.origin.refusal())
         if self.running and address not in self._retries:
             self._retries[address] = self.reactor.callLater(RECONNECT_INTERVAL, self._connect, address)
+        self._answered(address)  # unreachable (or refused): it cannot say it adopted this node
 
     def link_up(self, link: _PeerLink, hello: wire.Hello) -> None:
         """The peer answered HELLO: if it adopted this node's epoch, drop what it adopted;
@@ -587,6 +631,7 @@ class ReplicationService(Service):
             link.write(frame)
         log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up ({n} snapshot batches)",
                  peer=link.address, name=hello.name, id=hello.node_id, n=len(frames))
+        self._answered(link.address)
 
     def _adopted_by(self, address: str, adopted_id: bytes) -> None:
         """A peer adopted this node's epoch up to message ``adopted_id``: the backlog here is

@@ -213,3 +213,99 @@ async def test_an_origin_back_before_adoption_keeps_its_backlog(tmp_path):
     finally:
         await origin.stop()
         await peer.stop()
+
+
+def _gated_proxy(port: int):
+    """A TCP forwarder to ``port`` that holds what the far end answers until ``open()``."""
+    from twisted.internet import reactor
+    from twisted.protocols import portforward
+
+    held: list = []
+    gate = {"open": False}
+
+    class Client(portforward.ProxyClient):
+        def dataReceived(self, data: bytes) -> None:
+            if gate["open"]:
+                super().dataReceived(data)
+            else:
+                held.append((self, data))
+
+    class ClientFactory(portforward.ProxyClientFactory):
+        protocol = Client
+
+    class Server(portforward.ProxyServer):
+        clientProtocolFactory = ClientFactory
+
+    factory = portforward.ProxyFactory("127.0.0.1", port)
+    factory.protocol = Server
+    listening = reactor.listenTCP(0, factory, interface="127.0.0.1")
+
+    def open_gate() -> None:
+        gate["open"] = True
+        for client, data in held:
+            portforward.ProxyClient.dataReceived(client, data)
+        held.clear()
+
+    return listening, open_gate, held
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_consumer_of_a_returning_origin_gets_nothing_its_peer_adopted(tmp_path):
+    """Delivery waits for the peers' answer: a consumer connected to the returning origin
+    before its peer answered HELLO gets none of the backlog the peer adopted (delivered there
+    once), only what is published after."""
+    peer, origin_data, _ = await _adopted_pair(tmp_path)
+    origin = None
+    s = None
+    proxy, open_gate, held = _gated_proxy(peer._service.replication_port)
+    try:
+        await until(lambda: peer._service.adoption.adopted)
+        origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{proxy.getHost().port}"],
+                                  data_path=origin_data)
+        rep = origin._service.replication
+        await until(lambda: held)  # the peer answered; the answer is held back
+        assert origin._service.broker.delivery_held and not rep.adoptions_reported
+        assert (await stats(origin))["replication"]["delivery_held"] is True
+        s = await connect_raw(origin.tcp_port)
+        s.send(command("SUB", "t", "c"))
+        assert await s.response() == b"OK"
+        s.send(command("RDY", 100))
+        await sleep(0.2)
+        assert not origin._service.broker.topics["t"].channels["c"].inflight  # nothing handed out
+        open_gate()
+        await until(lambda: rep.adoptions_reported)
+        assert rep.adoptions_reported[0][1:] == (5, 0) and not origin._service.broker.delivery_held
+        r = await treq.post(f"http://127.0.0.1:{origin.http_port}/pub?topic=t", b"after")
+        assert r.code == 200
+        assert (await s.message()).body == b"after"  # the first it gets: none of the five
+        assert sorted(await drain(peer, "t", "c", 5)) == [b"m%d" % i for i in range(5)]
+    finally:
+        if s is not None:
+            await s.close()
+        if origin is not None:
+            await origin.stop()
+        await peer.stop()
+        await proxy.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_returning_origin_whose_peer_does_not_answer_delivers_after_the_timeout(tmp_path):
+    """A peer that accepts the link and never answers HELLO holds the backlog back for at
+    most --replication-timeout; then it is delivered (duplicates, never loss)."""
+    from twisted.internet import reactor
+    from twisted.internet.protocol import Factory, Protocol
+
+    peer, origin_data, _ = await _adopted_pair(tmp_path)
+    await until(lambda: peer._service.adoption.adopted)
+    await peer.stop()
+    mute = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{mute.getHost().port}"],
+                              data_path=origin_data, replication_timeout=2.0, replication_degraded="accept")
+    try:
+        assert origin._service.broker.delivery_held
+        assert (await stats(origin))["replication"]["delivery_held"] is True
+        assert sorted(await drain(origin, "t", "c", 5)) == [b"m%d" % i for i in range(5)]
+        assert not origin._service.broker.delivery_held
+    finally:
+        await origin.stop()
+        await mute.stopListening()

@@ -102,6 +102,10 @@ class Broker:
         self.backlog = HeldBacklog(options.max_held_bytes)
         self.exiting = False
         self.loading = False
+        #: no message is handed to a consumer while True (queues fill, publishes go on): a
+        #: replicated origin restarting with a backlog waits for its peers to say whether one
+        #: of them adopted it
+        self.delivery_held = False
         self._client_ids = count(1)
         self._channel_list: list[Channel] | None = None
 
@@ -114,7 +118,7 @@ class Broker:
                 if not topic.pump():
                     self.pumping.discard(topic)
         dirty = self.dirty
-        while dirty:
+        while dirty and not self.delivery_held:
             ch = dirty.pop()
             ch.deliver(now)
         self.flush()
