@@ -221,10 +221,8 @@ class ClassArchive:
                 proc.stdin.close()
             if proc.wait(timeout=timeout) != 0 or not os.path.isfile(self.pending):
                 return False
-            # a torn archive aborts this JVM: no hs_err file or core dump left behind for it
             check = subprocess.run([self.java, f"-XX:SharedArchiveFile={self.pending}", *_CDS_QUIET.split(),
-                                    "-XX:ErrorFile=/dev/null", "-XX:-CreateCoredumpOnCrash", "-version"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+                                    "-version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
             if check.returncode != 0:
                 return False
             os.replace(self.pending, self.path)

