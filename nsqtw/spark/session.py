@@ -10,12 +10,9 @@ SparkContext").
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -24,7 +21,7 @@ from urllib.parse import urlsplit
 from .cli import JobError, UsageError
 
 __all__ = ["get_session", "add_spark_arguments", "require_pyspark", "check_master", "reach_master",
-           "DEFAULT_MASTER", "ClassArchive", "class_archive"]
+           "DEFAULT_MASTER"]
 
 DEFAULT_MASTER = "local[*]"
 
@@ -176,109 +173,6 @@ def _launches_local(master: str | None) -> bool:
     return _is_local(effective)
 
 
-#: Unified JVM logging off for class data sharing: a stale archive is a warning on the JVM's stdout otherwise.
-_CDS_QUIET = "-Xlog:cds*=off -Xlog:class+path*=off"
-
-
-class ClassArchive:
-    """A class-data-sharing archive of Spark's classes for the JVM a CLI job launches on a local master.
-
-    Spark's JVM spends seconds loading and verifying the same ten thousand classes on every run; JDK 13+
-    can map them from an archive instead (``-XX:SharedArchiveFile``: a session up in 3 s instead of 5 s
-    on this project's machine).  The archive lives in the user's cache directory
-    (``$XDG_CACHE_HOME/nsqtw``, else ``~/.cache/nsqtw``), one per Java and Spark install (the name holds
-    a digest of the java binary and of pyspark's jars, so an upgrade starts a new one).  When it is not
-    there yet, this run's JVM writes it at exit (``-XX:ArchiveClassesAtExit``) to a file of its own;
-    :meth:`finish` waits for that JVM to exit, checks the file with a ``java -version`` that maps it
-    (a truncated archive makes the JVM abort), and only then renames it into place: concurrent runs
-    never see a partial archive, and one that fails the check is deleted.
-    """
-
-    def __init__(self, java: str, path: str) -> None:
-        self.java = java
-        self.path = path
-        self.pending = "" if os.path.isfile(path) else f"{path}.{os.getpid()}.tmp"
-
-    @property
-    def options(self) -> str:
-        if self.pending:
-            return f"-XX:ArchiveClassesAtExit={self.pending} {_CDS_QUIET}"
-        return f"-XX:SharedArchiveFile={self.path} {_CDS_QUIET}"
-
-    def finish(self, timeout: float = 120.0) -> bool:
-        """After ``spark.stop()``, when this run writes the archive: end the JVM this process launched
-        (it exits on its stdin's end, as when Python exits), then check and publish the archive.
-        True when an archive was published."""
-        if not self.pending:
-            return False
-        try:
-            from pyspark import SparkContext
-
-            proc = getattr(SparkContext._gateway, "proc", None)
-            if proc is None or "PYSPARK_GATEWAY_PORT" in os.environ:
-                return False
-            if proc.stdin:
-                proc.stdin.close()
-            if proc.wait(timeout=timeout) != 0 or not os.path.isfile(self.pending):
-                return False
-            check = subprocess.run([self.java, f"-XX:SharedArchiveFile={self.pending}", *_CDS_QUIET.split(),
-                                    "-version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-            if check.returncode != 0:
-                return False
-            os.replace(self.pending, self.path)
-            return True
-        except (OSError, subprocess.SubprocessError):
-            return False
-        finally:
-            try:
-                os.unlink(self.pending)
-            except OSError:
-                pass
-
-
-def _java() -> str | None:
-    """The java binary Spark's launcher runs (``$JAVA_HOME/bin/java``, else the one on PATH)."""
-    home = os.environ.get("JAVA_HOME")
-    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    return os.path.realpath(found) if found and os.path.isfile(found) else None
-
-
-def _cache_dir() -> str:
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "nsqtw")
-
-
-def class_archive(master: str | None, conf: dict[str, str] | None = None) -> ClassArchive | None:
-    """The class archive for a job's JVM, or None when there is none to use: the JVM is not this
-    process's to launch (it runs already, or spark-submit's), the master is not local, the user set
-    the driver's Java options (``--conf`` or ``spark-defaults.conf``), or there is no java or cache
-    directory to be found."""
-    from pyspark import SparkContext
-
-    key = "spark.driver.extraJavaOptions"
-    if SparkContext._gateway is not None or not _launches_local(master):
-        return None
-    if key in (conf or {}) or key in _defaults_file():
-        return None
-    java = _java()
-    if java is None:
-        return None
-    try:
-        import pyspark
-
-        digest = hashlib.sha256()
-        st = os.stat(java)
-        digest.update(f"{java} {st.st_size} {st.st_mtime_ns} {pyspark.__version__}".encode())
-        jars = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "jars")
-        for name in sorted(os.listdir(jars)):
-            jst = os.stat(os.path.join(jars, name))
-            digest.update(f"{name} {jst.st_size} {jst.st_mtime_ns}".encode())
-        cache = _cache_dir()
-        os.makedirs(cache, mode=0o700, exist_ok=True)
-    except OSError:
-        return None
-    return ClassArchive(java, os.path.join(cache, f"spark-classes-{digest.hexdigest()[:16]}.jsa"))
-
-
 def get_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None,
                 progress: bool = False, verbose: bool = True, local_conf: dict[str, str] | None = None) -> Any:
     """A SparkSession on ``master`` if given, else on spark-submit's (or the defaults') master.
@@ -317,8 +211,6 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
         defaults_file = _defaults_file()
         for key, value in local_conf.items():
             if key.startswith("spark.driver.") and key not in user and key not in defaults_file:
-                if key == "spark.driver.extraJavaOptions":  # after the quiet log4j option, if any
-                    value = f"{settings.get(key, '')} {value}".strip()
                 settings[key] = value  # the JVM's own settings: only at its launch
     if SparkContext._gateway is None and master is not None and not _is_local(master):
         reach_master(master)  # before a JVM starts: seconds, not Spark's minute of retries
@@ -339,7 +231,7 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
         builder = builder.config(key, value)
     if _is_local(effective):
         for key, value in (local_conf or {}).items():
-            if key not in user and not defaults.contains(key) and key != "spark.driver.extraJavaOptions":
+            if key not in user and not defaults.contains(key):
                 builder = builder.config(key, value)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

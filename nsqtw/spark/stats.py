@@ -64,7 +64,7 @@ from ..options import OptionError, parse_duration
 from .cli import (InputError, Progress, UsageError, add_common_arguments, add_rejected_arguments, check_local_inputs,
                   describe_error, error_class, first_line_where, local_path, progress_bar, report_rejected, run_main)
 from .report import SUMMARY_COLUMNS, format_summary, render_report, summary_table, utc_text
-from .session import add_spark_arguments, check_master, class_archive, get_session, parse_conf, reach_master
+from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
 
 __all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "read_snapshot_records", "read_snapshot_lines", "shuffle_partitions", "local_settings", "summary_document", "snapshot_rows", "compute_stats", "summarize",
            "format_summary", "summary_table", "SUMMARY_COLUMNS", "chart_series", "chart_marks", "main"]
@@ -678,15 +678,11 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
     own = spark is None
     if own and args.master:
         reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
-    archive = None
     if own:
         progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
-        local_conf = local_settings(checked["bytes"])
-        archive = class_archive(args.master, checked["conf"])  # a local JVM of its own: Spark's classes mapped
-        if archive is not None:
-            local_conf["spark.driver.extraJavaOptions"] = archive.options
         spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=progress_bar(args),
-                            verbose=args.verbose, local_conf=local_conf)
+                            verbose=args.verbose,
+                            local_conf=local_settings(checked["bytes"]))
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = None
     try:
@@ -764,8 +760,6 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
             result.unpersist()
         if own:
             spark.stop()
-            if archive is not None:
-                archive.finish()  # the first run's JVM wrote the archive as it exited: checked, then kept
 
 
 def _read_or_fail(spark: Any, paths: Sequence[str], pattern: str | None) -> Any:
