@@ -68,6 +68,20 @@ def start(cmd: list[str], data: str, memq: int, *flags: str) -> tuple[subprocess
     return proc, tcp
 
 
+def start_pair(work: str, memq: int, procs: list[subprocess.Popen]) -> int:
+    """A replicated pair of nsqtw nsqd (the peer first, then the origin naming it), their
+    processes added to ``procs``; returns the origin's TCP port once the link is up."""
+    rport = free_port()
+    os.mkdir(f"{work}/peer")
+    os.mkdir(f"{work}/origin")
+    peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}")
+    procs.append(peer)
+    origin, tcp = start(NSQTW, f"{work}/origin", memq, "--node-id=1", f"--replica-peer=127.0.0.1:{rport}")
+    procs.append(origin)
+    time.sleep(1.5)  # the link comes up
+    return tcp
+
+
 def rate(cmd: list[str]) -> float:
     done = subprocess.run(cmd, capture_output=True, text=True)
     out = done.stdout + done.stderr
@@ -84,14 +98,7 @@ def measure(kind: str, workload: str) -> float:
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
         elif kind == "replicated":
-            rport = free_port()
-            os.mkdir(f"{work}/peer")
-            os.mkdir(f"{work}/origin")
-            peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}")
-            procs.append(peer)
-            p, tcp = start(NSQTW, f"{work}/origin", memq, "--node-id=1", f"--replica-peer=127.0.0.1:{rport}")
-            procs.append(p)
-            time.sleep(1.5)  # the link comes up
+            tcp = start_pair(work, memq, procs)
         else:
             p, tcp = start(NSQTW, work, memq, "--node-id=1")
             procs.append(p)
@@ -179,15 +186,7 @@ def measure_client(kind: str, workload: str) -> float:
                 procs.append(p)
                 ports.append(tcp)
         elif kind == "replicated":
-            rport = free_port()
-            os.mkdir(f"{work}/peer")
-            os.mkdir(f"{work}/origin")
-            peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}")
-            procs.append(peer)
-            p, tcp = start(NSQTW, f"{work}/origin", memq, "--node-id=1", f"--replica-peer=127.0.0.1:{rport}")
-            procs.append(p)
-            ports = [tcp]
-            time.sleep(1.5)  # the link comes up
+            ports = [start_pair(work, memq, procs)]
         else:
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
