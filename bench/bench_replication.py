@@ -10,6 +10,9 @@ Workloads as ../shared/bench/perf-vs-go's: ``pub_mem`` (Go's bench_writer, MPUB 
 200-byte bodies, --mem-queue-size=10000000) and ``pub_one`` (Go's bench_pub, one PUB per round
 trip).  Prints msg/s and the ratio replicated / unreplicated (the issue's target: at least 0.5;
 printed, not asserted).  Needs ../shared/anchors/go-nsq-1.3.0 (GO_NSQ to override).
+Beside them the floor (``bench/replication_floor.py``): a Python relay and peer on raw epoll
+that make the same hops as the pair and do no other work, against unreplicated nsqtw: what no
+Python implementation of a peer-acknowledged publish can beat on this machine.
 
 Then NSQ's recommended workaround for the lack of replication: two Go nsqd written by a
 dual-publishing client, which sends every PUB (pub_one) or MPUB of 200 (pub_mem) to both and
@@ -94,7 +97,16 @@ def measure(kind: str, workload: str) -> float:
     procs = []
     try:
         memq = 10_000_000 if workload == "pub_mem" else 10_000
-        if kind == "go":
+        if kind == "floor":  # bench/replication_floor.py: a relay and a peer that do nothing else
+            floor = [sys.executable, str(ROOT / "bench" / "replication_floor.py")]
+            rport, tcp = free_port(), free_port()
+            procs.append(subprocess.Popen([*floor, "peer", "--port", str(rport), "--file", f"{work}/shadow"]))
+            while not accepting(rport):
+                time.sleep(0.01)
+            procs.append(subprocess.Popen([*floor, "relay", "--port", str(tcp), "--peer", f"127.0.0.1:{rport}"]))
+            while not accepting(tcp):
+                time.sleep(0.01)
+        elif kind == "go":
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
         elif kind == "replicated":
@@ -206,12 +218,15 @@ def main() -> int:
             return 2
     if "--workaround-only" not in sys.argv[1:]:
         print("Go's bench tools (msg/s):")
-        print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s}  replicated/nsqtw")
+        print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s} {'floor':>11s}"
+              "  replicated/nsqtw  floor/nsqtw")
         for workload in ("pub_mem", "pub_one"):
             r = measure("replicated", workload)
             u = measure("nsqtw", workload)
             g = measure("go", workload)
-            print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f}  {r / u if u else 0:.2f}", flush=True)
+            f = measure("floor", workload)
+            print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f} {f:>11,.0f}  {r / u if u else 0:16.2f}"
+                  f"  {f / u if u else 0:11.2f}", flush=True)
         print()
     print(f"NSQ's workaround: one asyncio publisher, {os.cpu_count()} connection(s) per nsqd (msg/s):")
     print(f"{'workload':9s} {'nsqtw pair':>11s} {'2 Go dual':>11s} {'1 Go once':>11s}  pair/workaround")

@@ -4,6 +4,8 @@ Prometheus families /metrics renders from the /stats ``replication`` section."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from nsqtw.nsqd.core.replication import PeerLag, ReplicationOrigin, peer_stats
 from nsqtw.nsqd.stats.prometheus import render_metrics
 
@@ -92,3 +94,54 @@ def test_metrics_show_peers_and_adopted_origins():
     assert "# TYPE nsq_replication_adopted_messages_total counter" in lines
     plain = render_metrics({"version": "1.3.0", "health": "OK", "start_time": 1, "topics": []}).decode()
     assert "nsq_replication" not in plain
+
+
+class _Turn:
+    """The end-of-turn hook, run by hand."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def soon(self, fn: Any) -> None:
+        if fn not in self.calls:
+            self.calls.append(fn)
+
+    def end(self) -> None:
+        calls, self.calls = self.calls, []
+        for fn in calls:
+            fn()
+
+
+class _Link:
+    transport = object()
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def writev(self, parts: list[bytes]) -> None:
+        self.sent.append(b"".join(parts))
+
+
+def test_a_big_publish_goes_to_the_peers_at_once_and_small_ones_at_the_end_of_the_turn(tmp_path):
+    """Two MPUBs read in one poll: the first is on its way to the peer before the second is
+    handled (the peer stores it meanwhile); single PUBs of one turn still go as one batch."""
+    from twisted.internet.task import Clock
+
+    from nsqtw.nsqd.replication import ReplicationService
+    from nsqtw.options import NsqdOptions
+
+    turn = _Turn()
+    service = ReplicationService(NsqdOptions(replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
+                                 name="n", turn=turn, broker=None, data_path=str(tmp_path))
+    service.origin.linked("127.0.0.1:1", 2, 0.0)
+    link = service.links["127.0.0.1:1"] = _Link()  # type: ignore[assignment]  # a stand-in link
+    service.record("t", 0, b"m" * 200, 200)  # an MPUB of 200
+    assert len(link.sent) == 1  # sent before the turn ends
+    service.record("t", 0, b"m" * 200, 200)
+    assert len(link.sent) == 2
+    service.record("t", 0, b"a", 1)
+    service.record("t", 0, b"b", 1)
+    assert len(link.sent) == 2  # small ones wait for the end of the turn
+    turn.end()
+    assert len(link.sent) == 3 and b"a" in link.sent[2] and b"b" in link.sent[2]
+    assert service.origin.last_sent == 3 and service.origin.pending == []
