@@ -5,6 +5,7 @@ What replication costs a publisher: Go's bench tools against a replicated pair o
 
     python bench/bench_replication.py                 # 5 s per workload
     RUNFOR=10s python bench/bench_replication.py
+    ROUNDS=3 python bench/bench_replication.py        # medians of 3 rounds (the figures to report)
 
 Workloads as ../shared/bench/perf-vs-go's: ``pub_mem`` (Go's bench_writer, MPUB batches of 200,
 200-byte bodies, --mem-queue-size=10000000) and ``pub_one`` (Go's bench_pub, one PUB per round
@@ -32,15 +33,18 @@ import asyncio
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GO = Path(os.environ.get("GO_NSQ", ROOT.parent / "shared" / "anchors" / "go-nsq-1.3.0"))
 RUNFOR = os.environ.get("RUNFOR", "5s")
+ROUNDS = int(os.environ.get("ROUNDS", "1"))
 NSQTW = [sys.executable, "-m", "nsqtw.cli"]
 
 
@@ -85,6 +89,20 @@ def start_pair(work: str, memq: int, procs: list[subprocess.Popen]) -> int:
     return tcp
 
 
+def start_floor(work: str, procs: list[subprocess.Popen]) -> int:
+    """bench/replication_floor.py's relay and peer (a pair that does nothing but the hops);
+    returns the relay's TCP port."""
+    floor = [sys.executable, str(ROOT / "bench" / "replication_floor.py")]
+    rport, tcp = free_port(), free_port()
+    procs.append(subprocess.Popen([*floor, "peer", "--port", str(rport), "--file", f"{work}/shadow"]))
+    while not accepting(rport):
+        time.sleep(0.01)
+    procs.append(subprocess.Popen([*floor, "relay", "--port", str(tcp), "--peer", f"127.0.0.1:{rport}"]))
+    while not accepting(tcp):
+        time.sleep(0.01)
+    return tcp
+
+
 def rate(cmd: list[str]) -> float:
     done = subprocess.run(cmd, capture_output=True, text=True)
     out = done.stdout + done.stderr
@@ -94,18 +112,11 @@ def rate(cmd: list[str]) -> float:
 
 def measure(kind: str, workload: str) -> float:
     work = tempfile.mkdtemp(prefix="nsqtw-bench-repl-")
-    procs = []
+    procs: list[subprocess.Popen] = []
     try:
         memq = 10_000_000 if workload == "pub_mem" else 10_000
-        if kind == "floor":  # bench/replication_floor.py: a relay and a peer that do nothing else
-            floor = [sys.executable, str(ROOT / "bench" / "replication_floor.py")]
-            rport, tcp = free_port(), free_port()
-            procs.append(subprocess.Popen([*floor, "peer", "--port", str(rport), "--file", f"{work}/shadow"]))
-            while not accepting(rport):
-                time.sleep(0.01)
-            procs.append(subprocess.Popen([*floor, "relay", "--port", str(tcp), "--peer", f"127.0.0.1:{rport}"]))
-            while not accepting(tcp):
-                time.sleep(0.01)
+        if kind == "floor":
+            tcp = start_floor(work, procs)
         elif kind == "go":
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
@@ -199,6 +210,8 @@ def measure_client(kind: str, workload: str) -> float:
                 ports.append(tcp)
         elif kind == "replicated":
             ports = [start_pair(work, memq, procs)]
+        elif kind == "floor":
+            ports = [start_floor(work, procs)]
         else:
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
@@ -211,6 +224,16 @@ def measure_client(kind: str, workload: str) -> float:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def rounds(fn: Callable[[str, str], float], kinds: tuple[str, ...], workload: str) -> list[float]:
+    """Each kind's median over ``ROUNDS`` rounds (the kinds in turn, the order reversed every
+    other round, as perf-vs-go does)."""
+    got: dict[str, list[float]] = {k: [] for k in kinds}
+    for i in range(ROUNDS):
+        for k in (kinds if i % 2 == 0 else kinds[::-1]):
+            got[k].append(fn(k, workload))
+    return [statistics.median(got[k]) for k in kinds]
+
+
 def main() -> int:
     for tool in ("nsqd", "bench_writer", "bench_pub"):
         if not (GO / tool).exists():
@@ -221,20 +244,17 @@ def main() -> int:
         print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s} {'floor':>11s}"
               "  replicated/nsqtw  floor/nsqtw")
         for workload in ("pub_mem", "pub_one"):
-            r = measure("replicated", workload)
-            u = measure("nsqtw", workload)
-            g = measure("go", workload)
-            f = measure("floor", workload)
+            r, u, g, f = rounds(measure, ("replicated", "nsqtw", "go", "floor"), workload)
             print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f} {f:>11,.0f}  {r / u if u else 0:16.2f}"
                   f"  {f / u if u else 0:11.2f}", flush=True)
         print()
     print(f"NSQ's workaround: one asyncio publisher, {os.cpu_count()} connection(s) per nsqd (msg/s):")
-    print(f"{'workload':9s} {'nsqtw pair':>11s} {'2 Go dual':>11s} {'1 Go once':>11s}  pair/workaround")
+    print(f"{'workload':9s} {'nsqtw pair':>11s} {'2 Go dual':>11s} {'1 Go once':>11s} {'floor pair':>11s}"
+          "  pair/workaround  floor/workaround")
     for workload in ("pub_mem", "pub_one"):
-        r = measure_client("replicated", workload)
-        w = measure_client("workaround", workload)
-        g = measure_client("go", workload)
-        print(f"{workload:9s} {r:>11,.0f} {w:>11,.0f} {g:>11,.0f}  {r / w if w else 0:.2f}", flush=True)
+        r, w, g, f = rounds(measure_client, ("replicated", "workaround", "go", "floor"), workload)
+        print(f"{workload:9s} {r:>11,.0f} {w:>11,.0f} {g:>11,.0f} {f:>11,.0f}  {r / w if w else 0:15.2f}"
+              f"  {f / w if w else 0:16.2f}", flush=True)
     return 0
 
 

@@ -46,7 +46,8 @@ def listen(port: int) -> socket.socket:
 
 def parse(buf: bytearray) -> tuple[int, list[bytes]]:
     """Complete commands at the front of ``buf``: (bytes used, bodies)."""
-    pos, bodies, n = 0, [], len(buf)
+    pos, n = 0, len(buf)
+    bodies: list[bytes] = []
     if buf[:4] == b"  V2":
         pos = 4
     while True:
