@@ -99,6 +99,8 @@ class SocketSeam:
             except OSError:
                 fallback_seq(parts)
                 return
+            if sent == sum(map(len, parts)):
+                return
             for i, part in enumerate(parts):
                 if sent < len(part):
                     fallback_seq([part[sent:], *parts[i + 1:]])
