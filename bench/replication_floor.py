@@ -1,6 +1,6 @@
 """The least a Python process can do for a replicated PUB: a floor under nsqtw's replicated pair.
 
-Two tiny programs with no broker in them, on raw ``epoll`` and non-blocking sockets:
+Two tiny programs with no broker in them (the relay on raw ``epoll``, the peer on a blocking socket):
 
 * ``relay`` speaks just enough of NSQ's protocol V2 for Go's ``bench_pub``/``bench_writer``
   (the magic, ``PUB``, ``MPUB``, the ``OK`` frame).  Alone it answers each command at once
@@ -9,30 +9,25 @@ Two tiny programs with no broker in them, on raw ``epoll`` and non-blocking sock
   comes back (the floor of a replicated nsqd: the same hops as nsqtw's origin, no work).
 * ``peer`` appends each batch to a file with one ``write`` and acknowledges it.
 
-``python bench/replication_floor.py`` runs both floors under ``bench_pub`` (pub_one) and
-``bench_writer`` (pub_mem, MPUB of 200) and prints msg/s and the ratio replicated /
-unreplicated: what any Python implementation of origin-acknowledged replication can reach on
-this machine, whatever its broker costs.  Needs ../shared/anchors/go-nsq-1.3.0 (GO_NSQ).
+``bench/bench_replication.py`` starts them and runs Go's bench tools and its dual-publish client
+against the pair beside nsqtw's: about the most any Python implementation of a
+peer-acknowledged publish can reach on this machine, whatever its broker costs.
+``FLOOR_SPIN_US=50`` makes the relay poll for 50 µs before it sleeps, as nsqd's reactor does.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import select
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 
 OK = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
 ACK = struct.Struct(">Q")
 LEN = struct.Struct(">I")
-HERE = os.path.dirname(os.path.abspath(__file__))
-GO = os.environ.get("GO_NSQ", os.path.join(HERE, "..", "..", "shared", "anchors", "go-nsq-1.3.0"))
 
 
 def listen(port: int) -> socket.socket:
@@ -161,56 +156,20 @@ def serve_link(conn: socket.socket, fd: int) -> None:
             conn.sendall(b"".join(acks))
 
 
-def run(tool: str, extra: list[str], port: int, replicated: bool, runfor: str) -> float:
-    py = sys.executable
-    procs = []
-    with tempfile.TemporaryDirectory() as d:
-        try:
-            args = [py, __file__, "relay", "--port", str(port)]
-            if replicated:
-                procs.append(subprocess.Popen([py, __file__, "peer", "--port", str(port + 1),
-                                               "--file", os.path.join(d, "shadow")]))
-                time.sleep(0.5)
-                args += ["--peer", f"127.0.0.1:{port + 1}"]
-            procs.append(subprocess.Popen(args))
-            time.sleep(0.5)
-            out = subprocess.run([os.path.join(GO, tool), f"--nsqd-tcp-address=127.0.0.1:{port}",
-                                  f"--runfor={runfor}", "--size=200", *extra],
-                                 capture_output=True, text=True, check=False).stderr
-            m = re.search(r"([0-9.]+)ops/s", out)
-            return float(m.group(1)) if m else 0.0
-        finally:
-            for p in procs:
-                p.kill()
-                p.wait()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd")
-    r = sub.add_parser("relay")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("relay", help="the origin's part: answers OK (after the peer's ACK with --peer)")
     r.add_argument("--port", type=int, required=True)
-    r.add_argument("--peer")
-    p = sub.add_parser("peer")
+    r.add_argument("--peer", help="HOST:PORT of a running peer")
+    p = sub.add_parser("peer", help="the peer's part: appends each batch to --file and acknowledges it")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--file", required=True)
-    ap.add_argument("--runfor", default=os.environ.get("RUNFOR", "5s"))
-    ap.add_argument("--port", type=int, default=25150, dest="base_port")
     a = ap.parse_args()
     if a.cmd == "relay":
         relay(a.port, a.peer)
-        return 0
-    if a.cmd == "peer":
+    else:
         peer_main(a.port, a.file)
-        return 0
-    if not os.access(os.path.join(GO, "bench_pub"), os.X_OK):
-        print(f"needs Go's bench tools in {GO} (GO_NSQ)", file=sys.stderr)
-        return 2
-    print(f"{'workload':9s} {'floor repl':>11s} {'floor solo':>11s}  ratio")
-    for name, tool, extra in (("pub_one", "bench_pub", []), ("pub_mem", "bench_writer", ["--batch-size=200"])):
-        rep = run(tool, extra, a.base_port, True, a.runfor)
-        solo = run(tool, extra, a.base_port, False, a.runfor)
-        print(f"{name:9s} {rep:>11,.0f} {solo:>11,.0f}  {rep / solo if solo else 0:.2f}", flush=True)
     return 0
 
 
