@@ -278,6 +278,18 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     def g(c: str) -> Any:
         return F.when(sample, col(c))
 
+    # each quantile's worst value: the first of its entries once they are sorted by (quantile, value)
+    # descending (nulls last); the keys in the order they first appear.  Computed in the aggregate's
+    # own result projection (code of its own, split into small methods), not in the projection
+    # after it: lambdas over every entry there made that generated stage the job's costliest to run
+    # and to JIT-compile.
+    e2e_all = F.flatten(F.collect_list(F.when(sample & col("e2e").isNotNull(), col("e2e"))))
+    quantiles = F.array_distinct(e2e_all["quantile"])
+    worst_first = F.sort_array(e2e_all, asc=False)
+    e2e_ms = F.when(F.size(e2e_all) > 0, F.map_from_arrays(
+        quantiles.cast("array<string>"),
+        F.transform(quantiles, lambda q: F.element_at(worst_first["value"],
+                                                      F.array_position(worst_first["quantile"], q).cast("int")) / 1e6)))
     agg = y.groupBy(*KEYS, "k").agg(
         F.count(F.when(sample, 1)).alias("samples"),
         F.max_by("hostname", g("t")).alias("hostname"),
@@ -287,7 +299,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         F.max_by("depth", g("t")).alias("depth_last"),
         F.max(g("clients")).alias("clients_max"),
         F.avg(g("clients")).alias("clients_mean"),
-        F.flatten(F.collect_list(F.when(sample & col("e2e").isNotNull(), col("e2e")))).alias("e2e_all"),
+        e2e_ms.alias("e2e_ms"),
         F.sum("ov").alias("covered_s"),
         F.sum(col("d_msg") * col("wgt")).alias("published"),
         F.sum(col("d_bytes") * col("wgt")).alias("published_bytes"),
@@ -298,12 +310,6 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
         F.sum(F.when(col("k") == col("reset_k"), col("reset")).otherwise(0)).alias("restarts"),
         F.sum(F.when(sample, col("anomaly")).otherwise(0)).alias("counter_anomalies"),
     )
-    quantiles = F.array_distinct(F.transform("e2e_all", lambda p: p["quantile"]))
-    e2e_ms = F.when(F.size("e2e_all") > 0, F.map_from_arrays(
-        F.transform(quantiles, lambda q: q.cast("string")),
-        F.transform(quantiles, lambda q: F.array_max(F.transform(
-            F.filter("e2e_all", lambda p: p["quantile"] == q), lambda p: p["value"])) / 1e6)))
-
     covered = col("covered_s") > 0
 
     def per_s(c: str) -> Any:
@@ -344,7 +350,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
                 F.when(covered, col("timed_out")).alias("timed_out"), per_s("timed_out").alias("timeout_rate"),
                 "depth_max", "depth_mean", "depth_last", "backlog_last", "backlog_growth_rate",
                 "drain_state", drain.alias("time_to_drain_s"),
-                "clients_max", "clients_mean", e2e_ms.alias("e2e_ms"),
+                "clients_max", "clients_mean", "e2e_ms",
                 "restarts", "counter_anomalies",
             ))
 
