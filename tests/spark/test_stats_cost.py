@@ -80,6 +80,28 @@ def test_two_shuffles_and_the_node_window_before_the_explode(spark, tmp_path) ->
     assert df.count() > 0
 
 
+def test_the_output_columns_are_computed_by_the_window_aggregate(spark, tmp_path) -> None:
+    """Every output column is an expression of the window aggregate, evaluated in its own result
+    projection: no whole-stage Project after it (that generated stage, holding the e2e map's lambdas,
+    was the job's costliest code to JIT-compile), and the e2e map takes one lambda, over the quantiles,
+    not a filter over every entry per quantile."""
+    from nsqtw.spark.stats import compute_stats, read_snapshots
+
+    df = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))]))
+    df.collect()
+    plan = df._jdf.queryExecution().executedPlan()
+    if plan.nodeName() == "AdaptiveSparkPlan":
+        plan = plan.executedPlan()
+    while plan.nodeName().endswith("QueryStage"):  # adaptive execution's final stage
+        plan = plan.plan()
+    ops = [op for op in _operators(plan) if not op.startswith(("WholeStageCodegen", "InputAdapter"))]
+    assert ops[0] == "ObjectHashAggregate", ops
+    text = plan.toString()
+    assert "filter(" not in text, text
+    r = df.where("channel = 'c'").orderBy("node", "window_start").first()
+    assert r["e2e_ms"] == {"0.99": 5.0, "0.5": 1.0}
+
+
 def test_html_adds_two_small_queries_over_the_cached_table(spark, tmp_path) -> None:
     """--html collects the chosen series' windows and the marks from the cached result: two more
     small queries (six jobs with adaptive execution's stages), not a pass over the input per chart
