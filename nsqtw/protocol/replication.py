@@ -197,30 +197,15 @@ def decode_hello(body: bytes) -> Hello:
     return Hello(version, node_id, instance, name, epoch, adopted)
 
 
-#: (kind, topic, channel) -> the bytes an entry of it starts with (its names, encoded once)
-_ENTRY_HEADS: dict[tuple[int, str, str], bytes] = {}
-
-
-def _entry_head(kind: int, topic: str, channel: str) -> bytes:
-    name = topic.encode()
-    ch = channel.encode()
-    head = _KIND_LEN.pack(kind, len(name)) + name + _U16.pack(len(ch)) + ch
-    if len(_ENTRY_HEADS) < 4096:  # topics and channels come and go: the cache stays bounded
-        _ENTRY_HEADS[(kind, topic, channel)] = head
-    return head
-
-
 def _batch_parts(seq: int, entries: Sequence[Entry]) -> list[bytes]:
     """The batch's bytes in parts: two per entry (its head, then its data uncopied)."""
     parts = [_BATCH_HEAD.pack(seq, len(entries))]
     append = parts.append
-    heads = _ENTRY_HEADS
-    mid = _ENTRY_MID.pack
     for kind, topic, channel, due, data in entries:
-        head = heads.get((kind, topic, channel))
-        if head is None:
-            head = _entry_head(kind, topic, channel)
-        append(head + mid(due, len(data)))
+        name = topic.encode()
+        ch = channel.encode()
+        append(b"".join((_KIND_LEN.pack(kind, len(name)), name, _U16.pack(len(ch)), ch,
+                         _ENTRY_MID.pack(due, len(data)))))
         append(data)
     return parts
 
