@@ -195,6 +195,49 @@ def test_mpub_whose_sizes_differ_in_one_byte_is_walked_and_checked() -> None:
     assert [f[34:] for f in _frames(broker, "t")] == bodies
 
 
+def test_uniform_mpub_read_in_parts_is_cut_in_runs_not_walked_one_by_one(monkeypatch: Any) -> None:
+    """An MPUB of equal bodies that arrives in several reads: the messages already here are
+    checked and cut as one run per read (C builtins), and every body is queued in order."""
+    from nsqtw.nsqd.core import v2
+
+    runs: list[int] = []
+    real = v2._uniform
+
+    def spy(buf: bytes, p: int, stop: int, stride: int, num: int) -> bool:
+        runs.append(num)
+        return real(buf, p, stop, stride, num)
+
+    monkeypatch.setattr(v2, "_uniform", spy)
+    broker, client, session = _session()
+    bodies = [b"%05d" % i for i in range(300)]
+    payload = b"".join(struct.pack(">i", 5) + body for body in bodies)
+    data = b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), 300) + payload
+    answers = [session.feed(data[a:b], NOW)[0] for a, b in ((0, 1000), (1000, 2001), (2001, len(data)))]
+    assert answers == [b"", b"", struct.pack(">ii", 6, 0) + b"OK"]
+    assert [f[34:] for f in _frames(broker, "t")] == bodies
+    assert len(runs) <= 6 and sum(n for n in runs if n > 1) >= 290  # a few runs, not 300 steps
+
+
+def test_mpub_read_in_parts_with_a_different_size_inside_is_walked_and_checked() -> None:
+    broker, client, session = _session()
+    bodies = [b"aaaa"] * 50 + [b"bbbbb"] + [b"cccc"] * 50 + [b""]  # the last one is invalid
+    payload = b"".join(struct.pack(">i", len(x)) + x for x in bodies)
+    data = b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), len(bodies)) + payload
+    answer, keep = session.feed(data[:333], NOW)
+    assert answer == b"" and keep
+    answer, keep = session.feed(data[333:], NOW)
+    assert b"E_BAD_MESSAGE MPUB invalid message(101) body size 0" in answer and not keep
+    assert broker.topics["t"].message_count == 0  # all or nothing
+
+    broker, client, session = _session()
+    bodies = bodies[:-1]
+    payload = b"".join(struct.pack(">i", len(x)) + x for x in bodies)
+    data = b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), len(bodies)) + payload
+    for a in range(0, len(data), 97):
+        session.feed(data[a:a + 97], NOW)
+    assert [f[34:] for f in _frames(broker, "t")] == bodies
+
+
 def test_pub_with_an_invalid_topic_name_still_fails_after_a_valid_one_was_cached() -> None:
     broker, client, session = _session()
     session.feed(b"PUB good\n" + struct.pack(">i", 1) + b"x", NOW)
