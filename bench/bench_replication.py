@@ -11,9 +11,12 @@ Workloads as ../shared/bench/perf-vs-go's: ``pub_mem`` (Go's bench_writer, MPUB 
 200-byte bodies, --mem-queue-size=10000000) and ``pub_one`` (Go's bench_pub, one PUB per round
 trip).  Prints msg/s and the ratio replicated / unreplicated (the issue's target: at least 0.5;
 printed, not asserted).  Needs ../shared/anchors/go-nsq-1.3.0 (GO_NSQ to override).
-Beside them the floor (``bench/replication_floor.py``): a Python relay and peer on raw epoll
-that make the same hops as the pair and do no other work, against unreplicated nsqtw: what no
-Python implementation of a peer-acknowledged publish can beat on this machine.
+Beside them two floors, pairs that make the same hops as nsqtw's pair and do no other work, against
+unreplicated nsqtw: ``bench/replication_floor.py`` (a Python relay and peer on raw epoll: what no
+Python implementation of a peer-acknowledged publish can beat on this machine) and the same
+program in C, ``bench/replication_floor.c`` (built with ``cc`` when there is one: what is left is
+the machine's, system calls, loopback TCP and waking three processes).  Both relays poll for
+50 µs before they sleep, as nsqd's reactor does (``FLOOR_SPIN_US`` to change it).
 
 Then NSQ's recommended workaround for the lack of replication: two Go nsqd written by a
 dual-publishing client, which sends every PUB (pub_one) or MPUB of 200 (pub_mem) to both and
@@ -89,15 +92,40 @@ def start_pair(work: str, memq: int, procs: list[subprocess.Popen]) -> int:
     return tcp
 
 
-def start_floor(work: str, procs: list[subprocess.Popen]) -> int:
-    """bench/replication_floor.py's relay and peer (a pair that does nothing but the hops);
-    returns the relay's TCP port."""
-    floor = [sys.executable, str(ROOT / "bench" / "replication_floor.py")]
+_C_FLOOR: list[str | None] = []
+
+
+def c_floor() -> str | None:
+    """bench/replication_floor.c, built once into a temporary directory (None: no C compiler)."""
+    if not _C_FLOOR:
+        cc = shutil.which(os.environ.get("CC", "cc"))
+        path = None
+        if cc:
+            path = os.path.join(tempfile.mkdtemp(prefix="nsqtw-floor-"), "floor")
+            built = subprocess.run([cc, "-O2", "-o", path, str(ROOT / "bench" / "replication_floor.c")])
+            path = path if built.returncode == 0 else None
+        _C_FLOOR.append(path)
+    return _C_FLOOR[0]
+
+
+def start_floor(work: str, procs: list[subprocess.Popen], lang: str = "py") -> int | None:
+    """A floor's relay and peer (a pair that does nothing but the hops): bench/replication_floor.py
+    (``lang`` "py") or its C twin ("c"); returns the relay's TCP port (None: the C one cannot be built)."""
     rport, tcp = free_port(), free_port()
-    procs.append(subprocess.Popen([*floor, "peer", "--port", str(rport), "--file", f"{work}/shadow"]))
+    env = dict(os.environ, FLOOR_SPIN_US=os.environ.get("FLOOR_SPIN_US", "50"))
+    if lang == "c":
+        exe = c_floor()
+        if exe is None:
+            return None
+        peer, relay = [exe, "peer", str(rport), f"{work}/shadow"], [exe, "relay", str(tcp), str(rport)]
+    else:
+        floor = [sys.executable, str(ROOT / "bench" / "replication_floor.py")]
+        peer = [*floor, "peer", "--port", str(rport), "--file", f"{work}/shadow"]
+        relay = [*floor, "relay", "--port", str(tcp), "--peer", f"127.0.0.1:{rport}"]
+    procs.append(subprocess.Popen(peer, env=env))
     while not accepting(rport):
         time.sleep(0.01)
-    procs.append(subprocess.Popen([*floor, "relay", "--port", str(tcp), "--peer", f"127.0.0.1:{rport}"]))
+    procs.append(subprocess.Popen(relay, env=env))
     while not accepting(tcp):
         time.sleep(0.01)
     return tcp
@@ -115,8 +143,11 @@ def measure(kind: str, workload: str) -> float:
     procs: list[subprocess.Popen] = []
     try:
         memq = 10_000_000 if workload == "pub_mem" else 10_000
-        if kind == "floor":
-            tcp = start_floor(work, procs)
+        if kind in ("floor", "cfloor"):
+            port = start_floor(work, procs, "c" if kind == "cfloor" else "py")
+            if port is None:
+                return 0.0
+            tcp = port
         elif kind == "go":
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
@@ -210,8 +241,11 @@ def measure_client(kind: str, workload: str) -> float:
                 ports.append(tcp)
         elif kind == "replicated":
             ports = [start_pair(work, memq, procs)]
-        elif kind == "floor":
-            ports = [start_floor(work, procs)]
+        elif kind in ("floor", "cfloor"):
+            port = start_floor(work, procs, "c" if kind == "cfloor" else "py")
+            if port is None:
+                return 0.0
+            ports = [port]
         else:
             p, tcp = start([str(GO / "nsqd")], work, memq)
             procs.append(p)
@@ -240,21 +274,21 @@ def main() -> int:
             print(f"missing {GO / tool}")
             return 2
     if "--workaround-only" not in sys.argv[1:]:
-        print("Go's bench tools (msg/s):")
-        print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s} {'floor':>11s}"
-              "  replicated/nsqtw  floor/nsqtw")
+        print("Go's bench tools (msg/s; the C floor 0 when there is no C compiler):")
+        print(f"{'workload':9s} {'replicated':>11s} {'nsqtw':>11s} {'Go nsqd':>11s} {'floor':>11s} {'C floor':>11s}"
+              "  replicated/nsqtw  floor/nsqtw  C floor/nsqtw")
         for workload in ("pub_mem", "pub_one"):
-            r, u, g, f = rounds(measure, ("replicated", "nsqtw", "go", "floor"), workload)
-            print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f} {f:>11,.0f}  {r / u if u else 0:16.2f}"
-                  f"  {f / u if u else 0:11.2f}", flush=True)
+            r, u, g, f, c = rounds(measure, ("replicated", "nsqtw", "go", "floor", "cfloor"), workload)
+            print(f"{workload:9s} {r:>11,.0f} {u:>11,.0f} {g:>11,.0f} {f:>11,.0f} {c:>11,.0f}"
+                  f"  {r / u if u else 0:16.2f}  {f / u if u else 0:11.2f}  {c / u if u else 0:13.2f}", flush=True)
         print()
     print(f"NSQ's workaround: one asyncio publisher, {os.cpu_count()} connection(s) per nsqd (msg/s):")
     print(f"{'workload':9s} {'nsqtw pair':>11s} {'2 Go dual':>11s} {'1 Go once':>11s} {'floor pair':>11s}"
-          "  pair/workaround  floor/workaround")
+          f" {'C floor':>11s}  pair/workaround  floor/workaround  C floor/workaround")
     for workload in ("pub_mem", "pub_one"):
-        r, w, g, f = rounds(measure_client, ("replicated", "workaround", "go", "floor"), workload)
-        print(f"{workload:9s} {r:>11,.0f} {w:>11,.0f} {g:>11,.0f} {f:>11,.0f}  {r / w if w else 0:15.2f}"
-              f"  {f / w if w else 0:16.2f}", flush=True)
+        r, w, g, f, c = rounds(measure_client, ("replicated", "workaround", "go", "floor", "cfloor"), workload)
+        print(f"{workload:9s} {r:>11,.0f} {w:>11,.0f} {g:>11,.0f} {f:>11,.0f} {c:>11,.0f}"
+              f"  {r / w if w else 0:15.2f}  {f / w if w else 0:16.2f}  {c / w if w else 0:18.2f}", flush=True)
     return 0
 
 
