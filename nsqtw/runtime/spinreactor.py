@@ -29,7 +29,13 @@ while request/answer traffic lasts (over 2,000 events/s), :class:`SpinPolicy`
 measures events per second in windows of 0.2 s, now and then tries the other
 way for one window, and keeps it if it handled 5 % more events than the
 recent windows; probes that lose come less and less often (at most every
-3.2 s).  Below that rate (a trickle, or idle) it does not spin at all: a spin after
+3.2 s).  A window in which most spins found nothing before they gave up
+also ends the spinning, whatever its rate: a process whose next event
+cannot come within the spin (a replication peer, which acknowledges a
+batch and then waits for its origin to handle the next publish) only
+takes the CPU its origin needs (replicated pub_one on this project's
+2-CPU machine: 10-18% of the peer's spins found an event, 58-97% of
+its origin's).  Below that rate (a trickle, or idle) it does not spin at all: a spin after
 each of a few events a second only burns CPU.
 
 ``nsqd``, ``nsqlookupd`` and ``nsqadmin`` (the drop-in commands) install it;
@@ -87,6 +93,8 @@ class SpinPolicy:
     MAX_GAP = 16
     #: a probe must beat the current way's rate by this factor to be kept (noise is not a win)
     MARGIN = 1.05
+    #: spins in a window before their hits and misses say anything
+    MIN_SPINS = 20
 
     __slots__ = ("spin", "start", "_rate", "_warm", "_probing", "_gap", "_countdown")
 
@@ -103,12 +111,16 @@ class SpinPolicy:
         #: windows with traffic before the next probe
         self._countdown = 1
 
-    def window(self, now: float, events: int) -> bool:
+    def window(self, now: float, events: int, hits: int = 0, misses: int = 0) -> bool:
+        """``hits`` and ``misses``: the window's spins that found an event, and those that
+        gave up and slept."""
         rate = events / (now - self.start) if now > self.start else 0.0
         self.start = now
+        # most spins found nothing: the next event comes later than a spin lasts here
+        wasted = self.spin and misses > hits and hits + misses >= self.MIN_SPINS
         if self._probing:
             self._probing = False
-            if rate > self._rate * self.MARGIN:
+            if rate > self._rate * self.MARGIN and not wasted:
                 self._gap = 1  # the other way is better now: keep it, and check back soon
                 self._rate = rate
             else:
@@ -129,6 +141,14 @@ class SpinPolicy:
         if not self._warm:
             self._warm = True  # the first window with traffic may have begun idle: no baseline
             self._rate = 0.0
+            if not wasted:
+                return self.spin
+        if wasted:
+            # as a lost probe of not spinning: stop, and try again later and later
+            self.spin = False
+            self._rate = rate
+            self._gap = min(self._gap * 4, self.MAX_GAP)
+            self._countdown = self._gap
             return self.spin
         self._rate = (self._rate + rate) / 2 if self._rate else rate
         self._countdown -= 1
@@ -160,6 +180,8 @@ class SpinningEPollReactor(EPollReactor):
         self._policy = SpinPolicy(perf_counter()) if adapt and self.spin_seconds else None
         self._window_end = 0.0 if self._policy is None else self._policy.start + SpinPolicy.WINDOW
         self._events = 0
+        #: this window's spins that found an event, and those that gave up
+        self._hits = self._misses = 0
         #: True while the events of one poll are being handled (IReactorTurnHooks)
         self.dispatching = False
         self._after_dispatch: list[Callable[[], None]] = []
@@ -182,7 +204,10 @@ class SpinningEPollReactor(EPollReactor):
                 events = poll(0, maxevents)
                 while not events and perf_counter() < end:
                     events = poll(0, maxevents)
-                if not events:
+                if events:
+                    self._hits += 1
+                else:
+                    self._misses += 1
                     if timeout is None:
                         events = poll(-1, maxevents)
                     elif timeout > limit:
@@ -219,8 +244,8 @@ class SpinningEPollReactor(EPollReactor):
             self._events += len(events)
             now = perf_counter()
             if now >= self._window_end:
-                self._spin_now = policy.window(now, self._events)
-                self._events = 0
+                self._spin_now = policy.window(now, self._events, self._hits, self._misses)
+                self._events = self._hits = self._misses = 0
                 self._window_end = now + policy.WINDOW
 
     doIteration = doPoll

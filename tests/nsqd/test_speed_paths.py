@@ -50,6 +50,7 @@ def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> N
         assert r._active  # activity: the next poll may spin
         r.doPoll(0.01)  # spins at most the timeout, then returns with nothing
         assert seen == [5] and not r._active
+        assert (r._hits, r._misses) == (0, 1)  # a spin that gave up (the policy counts them)
         b.send(b"!")
         r.doPoll(None)
         assert seen == [5, 1]
@@ -100,6 +101,39 @@ def test_spin_policy_keeps_the_way_that_handles_more_events() -> None:
     for _ in range(40):  # traffic again, where spinning pays: measured, probed, and kept
         run(40000, 20000)
     assert choices[-4:] == [True] * 4
+
+
+def test_spin_policy_stops_spinning_where_most_spins_find_nothing() -> None:
+    """A replication peer: its next event comes later than a spin lasts, so spinning wins no
+    events (the rates are equal) and most spins give up; it stops at the first such window,
+    and the probes that try spinning again come less and less often."""
+    from nsqtw.runtime.spinreactor import SpinPolicy
+
+    p = SpinPolicy(0.0)
+    w = SpinPolicy.WINDOW
+    t = 0.0
+    choices = []
+
+    def run(rate: float, hit_share: float) -> None:
+        nonlocal t
+        t += w
+        choices.append(p.spin)
+        events = int(rate * w)
+        spins = events if p.spin else 0
+        p.window(t, events, int(spins * hit_share), spins - int(spins * hit_share))
+
+    for _ in range(60):  # even a little faster while spinning, but 3 spins in 4 miss
+        run(5000 if not p.spin else 5400, 0.25)
+    assert choices[:2] == [True, False]  # the first window says it (its rate is no baseline, its misses are)
+    assert choices[-40:].count(True) <= 3
+    for _ in range(60):  # where spins find their event (a publisher answered at once): kept
+        run(40000 if p.spin else 20000, 0.9)
+    assert choices[-4:] == [True] * 4
+    for _ in range(20):  # a few spins say nothing (below MIN_SPINS): the rate decides
+        t += w
+        choices.append(p.spin)
+        p.window(t, int(30000 * w), 0, SpinPolicy.MIN_SPINS - 1)
+    assert choices[-1] is True
 
 
 def test_spin_policy_is_off_without_spin_or_when_disabled(monkeypatch: Any) -> None:
