@@ -146,7 +146,8 @@ def test_local_launch_settings_respect_spark_defaults(tmp_path, monkeypatch) -> 
 
 
 def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
-    """A local job's JVM starts with local_settings' heap (Spark's default is 1g)."""
+    """A local job's JVM starts with local_settings' heap (Spark's default is 1g) and JIT options,
+    beside the quiet log4j file's."""
     import os
     import subprocess
     import sys
@@ -155,9 +156,12 @@ def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
     pytest.importorskip("pyspark")
     script = textwrap.dedent("""
         from nsqtw.spark.session import get_session
+        from nsqtw.spark.stats import LOCAL_JIT_OPTIONS
         s = get_session("heap", "local[1]", {"spark.ui.enabled": "false"}, verbose=False,
-                        local_conf={"spark.driver.memory": "1536m"})
-        print(s.sparkContext.getConf().get("spark.driver.memory"),
+                        local_conf={"spark.driver.memory": "1536m", "spark.driver.extraJavaOptions": LOCAL_JIT_OPTIONS})
+        args = list(s.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+        print(all(o in args for o in LOCAL_JIT_OPTIONS.split()), any(a.startswith("-Dlog4j2.configurationFile=") for a in args),
+              s.sparkContext.getConf().get("spark.driver.memory"),
               s.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20)
         s.stop()
     """)
@@ -166,8 +170,9 @@ def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
     env.pop("MASTER", None)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    setting, heap_mib = out.stdout.split()[-2:]
+    jit, quiet, setting, heap_mib = out.stdout.split()[-4:]
     assert setting == "1536m" and int(heap_mib) > 1100, out.stderr[-2000:]
+    assert jit == "True" and quiet == "True", out.stdout
 
 
 def test_fields_the_job_does_not_read_reject_nothing(spark, tmp_path) -> None:
