@@ -386,7 +386,9 @@ def summarize(result: Any) -> Any:
         F.sum("restarts").alias("restarts"),
     ).withColumn("publish_rate", F.when(col("covered_s") > 0, col("published") / col("covered_s")))
         .withColumn("finish_rate", F.when(col("covered_s") > 0, col("finished") / col("covered_s")))
-        .orderBy("topic", F.col("channel").asc_nulls_first(), "node"))
+        # one sorted partition of a few thousand rows: a global orderBy would sample its input first,
+        # a second pass over the whole result (1.7 CPU-s on 2.7 GB of snapshots)
+        .repartition(1).sortWithinPartitions("topic", F.col("channel").asc_nulls_first(), "node"))
 
 
 def _series_name(row: Any) -> str:
@@ -443,9 +445,9 @@ def chart_marks(result: Any, limit: int = 200) -> dict[str, list[Any]]:
     [(start, end, node)]: runs of windows inside a node's time span with no snapshot of that node."""
     from pyspark.sql import functions as F
 
-    per_node = (result.groupBy("node", "window_start", "window_end")
-                .agg(F.max("samples").alias("samples"), F.max("restarts").alias("restarts"))
-                .orderBy("node", "window_start").collect())
+    per_node = sorted(result.groupBy("node", "window_start", "window_end")
+                      .agg(F.max("samples").alias("samples"), F.max("restarts").alias("restarts")).collect(),
+                      key=lambda r: (r["node"], r["window_start"]))  # here: Spark's orderBy samples its input first
     restarts: list[Any] = []
     gaps: list[Any] = []
     by_node: dict[str, list[Any]] = {}
