@@ -121,6 +121,24 @@ def test_the_summary_and_the_marks_sort_without_sampling_the_result(spark, tmp_p
         result.unpersist()
 
 
+def test_the_report_collects_its_series_and_marks_in_one_query(spark, tmp_path) -> None:
+    """--html's chart data: the chosen series' windows and the nodes' marks in one query over the cached
+    result (one plan, one job), the same as chart_series' and chart_marks'."""
+    from nsqtw.spark.stats import chart_data, chart_marks, chart_series, compute_stats, read_snapshots, summarize
+
+    result = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))])).cache()
+    try:
+        rows = summarize(result).collect()
+        store = spark._jsparkSession.sharedState().statusStore()
+        before = store.executionsCount()
+        series, marks = chart_data(result, 2, rows)
+        assert store.executionsCount() - before == 1
+        assert series == chart_series(result, 2, rows) and marks == chart_marks(result)
+        assert series["publish_rate"] and all(series["publish_rate"].values())
+    finally:
+        result.unpersist()
+
+
 def test_html_adds_two_small_queries_over_the_cached_table(spark, tmp_path) -> None:
     """--html collects the chosen series' windows and the marks from the cached result: two more
     small queries (six jobs with adaptive execution's stages), not a pass over the input per chart
