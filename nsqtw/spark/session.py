@@ -210,7 +210,9 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
     if SparkContext._gateway is None and local_conf and _launches_local(master):
         defaults_file = _defaults_file()
         for key, value in local_conf.items():
-            if key.startswith("spark.driver.") and key not in user and key not in defaults_file:
+            if key.startswith("spark.driver.") and key not in (conf or {}) and key not in defaults_file:
+                if key == "spark.driver.extraJavaOptions":  # beside the quiet log file's
+                    value = f"{settings.get(key, '')} {value}".strip()
                 settings[key] = value  # the JVM's own settings: only at its launch
     if SparkContext._gateway is None and master is not None and not _is_local(master):
         reach_master(master)  # before a JVM starts: seconds, not Spark's minute of retries

@@ -102,6 +102,43 @@ def test_the_output_columns_are_computed_by_the_window_aggregate(spark, tmp_path
     assert r["e2e_ms"] == {"0.99": 5.0, "0.5": 1.0}
 
 
+def test_the_summary_and_the_marks_sort_without_sampling_the_result(spark, tmp_path) -> None:
+    """The summary (and the report's marks) are sorted without a global orderBy: its range partitioning
+    samples its input first, a second pass over the whole cached result (1.7 CPU-s on 2.7 GB)."""
+    from nsqtw.spark.stats import chart_marks, compute_stats, read_snapshots, summarize
+
+    result = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))])).cache()
+    try:
+        result.count()
+        summary = summarize(result)
+        rows = summary.collect()
+        keys = [(r["topic"], r["channel"] is not None, r["channel"] or "", r["node"]) for r in rows]
+        assert len(rows) == 12 and keys == sorted(keys)
+        plan = summary._jdf.queryExecution().executedPlan().toString()
+        assert "rangepartitioning" not in plan, plan
+        assert chart_marks(result)["restarts"] == sorted(chart_marks(result)["restarts"], key=lambda m: (m[1], m[0]))
+    finally:
+        result.unpersist()
+
+
+def test_the_report_collects_its_series_and_marks_in_one_query(spark, tmp_path) -> None:
+    """--html's chart data: the chosen series' windows and the nodes' marks in one query over the cached
+    result (one plan, one job), the same as chart_series' and chart_marks'."""
+    from nsqtw.spark.stats import chart_data, chart_marks, chart_series, compute_stats, read_snapshots, summarize
+
+    result = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))])).cache()
+    try:
+        rows = summarize(result).collect()
+        store = spark._jsparkSession.sharedState().statusStore()
+        before = store.executionsCount()
+        series, marks = chart_data(result, 2, rows)
+        assert store.executionsCount() - before == 1
+        assert series == chart_series(result, 2, rows) and marks == chart_marks(result)
+        assert series["publish_rate"] and all(series["publish_rate"].values())
+    finally:
+        result.unpersist()
+
+
 def test_html_adds_two_small_queries_over_the_cached_table(spark, tmp_path) -> None:
     """--html collects the chosen series' windows and the marks from the cached result: two more
     small queries (six jobs with adaptive execution's stages), not a pass over the input per chart
@@ -146,7 +183,8 @@ def test_local_launch_settings_respect_spark_defaults(tmp_path, monkeypatch) -> 
 
 
 def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
-    """A local job's JVM starts with local_settings' heap (Spark's default is 1g)."""
+    """A local job's JVM starts with local_settings' heap (Spark's default is 1g) and JIT options,
+    beside the quiet log4j file's."""
     import os
     import subprocess
     import sys
@@ -155,9 +193,12 @@ def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
     pytest.importorskip("pyspark")
     script = textwrap.dedent("""
         from nsqtw.spark.session import get_session
+        from nsqtw.spark.stats import LOCAL_JIT_OPTIONS
         s = get_session("heap", "local[1]", {"spark.ui.enabled": "false"}, verbose=False,
-                        local_conf={"spark.driver.memory": "1536m"})
-        print(s.sparkContext.getConf().get("spark.driver.memory"),
+                        local_conf={"spark.driver.memory": "1536m", "spark.driver.extraJavaOptions": LOCAL_JIT_OPTIONS})
+        args = list(s.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+        print(all(o in args for o in LOCAL_JIT_OPTIONS.split()), any(a.startswith("-Dlog4j2.configurationFile=") for a in args),
+              s.sparkContext.getConf().get("spark.driver.memory"),
               s.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20)
         s.stop()
     """)
@@ -166,8 +207,9 @@ def test_the_job_jvm_gets_the_local_heap(tmp_path) -> None:
     env.pop("MASTER", None)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    setting, heap_mib = out.stdout.split()[-2:]
+    jit, quiet, setting, heap_mib = out.stdout.split()[-4:]
     assert setting == "1536m" and int(heap_mib) > 1100, out.stderr[-2000:]
+    assert jit == "True" and quiet == "True", out.stdout
 
 
 def test_fields_the_job_does_not_read_reject_nothing(spark, tmp_path) -> None:
