@@ -478,15 +478,28 @@ class ReplicationService(Service):
         if self.origin.move_consumer_state():
             self.flush()
 
-    def barrier(self) -> defer.Deferred[Any]:
-        """Fires once ``--replication-min-acks`` peers stored everything recorded so far;
-        fails with :class:`PublishRefused` when too few peers are in sync."""
-        d: defer.Deferred[Any] = defer.Deferred()
+    def hold(self, done: Callable[[str | None], None]) -> None:
+        """Call ``done(None)`` once ``--replication-min-acks`` peers stored everything recorded
+        so far (at once if they have), or ``done(reason)`` when the publish is refused (too few
+        peers in sync, now or before they answered).  A plain callable, not a Deferred: this
+        runs for every replicated publish (see :meth:`barrier` for the Deferred)."""
         try:
-            if self.origin.barrier(d):
-                d.callback(None)
+            if self.origin.barrier(done):
+                done(None)
         except PublishRefused as e:
-            d.errback(Failure(e))
+            done(str(e))
+
+    def barrier(self) -> defer.Deferred[Any]:
+        """:meth:`hold` as a Deferred: fails with :class:`PublishRefused`."""
+        d: defer.Deferred[Any] = defer.Deferred()
+
+        def done(reason: str | None) -> None:
+            if reason is None:
+                d.callback(None)
+            else:
+                d.errback(Failure(PublishRefused(reason)))
+
+        self.hold(done)
         return d
 
     def flush(self) -> None:
@@ -701,13 +714,13 @@ class ReplicationService(Service):
 
     @staticmethod
     def _release(tokens: list[Any]) -> None:
-        for d in tokens:
-            d.callback(None)
+        for done in tokens:
+            done(None)
 
     @staticmethod
     def _refuse(tokens: list[Any], reason: str) -> None:
-        for d in tokens:
-            d.errback(Failure(PublishRefused(reason)))
+        for done in tokens:
+            done(reason)
 
 
 _EVENT_KINDS = {Event.TOPIC_CREATED: wire.TOPIC_NEW, Event.TOPIC_DELETED: wire.TOPIC_DEL,

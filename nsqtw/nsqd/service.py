@@ -118,6 +118,8 @@ class NsqdService(MultiService):
                 request_timeout=options.http_client_request_timeout, rng=self.rng)
         self.tcp_factory = NsqdFactory(self.broker, reactor, features=self.features, settle=self.settle,
                                        sync_barrier=self.sync_barrier if self.durable_publish else None,
+                                       sync_hold=self.replication.hold if self.replication is not None
+                                       and options.sync_every != 1 else None,
                                        tls_context=self.tls_context, authorizer=self.authorizer,
                                        turn=self.turn)
         self.tcp_factory.noisy = False

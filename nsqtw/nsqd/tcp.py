@@ -11,6 +11,7 @@ nsqd's read deadline does).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 from collections.abc import Callable
 
@@ -310,7 +311,12 @@ class NsqdProtocol(Protocol):
         d.addBoth(answered)
 
     def _wait_sync(self, gen: int) -> None:
-        """--sync-every=1: release the answers of ``gen`` once the fsync covering it is done."""
+        """--sync-every=1: release the answers of ``gen`` once the fsync covering it is done
+        (replicated: once enough peers stored them)."""
+        hold = self.factory.sync_hold
+        if hold is not None:
+            hold(partial(self._held_done, gen))
+            return
         d = self.factory.sync_barrier()
 
         def synced(_: Any) -> None:
@@ -331,6 +337,22 @@ class NsqdProtocol(Protocol):
             self._close()
 
         d.addCallbacks(synced, failed)
+
+    def _held_done(self, gen: int, refused: str | None) -> None:
+        """The replication barrier's answer for ``gen`` (see ``sync_hold``): write the held
+        answers, or refuse them and close, as :meth:`_wait_sync`'s callbacks do."""
+        session = self.session
+        if session is None:
+            return
+        if refused is None:
+            self._write(session.synced(gen))
+            self.factory.settle_soon()
+            if session.closed and not session.holding:
+                self._close()
+        else:
+            self._write(session.sync_failed(gen, refused))
+            self.factory.settle_soon()
+            self._close()
 
     def _close(self) -> None:
         self._stop_timers()
@@ -386,6 +408,7 @@ class NsqdFactory(Factory):
     def __init__(self, broker: Broker, clock: IReactorTime, *, features: Features = Features(),
                  authorizer: Any = None, settle: Callable[[], None] | None = None,
                  sync_barrier: Callable[[], Any] | None = None,
+                 sync_hold: Callable[[Callable[[str | None], None]], None] | None = None,
                  tls_context: Any = None, turn: TurnBatcher | None = None,
                  fast_io: bool = True) -> None:
         """``turn`` runs the end-of-turn work (a batcher of its own on ``clock`` when not
@@ -393,6 +416,9 @@ class NsqdFactory(Factory):
         (see :mod:`nsqtw.runtime.seam`)."""
         self.broker = broker
         self.sync_barrier = sync_barrier
+        #: ``sync_barrier`` without a Deferred, when it is only the replication barrier: it
+        #: calls its argument with None once the answers may go, with a reason if refused
+        self.sync_hold = sync_hold
         self.tls_context = tls_context
         self.clock = clock
         self.features = features

@@ -313,3 +313,13 @@ async def test_the_origins_link_sends_eagerly(pair):
     assert type(link.transport) is tcp.Client
     assert link._seam is not None and link.write == link._seam.write
     assert seam.attach_client(object(), lambda data: None) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_tcp_answers_wait_on_the_replication_barrier_without_a_deferred(pair):
+    """A replicated nsqd's TCP publishes hold their answers with the replication service's
+    plain-callable barrier (one per PUB on the hot path); with --sync-every=1 too they use the
+    Deferred that waits for both (see the test above)."""
+    origin, _ = pair
+    service = origin._service
+    assert service.tcp_factory.sync_hold == service.replication.hold

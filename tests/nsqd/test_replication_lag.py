@@ -145,3 +145,36 @@ def test_a_big_publish_goes_to_the_peers_at_once_and_small_ones_at_the_end_of_th
     turn.end()
     assert len(link.sent) == 3 and b"a" in link.sent[2] and b"b" in link.sent[2]
     assert service.origin.last_sent == 3 and service.origin.pending == []
+
+
+def test_a_held_publish_is_answered_by_a_plain_call_not_a_deferred(tmp_path):
+    """The replication barrier of every replicated PUB is a plain callable (no Deferred and
+    its callback chain per publish): called with None once the peer acknowledged, with the
+    reason when the publish is refused; the Deferred form still works for HTTP."""
+    from twisted.internet.task import Clock
+
+    from nsqtw.nsqd.core.replication import PublishRefused
+    from nsqtw.nsqd.replication import ReplicationService
+    from nsqtw.options import NsqdOptions
+
+    turn = _Turn()
+    service = ReplicationService(NsqdOptions(replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
+                                 name="n", turn=turn, broker=None, data_path=str(tmp_path))
+    answers: list[str | None] = []
+    service.hold(answers.append)  # no peer in sync: refused at once, with the reason
+    assert len(answers) == 1 and answers[0] is not None and "0 of 1 peers in sync" in answers[0]
+    failed: list[object] = []
+    service.barrier().addErrback(failed.append)
+    assert failed and failed[0].check(PublishRefused)  # type: ignore[attr-defined]
+
+    service.origin.linked("127.0.0.1:1", 2, 0.0)
+    service.links["127.0.0.1:1"] = _Link()  # type: ignore[assignment]  # a stand-in link
+    answers.clear()
+    service.record("t", 0, b"a", 1)
+    service.hold(answers.append)
+    turn.end()
+    assert answers == []  # held until the peer stored the batch
+    service.acked("127.0.0.1:1", service.origin.last_sent)
+    assert answers == [None]
+    service.hold(answers.append)  # nothing new recorded: answered at once
+    assert answers == [None, None]
