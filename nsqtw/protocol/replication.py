@@ -197,15 +197,36 @@ def decode_hello(body: bytes) -> Hello:
     return Hello(version, node_id, instance, name, epoch, adopted)
 
 
+#: (kind, topic, channel) -> the entry head's bytes before its due time (a replicated
+#: publish encodes its topic's once, not per batch); cleared when it grows past
+#: _NAMES_MAX (names made up by a client cannot grow it without bound)
+_NAMES: dict[tuple[int, str, str], bytes] = {}
+_NAMES_MAX = 4096
+
+
+def _names(kind: int, topic: str, channel: str) -> bytes:
+    key = (kind, topic, channel)
+    head = _NAMES.get(key)
+    if head is None:
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        name = topic.encode()
+        ch = channel.encode()
+        head = _NAMES[key] = _KIND_LEN.pack(kind, len(name)) + name + _U16.pack(len(ch)) + ch
+    return head
+
+
 def _batch_parts(seq: int, entries: Sequence[Entry]) -> list[bytes]:
     """The batch's bytes in parts: two per entry (its head, then its data uncopied)."""
     parts = [_BATCH_HEAD.pack(seq, len(entries))]
     append = parts.append
+    names = _NAMES
+    mid = _ENTRY_MID.pack
     for kind, topic, channel, due, data in entries:
-        name = topic.encode()
-        ch = channel.encode()
-        append(b"".join((_KIND_LEN.pack(kind, len(name)), name, _U16.pack(len(ch)), ch,
-                         _ENTRY_MID.pack(due, len(data)))))
+        head = names.get((kind, topic, channel))
+        if head is None:
+            head = _names(kind, topic, channel)
+        append(head + mid(due, len(data)))
         append(data)
     return parts
 
@@ -259,6 +280,12 @@ def decode_batch(body: bytes) -> tuple[int, list[Entry]]:
 
 def encode_ack(seq: int) -> bytes:
     return encode_frame(ACK, _SEQ.pack(seq))
+
+
+#: the first five bytes of every ACK frame, and its whole size (the origin reads one ACK
+#: per batch: :meth:`LinkDecoder.ack` takes it without the general frame walk)
+ACK_HEAD = _HEAD.pack(_SEQ.size + 1, ACK)
+ACK_FRAME_SIZE = _HEAD.size + _SEQ.size
 
 
 def decode_ack(body: bytes) -> int:
@@ -318,6 +345,13 @@ class LinkDecoder:
             pos = stop
         self._buf = buf[pos:] if pos < end else b""
         return out
+
+    def ack(self, data: bytes) -> int | None:
+        """The sequence of ``data`` when it is exactly one ACK frame and nothing is buffered
+        (the commonest read of an origin's link), else None: then :meth:`feed` it."""
+        if self._buf or self._want_magic or len(data) != ACK_FRAME_SIZE or not data.startswith(ACK_HEAD):
+            return None
+        return int.from_bytes(data[_HEAD.size:], "big")
 
 
 # --- the shadow log: a peer's per-origin file of batches ------------------------------

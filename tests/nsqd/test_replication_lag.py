@@ -121,6 +121,9 @@ class _Link:
     def writev(self, parts: list[bytes]) -> None:
         self.sent.append(b"".join(parts))
 
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
 
 def test_a_big_publish_goes_to_the_peers_at_once_and_small_ones_at_the_end_of_the_turn(tmp_path):
     """Two MPUBs read in one poll: the first is on its way to the peer before the second is

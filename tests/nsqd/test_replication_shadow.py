@@ -217,3 +217,30 @@ def test_adopt_puts_each_message_on_the_channels_that_had_not_finished_it():
     assert [d for d, _, f in a.deferred] == [130.0] and [d for d, _, f in bb.deferred] == [130.0]
     assert b.topics["u"].mem.depth() == 1 and not b.topics["u"].channels  # waits for its first channel
     assert {("t", "a"), ("t", "b"), ("u", None)} <= set(b.registrations())
+
+
+def test_shadow_append_finishes_a_short_write(tmp_path, monkeypatch):
+    """os.writev may write less than asked (a signal, a nearly full disk): the rest of the
+    record follows, byte for byte, and the log reads back whole."""
+    import os as _os
+
+    from nsqtw.nsqd import replication as service_module
+
+    real = _os.writev
+    calls = []
+
+    def short(fd, parts):
+        data = b"".join(bytes(p) for p in parts)
+        calls.append(len(data))
+        return real(fd, [data[:7]])  # at most 7 bytes per call
+
+    files = ShadowFiles(str(tmp_path), fsync=False)
+    body = wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1, 2, 3)])
+    monkeypatch.setattr(service_module.os, "writev", short)
+    files.store(1, body)
+    monkeypatch.setattr(service_module.os, "writev", real)
+    assert len(calls) > 1  # it took several calls
+    files.close()
+    with open(shadow_path(str(tmp_path), 1), "rb") as f:
+        assert f.read() == wire.shadow_record(body)
+    assert files.sizes[1] == len(wire.shadow_record(body))

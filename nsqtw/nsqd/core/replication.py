@@ -276,7 +276,13 @@ class ReplicationOrigin:
         if required is None:
             self.refused_publishes += 1
             raise PublishRefused(self.refusal())
-        target = self.next_seq if self.pending else self.last_sent
+        if self.pending:
+            # the commonest case: this turn's publishes, not sent yet, so not acknowledged
+            if required == 0:
+                return True
+            self.waiting.append((self.next_seq, token))
+            return False
+        target = self.last_sent
         if target == 0 or required == 0 or self._count(target) >= required:
             return True
         self.waiting.append((target, token))
@@ -291,17 +297,32 @@ class ReplicationOrigin:
                    if p.state == IN_SYNC and p.base < target <= p.acked)
 
     def _settle(self) -> tuple[list[Any], list[Any]]:
-        if not self.waiting:
+        waiting = self.waiting
+        if not waiting:
             return [], []
-        required = self.required()
+        # what each peer in sync holds: the batches after its base up to what it acknowledged
+        spans = [(p.base, p.acked) for p in self.peers.values() if p.state == IN_SYNC]
+        n = len(spans)
+        required = self.min_acks if n >= self.min_acks else n if self.accept_degraded else None
         if required is None:
-            failed = [token for _, token in self.waiting]
+            failed = [token for _, token in waiting]
             self.waiting = []
             return [], failed
+        if required == 0:
+            self.waiting = []
+            return [token for _, token in waiting], []
+        if n == 1:  # one peer's acknowledgement is needed (and is all there is)
+            base, acked = spans[0]
+            released = [token for target, token in waiting if base < target <= acked]
+            if len(released) == len(waiting):
+                self.waiting = []
+            elif released:
+                self.waiting = [w for w in waiting if not base < w[0] <= acked]
+            return released, []
         released = []
         rest = []
-        for target, token in self.waiting:
-            if required == 0 or self._count(target) >= required:
+        for target, token in waiting:
+            if sum(1 for base, acked in spans if base < target <= acked) >= required:
                 released.append(token)
             else:
                 rest.append((target, token))
@@ -367,6 +388,10 @@ class OriginLink:
         :class:`~nsqtw.protocol.replication.LinkError` for a peer speaking something else,
         refusing us (ERROR), or being this very node."""
         hello = None
+        if self.hello is not None:
+            seq = self._decoder.ack(data)
+            if seq is not None:
+                return None, [seq]
         acks: list[int] = []
         for kind, body in self._decoder.feed(data):
             if kind == wire.ERROR:
