@@ -346,6 +346,16 @@ class LinkDecoder:
         self._buf = buf[pos:] if pos < end else b""
         return out
 
+    def one(self, data: bytes, kind: int) -> bytes | None:
+        """The body of ``data`` when it is exactly one whole frame of ``kind`` and nothing is
+        buffered (a peer's commonest read: one BATCH), else None: then :meth:`feed` it."""
+        if self._buf or self._want_magic or len(data) <= _HEAD.size or data[4] != kind:
+            return None
+        size = _U32.unpack_from(data)[0]
+        if size + 4 != len(data) or size > MAX_FRAME:
+            return None
+        return data[_HEAD.size:]
+
     def ack(self, data: bytes) -> int | None:
         """The sequence of ``data`` when it is exactly one ACK frame and nothing is buffered
         (the commonest read of an origin's link), else None: then :meth:`feed` it."""

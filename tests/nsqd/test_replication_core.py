@@ -156,6 +156,37 @@ def test_link_ends_check_who_is_at_the_other_end():
         OriginLink(2, b"o" * 16, "origin").feed(wire.encode_hello(2, b"p" * 16, "peer"))
 
 
+def test_one_batch_or_one_ack_per_read_takes_the_short_way_with_the_same_answers(monkeypatch):
+    """A peer's commonest read is one whole BATCH, an origin's one ACK: each is taken without
+    the general frame walk (LinkDecoder.feed is not called), and stores, answers and refusals
+    are those of the walk: a batch cut in parts, a short batch, a frame of another kind."""
+    stored = []
+    recv = ShadowReceiver(2, b"p" * 16, "peer", lambda origin, rec: stored.append((origin, rec)))
+    link = OriginLink(1, b"o" * 16, "origin")
+    link.feed(recv.feed(link.start()))
+    walks = []
+    real = wire.LinkDecoder.feed
+
+    def counted(self, data):
+        walks.append(len(data))
+        return real(self, data)
+
+    monkeypatch.setattr(wire.LinkDecoder, "feed", counted)
+    batch = wire.encode_batch(7, [wire.message_entry("t", 0, b"x")])
+    ack = recv.feed(batch)
+    assert ack == wire.encode_ack(7) and stored == [(1, batch[5:])]
+    assert link.feed(ack) == (None, [7])
+    assert walks == []  # neither end walked its frames
+    ack = recv.feed(batch[:9]) + recv.feed(batch[9:])  # in parts: the walk, same answer
+    assert ack == wire.encode_ack(7) and len(stored) == 2 and walks
+    assert link.feed(ack[:3]) == (None, []) and link.feed(ack[3:]) == (None, [7])
+    short = wire.encode_frame(wire.BATCH, b"1234")  # under a sequence number: refused
+    assert b"E_BAD_PROTOCOL malformed BATCH" in recv.feed(short) and recv.closed
+    other = ShadowReceiver(2, b"p" * 16, "peer", lambda o, r: None)
+    other.feed(link.start())
+    assert b"E_BAD_PROTOCOL unexpected frame type" in other.feed(wire.encode_ack(3))
+
+
 def test_replicated_broker_records_stored_frames_but_not_ephemeral_topics():
     clock = task.Clock()
     clock.advance(1000)

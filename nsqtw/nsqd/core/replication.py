@@ -438,6 +438,19 @@ class ShadowReceiver:
         """Bytes to answer; :attr:`closed` once the link must close (after the answer)."""
         if self.closed:
             return b""
+        origin = self.origin
+        if origin is not None and len(data) > 13:
+            body = self._decoder.one(data, wire.BATCH)
+            if body is not None and len(body) >= 8:  # one whole batch: store it, ACK it
+                try:
+                    self.store(origin.node_id, body)
+                except OSError as e:
+                    return self._refuse(f"E_STORE_FAILED {e}")
+                except wire.LinkError as e:
+                    return self._refuse(f"E_BAD_PROTOCOL {e}")
+                self.batches += 1
+                self.last_seq = seq = int.from_bytes(body[:8], "big")
+                return wire.encode_ack(seq)
         out = []
         try:
             frames = self._decoder.feed(data)

@@ -483,6 +483,9 @@ class V2Session:
         held = self._held
         if held is None:
             return b""
+        if len(held) == 1 and held[0][0] <= gen:  # one publish held (one PUB per round trip)
+            self._held = None
+            return held[0][1]
         ready = [frame for g, frame in held if g <= gen]
         rest = [(g, frame) for g, frame in held if g > gen]
         self._held = rest or None
