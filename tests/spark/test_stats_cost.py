@@ -17,11 +17,11 @@ pytestmark = pytest.mark.spark
 T0 = 1_700_000_040
 
 
-def test_local_settings_size_the_shuffles_and_keep_the_aggregate_hashed() -> None:
-    """Shuffle partitions: two per core, one per 128 MiB of input, at most 200; the object hash
-    aggregate keeps far more than Spark's 128 groups before it falls back to sorting."""
+def test_local_settings_size_the_shuffles_and_sort_the_aggregate() -> None:
+    """Shuffle partitions: two per core, one per 128 MiB of input, at most 200; the window aggregation
+    is a sort aggregate (its input arrives sorted), not an object hash aggregate."""
     pytest.importorskip("pyspark")
-    from nsqtw.spark.stats import OBJECT_AGG_GROUPS, local_settings, shuffle_partitions
+    from nsqtw.spark.stats import SORT_AGGREGATE, local_settings, shuffle_partitions
 
     assert shuffle_partitions(1000, cores=2) == 4
     assert shuffle_partitions(769_000_000, cores=2) == 6
@@ -29,7 +29,8 @@ def test_local_settings_size_the_shuffles_and_keep_the_aggregate_hashed() -> Non
     assert shuffle_partitions(10**13, cores=2) == 200
     conf = local_settings(769_000_000, cores=2)
     assert conf["spark.sql.shuffle.partitions"] == "6"
-    assert int(conf["spark.sql.objectHashAggregate.sortBased.fallbackThreshold"]) == OBJECT_AGG_GROUPS >= 65536
+    assert conf["spark.sql.execution.useObjectHashAggregateExec"] == "false"
+    assert SORT_AGGREGATE.items() <= conf.items()
 
 
 def _snapshots(tmp_path):
@@ -80,22 +81,32 @@ def test_two_shuffles_and_the_node_window_before_the_explode(spark, tmp_path) ->
     assert df.count() > 0
 
 
-def test_the_output_columns_are_computed_by_the_window_aggregate(spark, tmp_path) -> None:
+@pytest.mark.parametrize("sort_aggregate", [False, True])
+def test_the_output_columns_are_computed_by_the_window_aggregate(spark, tmp_path, sort_aggregate) -> None:
     """Every output column is an expression of the window aggregate, evaluated in its own result
     projection: no whole-stage Project after it (that generated stage, holding the e2e map's lambdas,
     was the job's costliest code to JIT-compile), and the e2e map takes one lambda, over the quantiles,
-    not a filter over every entry per quantile."""
-    from nsqtw.spark.stats import compute_stats, read_snapshots
+    not a filter over every entry per quantile.  With the job's local settings (SORT_AGGREGATE) the
+    aggregate is a sort aggregate, with Spark's defaults an object hash aggregate: the same rows."""
+    from nsqtw.spark.stats import SORT_AGGREGATE, compute_stats, read_snapshots
 
-    df = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))]))
-    df.collect()
-    plan = df._jdf.queryExecution().executedPlan()
+    (key, value), = SORT_AGGREGATE.items()
+    before = spark.conf.get(key)
+    if sort_aggregate:
+        spark.conf.set(key, value)
+    try:
+        df = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))]))
+        rows = df.collect()
+        plan = df._jdf.queryExecution().executedPlan()
+    finally:
+        spark.conf.set(key, before)
     if plan.nodeName() == "AdaptiveSparkPlan":
         plan = plan.executedPlan()
     while plan.nodeName().endswith("QueryStage"):  # adaptive execution's final stage
         plan = plan.plan()
     ops = [op for op in _operators(plan) if not op.startswith(("WholeStageCodegen", "InputAdapter"))]
-    assert ops[0] == "ObjectHashAggregate", ops
+    assert ops[0] == ("SortAggregate" if sort_aggregate else "ObjectHashAggregate"), ops
+    assert len(rows) == 12
     text = plan.toString()
     assert "filter(" not in text, text
     r = df.where("channel = 'c'").orderBy("node", "window_start").first()
