@@ -239,3 +239,26 @@ def test_fields_the_job_does_not_read_reject_nothing(spark, tmp_path) -> None:
     assert [r["_bad"] is None for r in records] == [True, True, False]
     lines = read_snapshot_lines(spark, [str(tmp_path)]).select("_bad").collect()
     assert [r["_bad"] for r in lines] == [r["_bad"] for r in records]
+
+
+def test_the_written_rows_are_counted_as_the_cache_fills_and_the_table_is_one_partition_per_core(
+        spark, tmp_path, monkeypatch) -> None:
+    """On a local master the table is coalesced to one partition per core (the output: at most that many
+    files per date, not one per shuffle partition), and the rows written are counted by an observation
+    while the cache fills, not by a count of their own (a job over the cached table)."""
+    from nsqtw.spark.stats import build_parser, run
+
+    data = _snapshots(tmp_path)
+    out = tmp_path / "out"
+    frame = type(spark.range(1))
+
+    def no_count(self):
+        raise AssertionError("count() called")
+
+    monkeypatch.setattr(frame, "count", no_count)
+    res = run(build_parser().parse_args([str(data), "-o", str(out)]), spark=spark, out=io.StringIO(),
+              err=io.StringIO())
+    monkeypatch.undo()
+    assert res["rows_written"] == spark.read.parquet(str(out)).count() == 12
+    files = list(out.rglob("part-*"))
+    assert 1 <= len(files) <= spark.sparkContext.defaultParallelism, files
