@@ -278,17 +278,17 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     def g(c: str) -> Any:
         return F.when(sample, col(c))
 
-    # each quantile's worst value: the first of its entries once they are sorted by (quantile, value)
-    # descending (nulls last); the keys in the order they first appear.  One lambda, over the keys
-    # (nested lambdas over every entry made the projection holding them the costliest generated code
-    # of the job to JIT-compile).
+    # each quantile's worst value: the greatest of its entries' values (keys in the order they first
+    # appear).  A filter per quantile over the window's few entries, not a sort of them: sort_array
+    # compares the (quantile, value) structs with an interpreted ordering (boxing every double), and
+    # each lambda referring to the sorted array sorted it again; on 2.6 GB of snapshots (local[2], back
+    # to back) 39.0 and 39.0 s, 68-70 CPU-s against 41.7 and 39.9 s, 71-73 CPU-s.  The map is still
+    # built in the aggregate's result projection (small generated methods, no whole-stage Project).
     e2e_all = F.flatten(F.collect_list(F.when(sample & col("e2e").isNotNull(), col("e2e"))))
     quantiles = F.array_distinct(e2e_all["quantile"])
-    worst_first = F.sort_array(e2e_all, asc=False)
     e2e_ms = F.when(F.size(e2e_all) > 0, F.map_from_arrays(
         quantiles.cast("array<string>"),
-        F.transform(quantiles, lambda q: F.element_at(worst_first["value"],
-                                                      F.array_position(worst_first["quantile"], q).cast("int")) / 1e6)))
+        F.transform(quantiles, lambda q: F.array_max(F.filter(e2e_all, lambda e: e["quantile"] == q)["value"]) / 1e6)))
 
     def wsum(c: str) -> Any:  # the window's share of the deltas
         return F.sum(col(c) * col("wgt"))
