@@ -281,7 +281,7 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     # each quantile's worst value: the greatest of its entries' values (keys in the order they first
     # appear).  A filter per quantile over the window's few entries, not a sort of them: sort_array
     # compares the (quantile, value) structs with an interpreted ordering (boxing every double), and
-    # each lambda referring to the sorted array sorted it again; on 2.6 GB of snapshots (local[2], back
+    # each lambda referring to the sorted array sorted it again; on 2.7 GB of snapshots (local[2], back
     # to back) 39.0 and 39.0 s, 68-70 CPU-s against 41.7 and 39.9 s, 71-73 CPU-s.  The map is still
     # built in the aggregate's result projection (small generated methods, no whole-stage Project).
     e2e_all = F.flatten(F.collect_list(F.when(sample & col("e2e").isNotNull(), col("e2e"))))
@@ -599,7 +599,7 @@ def shuffle_partitions(input_bytes: int | None, cores: int | None = None) -> int
 #: not possible): its input comes out of the ``lag`` window sorted by series and time, and each
 #: series' windows follow one another in that order, so the sort before it finds its input in order
 #: (TimSort: one pass) and the aggregate keeps one group's buffer at a time, no hash map of 65,536
-#: object buffers per task.  On 2.6 GB of snapshots (local[2], back to back): 53.5 and 55.0 s, 93 and
+#: object buffers per task.  On 2.7 GB of snapshots (local[2], back to back): 53.5 and 55.0 s, 93 and
 #: 96 CPU-s, against 58.6 and 58.4 s, 102 CPU-s.
 SORT_AGGREGATE = {"spark.sql.execution.useObjectHashAggregateExec": "false"}
 
@@ -840,7 +840,7 @@ def _local_coalesce(spark: Any, table: Any) -> Any:
     """On a local master, the table in one partition per core (``spark.default.parallelism``): the
     aggregation's tasks each take several of its shuffle's partitions in turn, and the summary, the
     charts and the output (one file per task and date) pass over a few partitions, not one per 128 MiB
-    of input.  On 2.6 GB of snapshots (local[2], back to back): 2 instead of 21 partitions, 43.5 and
+    of input.  On 2.7 GB of snapshots (local[2], back to back): 2 instead of 21 partitions, 43.5 and
     45.9 s against 47.8 and 47.0 s, 77-81 against 83-84 CPU-s.  A cluster's partitions are left alone
     (its parallelism can be small while executors are still being added)."""
     sc = spark.sparkContext
