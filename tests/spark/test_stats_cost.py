@@ -17,11 +17,11 @@ pytestmark = pytest.mark.spark
 T0 = 1_700_000_040
 
 
-def test_local_settings_size_the_shuffles_and_keep_the_aggregate_hashed() -> None:
-    """Shuffle partitions: two per core, one per 128 MiB of input, at most 200; the object hash
-    aggregate keeps far more than Spark's 128 groups before it falls back to sorting."""
+def test_local_settings_size_the_shuffles_and_sort_the_aggregate() -> None:
+    """Shuffle partitions: two per core, one per 128 MiB of input, at most 200; the window aggregation
+    is a sort aggregate (its input arrives sorted), not an object hash aggregate."""
     pytest.importorskip("pyspark")
-    from nsqtw.spark.stats import OBJECT_AGG_GROUPS, local_settings, shuffle_partitions
+    from nsqtw.spark.stats import SORT_AGGREGATE, local_settings, shuffle_partitions
 
     assert shuffle_partitions(1000, cores=2) == 4
     assert shuffle_partitions(769_000_000, cores=2) == 6
@@ -29,7 +29,8 @@ def test_local_settings_size_the_shuffles_and_keep_the_aggregate_hashed() -> Non
     assert shuffle_partitions(10**13, cores=2) == 200
     conf = local_settings(769_000_000, cores=2)
     assert conf["spark.sql.shuffle.partitions"] == "6"
-    assert int(conf["spark.sql.objectHashAggregate.sortBased.fallbackThreshold"]) == OBJECT_AGG_GROUPS >= 65536
+    assert conf["spark.sql.execution.useObjectHashAggregateExec"] == "false"
+    assert SORT_AGGREGATE.items() <= conf.items()
 
 
 def _snapshots(tmp_path):
@@ -80,24 +81,34 @@ def test_two_shuffles_and_the_node_window_before_the_explode(spark, tmp_path) ->
     assert df.count() > 0
 
 
-def test_the_output_columns_are_computed_by_the_window_aggregate(spark, tmp_path) -> None:
+@pytest.mark.parametrize("sort_aggregate", [False, True])
+def test_the_output_columns_are_computed_by_the_window_aggregate(spark, tmp_path, sort_aggregate) -> None:
     """Every output column is an expression of the window aggregate, evaluated in its own result
     projection: no whole-stage Project after it (that generated stage, holding the e2e map's lambdas,
-    was the job's costliest code to JIT-compile), and the e2e map takes one lambda, over the quantiles,
-    not a filter over every entry per quantile."""
-    from nsqtw.spark.stats import compute_stats, read_snapshots
+    was the job's costliest code to JIT-compile), and the e2e map takes each quantile's greatest value
+    with a filter over the window's entries, not by sorting them (an interpreted struct ordering).  With the job's local settings (SORT_AGGREGATE) the
+    aggregate is a sort aggregate, with Spark's defaults an object hash aggregate: the same rows."""
+    from nsqtw.spark.stats import SORT_AGGREGATE, compute_stats, read_snapshots
 
-    df = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))]))
-    df.collect()
-    plan = df._jdf.queryExecution().executedPlan()
+    (key, value), = SORT_AGGREGATE.items()
+    before = spark.conf.get(key)
+    if sort_aggregate:
+        spark.conf.set(key, value)
+    try:
+        df = compute_stats(read_snapshots(spark, [str(_snapshots(tmp_path))]))
+        rows = df.collect()
+        plan = df._jdf.queryExecution().executedPlan()
+    finally:
+        spark.conf.set(key, before)
     if plan.nodeName() == "AdaptiveSparkPlan":
         plan = plan.executedPlan()
     while plan.nodeName().endswith("QueryStage"):  # adaptive execution's final stage
         plan = plan.plan()
     ops = [op for op in _operators(plan) if not op.startswith(("WholeStageCodegen", "InputAdapter"))]
-    assert ops[0] == "ObjectHashAggregate", ops
-    text = plan.toString()
-    assert "filter(" not in text, text
+    assert ops[0] == ("SortAggregate" if sort_aggregate else "ObjectHashAggregate"), ops
+    assert len(rows) == 12
+    text = plan.resultExpressions().toString()  # the plan's own string is cut short
+    assert "e2e_ms" in text and "sort_array(" not in text and "filter(" in text, text
     r = df.where("channel = 'c'").orderBy("node", "window_start").first()
     assert r["e2e_ms"] == {"0.99": 5.0, "0.5": 1.0}
 
@@ -228,3 +239,46 @@ def test_fields_the_job_does_not_read_reject_nothing(spark, tmp_path) -> None:
     assert [r["_bad"] is None for r in records] == [True, True, False]
     lines = read_snapshot_lines(spark, [str(tmp_path)]).select("_bad").collect()
     assert [r["_bad"] for r in lines] == [r["_bad"] for r in records]
+
+
+def test_the_written_rows_are_counted_as_the_cache_fills_and_the_table_is_one_partition_per_core(
+        spark, tmp_path, monkeypatch) -> None:
+    """On a local master the table is coalesced to one partition per core (the output: at most that many
+    files per date, not one per shuffle partition), and the rows written are counted by an observation
+    while the cache fills, not by a count of their own (a job over the cached table)."""
+    from nsqtw.spark.stats import build_parser, run
+
+    data = _snapshots(tmp_path)
+    out = tmp_path / "out"
+    frame = type(spark.range(1))
+
+    def no_count(self):
+        raise AssertionError("count() called")
+
+    monkeypatch.setattr(frame, "count", no_count)
+    res = run(build_parser().parse_args([str(data), "-o", str(out)]), spark=spark, out=io.StringIO(),
+              err=io.StringIO())
+    monkeypatch.undo()
+    assert res["rows_written"] == spark.read.parquet(str(out)).count() == 12
+    files = list(out.rglob("part-*"))
+    assert 1 <= len(files) <= spark.sparkContext.defaultParallelism, files
+
+
+def test_the_e2e_map_holds_each_quantiles_worst_value_in_first_seen_order(spark, tmp_path) -> None:
+    """e2e_ms: per quantile the greatest value reported in the window (a quantile missing from some
+    snapshots, or one that first appears later, included), keys in the order they first appear; a
+    window whose snapshots report no percentiles has none."""
+    from nsqtw.spark.stats import compute_stats, read_snapshots
+
+    pcts = [{0.99: 5e6, 0.5: 1e6}, {0.5: 3e6, 0.999: 9e6}, {0.99: 7e6}, {0.5: 2e6, 0.99: 6e6}, None, None]
+    lines = [line(T0 + 10 * i, "a.example", 4151, T0 - 100,
+                  [topic("t", msgs=10 * i, channels=[channel("c", msgs=10 * i, pct=p)])]) for i, p in enumerate(pcts)]
+    lines += [line(T0 + 60 + 10 * i, "a.example", 4151, T0 - 100,
+                   [topic("t", msgs=100 + i, channels=[channel("c", msgs=100 + i)])]) for i in range(2)]
+    (tmp_path / "nsqd-stats.2023-11-14_22.a_4151.jsonl").write_bytes(b"".join(lines))
+    table = compute_stats(read_snapshots(spark, [str(tmp_path)])).where("channel = 'c'")
+    # the map's own order (a collected map becomes a Python dict by way of a Java hash map)
+    got = {r["window_start"].timestamp(): r["e2e"]
+           for r in table.selectExpr("window_start", "arrays_zip(map_keys(e2e_ms), map_values(e2e_ms)) AS e2e").collect()}
+    assert [tuple(e) for e in got[T0]] == [("0.99", 7.0), ("0.5", 3.0), ("0.999", 9.0)]
+    assert got[T0 + 60] is None
