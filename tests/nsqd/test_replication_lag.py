@@ -168,7 +168,7 @@ def test_a_held_publish_is_answered_by_a_plain_call_not_a_deferred(tmp_path):
     assert len(answers) == 1 and answers[0] is not None and "0 of 1 peers in sync" in answers[0]
     failed: list[object] = []
     service.barrier().addErrback(failed.append)
-    assert failed and failed[0].check(PublishRefused)  # type: ignore[attr-defined]
+    assert failed and failed[0].check(PublishRefused)  # type: ignore[attr-defined]  # a Failure, typed as object here
 
     service.origin.linked("127.0.0.1:1", 2, 0.0)
     service.links["127.0.0.1:1"] = _Link()  # type: ignore[assignment]  # a stand-in link
