@@ -516,7 +516,7 @@ class ReplicationService(Service):
         batch = self.origin.take_batch(self.reactor.seconds())
         if batch is None:
             return
-        self.lag.accepted += count
+        self.lag.sent(count)
         parts, peers = batch
         if len(parts) <= 8 and sum(map(len, parts)) <= SMALL_BATCH_BYTES:
             # a few publishes: joined and sent (cheaper than gathering the parts)
