@@ -116,6 +116,9 @@ class ShadowFiles:
         self.states: dict[int, ShadowState] = {}
         self._unapplied: list[tuple[int, list[wire.Entry]]] = []
         self.compactions = 0
+        #: publishes (batch entries of messages: a PUB's, an MPUB's) stored for origins since
+        #: the start
+        self.stored = 0
         #: (origin node id, epoch) -> the highest message ID adopted of it (kept on disk as
         #: ``nsqtw-adopted.<id>.<epoch>``; what this node answers an origin asking at link setup)
         self.adopted: dict[tuple[int, int], bytes] = {}
@@ -149,6 +152,7 @@ class ShadowFiles:
         _, entries = decode_batch(body)
         self._append(origin, shadow_record_head(body), body)  # one writev: the body is not copied
         self._unapplied.append((origin, entries))
+        self.stored += [e[0] for e in entries].count(wire.MSG)
 
     def apply(self) -> None:
         """Apply the batches stored since the last call (after their ACK is on its way)."""
@@ -417,6 +421,13 @@ class _PeerLink(Protocol):
             self._seam = None
         self.service.link_lost(self, reason.getErrorMessage() if reason is not None else "closed")
 
+
+#: how long a replication peer's reactor may spin for its origin's next batch (see
+#: nsqtw.runtime.spinreactor): a batch comes once the origin has answered a publisher and
+#: read its next PUB, often later than the default 50 µs (so those spins mostly missed, the
+#: reactor stopped spinning, and every batch woke a sleeping peer); with the spin policy
+#: judging by messages stored rather than events, 200 µs and the policy pay
+PEER_SPIN_SECONDS = 200e-6
 
 #: a batch this small (up to three entries: PUBs) is joined and sent with one ``send``
 SMALL_BATCH_BYTES = 16 * 1024

@@ -26,7 +26,7 @@ from ..options import TLS_REQUIRED, NsqdOptions, OptionError, format_duration
 from .tcp import NsqdFactory
 from ..backend.durability import fsync
 from ..runtime.loop import LoopService
-from ..runtime.turn import TurnBatcher
+from ..runtime.turn import IReactorWorkMeter, TurnBatcher
 from ..runtime.listen import LazyFactory, ListeningService
 
 __all__ = ["NsqdService", "build_nsqd"]
@@ -403,6 +403,19 @@ class NsqdService(MultiService):
             self._abort_start()
             raise
         self.settle()
+        meter = IReactorWorkMeter(self.reactor, None)
+        if meter is not None:
+            meter.measure_work(self.work_done)
+            if self.replication_listener is not None:
+                from .replication import PEER_SPIN_SECONDS
+
+                meter.spin_at_least(PEER_SPIN_SECONDS)
+
+    def work_done(self) -> int:
+        """Messages published here and stored for origins (the spin reactor's measure of its
+        tuning, see :class:`~nsqtw.runtime.turn.IReactorWorkMeter`)."""
+        done = sum(t.message_count for t in self.broker.topics.values())
+        return done + (self.shadow_files.stored if self.shadow_files is not None else 0)
 
     def _abort_start(self) -> None:
         """A listener could not bind: close what did, release the data path, stay stopped."""
@@ -424,6 +437,9 @@ class NsqdService(MultiService):
         """nsqd's Exit: stop listening, close every client, write everything held to disk."""
         if self._stopping is not None:
             return self._stopping
+        meter = IReactorWorkMeter(self.reactor, None)
+        if meter is not None:
+            meter.measure_work(None)
         broker = self.broker
         broker.close()
         if self.replication_listener is not None:

@@ -25,17 +25,22 @@ spin, 26,500 with it).  When the CPUs are busy the kernel runs the woken
 peer on the broker's CPU and a broker that sleeps right after answering
 lets it run at once, while a spinning one holds the CPU the peer needs (the
 same machine under other work: 40,700 PUB/s without, 35,700 with).  So
-while request/answer traffic lasts (over 2,000 events/s), :class:`SpinPolicy`
-measures events per second in windows of 0.2 s, now and then tries the other
-way for one window, and keeps it if it handled 5 % more events than the
+while request/answer traffic lasts (over 2,000 a second), :class:`SpinPolicy`
+measures the work done per second in windows of 0.2 s, now and then tries the other
+way for one window, and keeps it if it did 5 % more than the
 recent windows; probes that lose come less and less often (at most every
-3.2 s).  A window in which most spins found nothing before they gave up
-also ends the spinning, whatever its rate: a process whose next event
-cannot come within the spin (a replication peer, which acknowledges a
-batch and then waits for its origin to handle the next publish) only
-takes the CPU its origin needs (replicated pub_one on this project's
-2-CPU machine: 10-18% of the peer's spins found an event, 58-97% of
-its origin's).  Below that rate (a trickle, or idle) it does not spin at all: a spin after
+3.2 s).  The work is what the service running on the reactor says it is
+(:class:`~nsqtw.runtime.turn.IReactorWorkMeter`: nsqd counts the messages
+published to it and those it stored for its origins), else the events
+handled: a replication peer that sleeps between batches handles more,
+smaller ones, so its events per second rise when it does not spin while the
+messages do not.  A window in which most spins found nothing before they gave up
+also ends the spinning, whatever its rate: the next event could not come within
+the spin, which only took CPU others needed.  A replication peer's next batch comes
+once its origin has answered a publisher and read the next PUB, often later than
+the default 50 µs (10-18% of a peer's spins found their batch, replicated pub_one
+on this project's 2-CPU machine), so nsqd asks for up to 200 µs there
+(``spin_at_least``; not when ``NSQTW_SPIN_US`` is set).  Below that rate (a trickle, or idle) it does not spin at all: a spin after
 each of a few events a second only burns CPU.
 
 ``nsqd``, ``nsqlookupd`` and ``nsqadmin`` (the drop-in commands) install it;
@@ -58,7 +63,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from .seam import epoll_parts
-from .turn import IReactorTurnHooks
+from .turn import IReactorTurnHooks, IReactorWorkMeter
 
 __all__ = ["SpinningEPollReactor", "SpinPolicy", "install", "install_if_unset", "DEFAULT_SPIN_US"]
 
@@ -69,6 +74,7 @@ DEFAULT_SPIN_US = 50
 
 
 def _spin_from_env() -> float:
+    """``NSQTW_SPIN_US`` in seconds (the default when unset or not a number)."""
     raw = os.environ.get("NSQTW_SPIN_US", "")
     try:
         us = int(raw) if raw else DEFAULT_SPIN_US
@@ -158,7 +164,7 @@ class SpinPolicy:
         return self.spin
 
 
-@implementer(IReactorTurnHooks)
+@implementer(IReactorTurnHooks, IReactorWorkMeter)
 class SpinningEPollReactor(EPollReactor):
     """``EPollReactor`` that spins (non-blocking polls) for a moment after activity.
 
@@ -172,6 +178,8 @@ class SpinningEPollReactor(EPollReactor):
 
     def __init__(self, spin_seconds: float | None = None, adapt: bool | None = None) -> None:
         self.spin_seconds = _spin_from_env() if spin_seconds is None else spin_seconds
+        #: the length was chosen (NSQTW_SPIN_US or the argument): spin_at_least keeps it
+        self.spin_chosen = spin_seconds is not None or bool(os.environ.get("NSQTW_SPIN_US"))
         if adapt is None:
             adapt = os.environ.get("NSQTW_SPIN_ADAPT", "1") != "0"
         self._active = False
@@ -185,6 +193,9 @@ class SpinningEPollReactor(EPollReactor):
         #: True while the events of one poll are being handled (IReactorTurnHooks)
         self.dispatching = False
         self._after_dispatch: list[Callable[[], None]] = []
+        #: the work count the policy judges by (None: the events handled), and its last value
+        self._work: Callable[[], int] | None = None
+        self._work_seen = 0
         super().__init__()
         #: what doPoll uses of EPollReactor's internals, read once (see nsqtw.runtime.seam)
         self._parts = epoll_parts(self)
@@ -192,6 +203,17 @@ class SpinningEPollReactor(EPollReactor):
     def call_after_dispatch(self, fn: Callable[[], None]) -> None:
         """IReactorTurnHooks: call ``fn`` once, after the events of the poll being handled."""
         self._after_dispatch.append(fn)
+
+    def measure_work(self, fn: Callable[[], int] | None) -> None:
+        """IReactorWorkMeter: judge spinning by the work ``fn()`` counts, not by events."""
+        self._work = fn
+        self._work_seen = fn() if fn is not None else 0
+
+    def spin_at_least(self, seconds: float) -> None:
+        """IReactorWorkMeter: a longer spin, unless the length was chosen (or spinning is
+        off: no policy)."""
+        if not self.spin_chosen and self._policy is not None and seconds > self.spin_seconds:
+            self.spin_seconds = seconds
 
     def doPoll(self, timeout: float | None) -> None:
         poll, selectables, drdw = self._parts
@@ -244,7 +266,11 @@ class SpinningEPollReactor(EPollReactor):
             self._events += len(events)
             now = perf_counter()
             if now >= self._window_end:
-                self._spin_now = policy.window(now, self._events, self._hits, self._misses)
+                work = self._events
+                if self._work is not None:
+                    seen = self._work()
+                    work, self._work_seen = max(0, seen - self._work_seen), seen
+                self._spin_now = policy.window(now, work, self._hits, self._misses)
                 self._events = self._hits = self._misses = 0
                 self._window_end = now + policy.WINDOW
 

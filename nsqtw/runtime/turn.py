@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import Attribute, Interface
 
-__all__ = ["IReactorTurnHooks", "TurnBatcher"]
+__all__ = ["IReactorTurnHooks", "IReactorWorkMeter", "TurnBatcher"]
 
 log = Logger(namespace="nsqtw")
 
@@ -39,6 +39,21 @@ class IReactorTurnHooks(Interface):
     def call_after_dispatch(fn: Callable[[], None]) -> None:
         """While :attr:`dispatching`: call ``fn`` once, after this poll's events have all
         been handled (also when one of them failed)."""
+
+
+class IReactorWorkMeter(Interface):
+    """A reactor that tunes itself by measuring (nsqtw's spin reactor), told by the service it
+    runs what the work is and how long a wait for it may be worth spinning through."""
+
+    def measure_work(fn: Callable[[], int] | None) -> None:
+        """Judge the tuning by ``fn()``, a count that grows with the work done (messages
+        handled, say) rather than by poll events (a replication peer that sleeps between
+        batches handles more, smaller batches: more events for the same messages).
+        ``None``: by events again."""
+
+    def spin_at_least(seconds: float) -> None:
+        """Spin up to ``seconds`` (unless the operator set the length): the service knows
+        that its next event often comes this much later than the default spin lasts."""
 
 
 class TurnBatcher:

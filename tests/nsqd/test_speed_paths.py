@@ -150,6 +150,97 @@ def test_spin_policy_is_off_without_spin_or_when_disabled(monkeypatch: Any) -> N
     r._poller.close()
 
 
+def test_spinning_reactor_judges_by_the_work_it_is_told_not_by_events() -> None:
+    """A replication peer that sleeps between batches handles more, smaller ones: more events
+    for the same messages.  Told what its work is, the reactor's policy gets that count per
+    window, not the poll events (and events again once told None)."""
+    from nsqtw.runtime.spinreactor import SpinningEPollReactor
+    from nsqtw.runtime.turn import IReactorWorkMeter
+
+    r = SpinningEPollReactor(spin_seconds=5e-5, adapt=True)
+    assert IReactorWorkMeter.providedBy(r)
+    windows: list[int] = []
+
+    class Policy:
+        WINDOW = 0.2
+
+        def window(self, now: float, events: int, hits: int = 0, misses: int = 0) -> bool:
+            windows.append(events)
+            return True
+
+    r._policy = Policy()  # type: ignore[assignment]  # records what the policy is given
+    a, b = socket.socketpair()
+    work = [1000]
+
+    class Reader:
+        def fileno(self) -> int:
+            return a.fileno()
+
+        def doRead(self) -> None:
+            a.recv(100)
+            work[0] += 7  # each read stores seven messages
+
+        def logPrefix(self) -> str:
+            return "reader"
+
+        def connectionLost(self, reason: Any) -> None:
+            pass
+
+    def poll_once() -> None:
+        b.send(b"x")
+        r._window_end = 0.0  # this poll ends the window
+        r.doPoll(1.0)
+
+    try:
+        r.addReader(Reader())
+        poll_once()
+        assert windows == [1]  # by events
+        r.measure_work(lambda: work[0])
+        poll_once()
+        poll_once()
+        assert windows == [1, 7, 7]  # by the work done since it was told, per window
+        work[0] = 0  # a count that went down (a topic deleted): no negative work
+        poll_once()
+        assert windows[-1] == 0
+        r.measure_work(None)
+        poll_once()
+        assert windows[-1] == 1
+        r.removeReader(r.getReaders()[0])
+    finally:
+        a.close()
+        b.close()
+        r._poller.close()
+
+
+def test_spin_at_least_lengthens_only_a_spin_nobody_chose(monkeypatch: Any) -> None:
+    from nsqtw.runtime.spinreactor import DEFAULT_SPIN_US, SpinningEPollReactor
+
+    monkeypatch.delenv("NSQTW_SPIN_US", raising=False)
+    monkeypatch.setenv("NSQTW_SPIN_ADAPT", "1")
+    r = SpinningEPollReactor()
+    r.spin_at_least(2e-4)
+    assert r.spin_seconds == 2e-4
+    r.spin_at_least(1e-4)  # never shorter
+    assert r.spin_seconds == 2e-4
+    r._poller.close()
+    monkeypatch.setenv("NSQTW_SPIN_US", str(DEFAULT_SPIN_US))  # the operator chose it
+    r = SpinningEPollReactor()
+    r.spin_at_least(2e-4)
+    assert r.spin_seconds == DEFAULT_SPIN_US / 1e6
+    r._poller.close()
+    monkeypatch.setenv("NSQTW_SPIN_US", "0")  # spinning off stays off
+    r = SpinningEPollReactor()
+    r.spin_at_least(2e-4)
+    assert r.spin_seconds == 0
+    r._poller.close()
+    monkeypatch.delenv("NSQTW_SPIN_US")
+    monkeypatch.setenv("NSQTW_SPIN_ADAPT", "0")  # no policy to stop a longer spin: unchanged
+    r = SpinningEPollReactor()
+    r.spin_at_least(2e-4)
+    assert r.spin_seconds == DEFAULT_SPIN_US / 1e6
+    r._poller.close()
+
+
 # --- the flat PUB and MPUB paths ------------------------------------------------------------------
 
 def test_new_id_follows_new_ids_sequence() -> None:
