@@ -412,9 +412,12 @@ class NsqdService(MultiService):
                 meter.spin_at_least(PEER_SPIN_SECONDS)
 
     def work_done(self) -> int:
-        """Messages published here and stored for origins (the spin reactor's measure of its
-        tuning, see :class:`~nsqtw.runtime.turn.IReactorWorkMeter`)."""
-        done = sum(t.message_count for t in self.broker.topics.values())
+        """Messages published here, delivered and finished by the connected clients, and
+        stored for origins: the spin reactor's measure of its tuning (read once per 0.2 s,
+        see :class:`~nsqtw.runtime.turn.IReactorWorkMeter`)."""
+        broker = self.broker
+        done = sum(t.message_count for t in broker.topics.values())
+        done += sum(c.message_count + c.finish_count for c in broker.clients.values())
         return done + (self.shadow_files.stored if self.shadow_files is not None else 0)
 
     def _abort_start(self) -> None:

@@ -1,5 +1,5 @@
 """An nsqd tells a reactor that tunes itself (nsqtw's spin reactor, :class:`IReactorWorkMeter`)
-what its work is, messages published and stored for origins, and a replication peer asks it
+what its work is (messages published, delivered, finished and stored for origins), and a replication peer asks it
 to spin longer for its origin's next batch."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from zope.interface import implementer
 from nsqtw.embed import start_nsqd
 from nsqtw.nsqd.replication import PEER_SPIN_SECONDS
 from nsqtw.runtime.turn import IReactorWorkMeter
-from nsqtw.testing import body_command, connect_raw
+from nsqtw.testing import body_command, command, connect_raw
 
 from replication_support import until
 
@@ -59,7 +59,17 @@ async def test_a_peer_spins_longer_and_both_count_messages_as_their_work():
             assert await c.response() == b"OK"
         assert orr.work() - o0 == 3  # published here
         assert pr.work() - p0 == 3  # stored for the origin (one message entry each; not the topic's creation)
+        sub = await connect_raw(origin.tcp_port)
+        sub.send(command("SUB", "t", "c"))
+        assert await sub.response() == b"OK"
+        o1 = orr.work()
+        sub.send(command("RDY", 3))
+        for _ in range(3):
+            m = await sub.message()
+            sub.send(command("FIN", m.id.decode()))
+        await until(lambda: orr.work() - o1 == 6)  # delivered and finished: consumers' work too
         c.close()
+        sub.close()
     finally:
         await origin.stop()
         await peer.stop()
