@@ -64,7 +64,8 @@ from ..options import OptionError, parse_duration
 from .cli import (InputError, Progress, UsageError, add_common_arguments, add_rejected_arguments, check_local_inputs,
                   describe_error, error_class, first_line_where, local_path, progress_bar, report_rejected, run_main)
 from .report import SUMMARY_COLUMNS, format_summary, render_report, summary_table, utc_text
-from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
+from . import classcache
+from .session import add_spark_arguments, check_master, class_archive_applies, get_session, parse_conf, reach_master
 
 __all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "read_snapshot_records", "read_snapshot_lines", "shuffle_partitions", "local_settings", "summary_document", "snapshot_rows", "compute_stats", "summarize",
            "format_summary", "summary_table", "SUMMARY_COLUMNS", "chart_series", "chart_marks", "chart_data", "main"]
@@ -743,15 +744,21 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
     window, max_gap = checked["window"], checked["max_gap"]
     progress = Progress("nsqtw-stats", getattr(args, "quiet", False), err)
     own = spark is None
+    archive_applies, archive = False, ""
     if own and args.master:
         reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
     if own:
         progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
+        local = local_settings(checked["bytes"])
+        archive_applies = class_archive_applies(args.master, checked["conf"])
+        archive = classcache.share_options() if archive_applies else ""
+        if archive:  # Spark's classes mapped, not loaded: seconds off the start
+            local["spark.driver.extraJavaOptions"] += " " + archive
         spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=progress_bar(args),
-                            verbose=args.verbose,
-                            local_conf=local_settings(checked["bytes"]))
+                            verbose=args.verbose, local_conf=local)
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = None
+    done = False
     try:
         found = "" if checked["files"] is None else f" ({checked['files']} files)"
         progress(f"reading snapshots from {', '.join(args.paths)}{found}")
@@ -788,6 +795,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
             if not args.allow_empty:
                 raise InputError(what + " (--allow-empty to accept that)")
             out.write(f"nsqtw-stats: 0 node/topic/channel series: {what}; nothing written\n")
+            done = True
             return {"series": 0, "rows": [], **figures}
         first = min(r["first"] for r in all_rows)
         last = max(r["last"] for r in all_rows)
@@ -828,12 +836,15 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
                 f.write(html)
             out.write(f"\nreport written to {args.html}\n")
         progress("done")
+        done = True
         return {"series": total, "rows": rows, **figures}
     finally:
         if result is not None:
             result.unpersist()
         if own:
             spark.stop()
+            if done and archive_applies and not archive:
+                classcache.build_in_background()  # for the next run, now that this one's work is done
 
 
 def _local_coalesce(spark: Any, table: Any) -> Any:
@@ -857,6 +868,38 @@ def _read_or_fail(spark: Any, paths: Sequence[str], pattern: str | None) -> Any:
         if error_class(e) == "PATH_NOT_FOUND":
             raise InputError("input not found: " + describe_error(e)) from e
         raise
+
+
+def warm_up_job(options: str) -> Any:
+    """The job that fills the class archive (:func:`nsqtw.spark.classcache.build`): this job, with
+    ``--html``, ``--summary-json`` and Parquet output, on a few generated snapshots, in a local JVM
+    started with this job's own options plus ``options``; returns that JVM's process."""
+    import io
+    import shutil
+    import tempfile
+
+    from pyspark import SparkContext
+
+    work = tempfile.mkdtemp(prefix="nsqtw-warm-up-")
+    try:
+        data = os.path.join(work, "in")
+        os.mkdir(data)
+        classcache.write_snapshots(data)
+        local = local_settings(sum(os.path.getsize(os.path.join(data, n)) for n in os.listdir(data)), cores=2)
+        local["spark.driver.extraJavaOptions"] += " " + options
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        spark = get_session("nsqtw-warm-up", "local[2]", {"spark.ui.enabled": "false"}, verbose=False,
+                            local_conf=local)
+        try:
+            args = build_parser().parse_args(
+                [data, "-q", "-o", os.path.join(work, "out"), "--html", os.path.join(work, "report.html"),
+                 "--summary-json", os.path.join(work, "summary.json")])
+            run(args, spark=spark, out=io.StringIO(), err=io.StringIO())
+        finally:
+            spark.stop()
+        return getattr(SparkContext._gateway, "proc", None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
