@@ -116,10 +116,8 @@ def forget(path: str) -> None:
 
 def options(path: str) -> str:
     """The JVM options that map the archive at ``path``: its notes silenced, and should it make the JVM
-    abort after all, the report on stderr (the job's stdout is its summary) and the crash file in the
-    cache directory, not in the user's working directory."""
-    return (f"-XX:SharedArchiveFile={path} -XX:+DisplayVMOutputToStderr "
-            f"-XX:ErrorFile={os.path.join(os.path.dirname(path), 'hs_err_pid%p.log')} {QUIET}")
+    abort after all, the crash file in the cache directory, not in the user's working directory."""
+    return f"-XX:SharedArchiveFile={path} -XX:ErrorFile={os.path.join(os.path.dirname(path), 'hs_err_pid%p.log')} {QUIET}"
 
 
 def share_options() -> str:
