@@ -225,10 +225,11 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     # in between: its counters and backlog started from zero then (messages a new channel took over
     # from its topic's backlog are in its message_count: arrivals, like any other).
     new = col("p_t").isNull() & col("node_p_t").isNotNull()
-    for c in ("msg", "bytes", "req", "tmo", "backlog"):
-        x = x.withColumn("p_" + c, F.when(new, F.when(col(c).isNotNull(), F.lit(0))).otherwise(col("p_" + c)))
-    x = (x.withColumn("p_start_time", F.when(new, col("node_p_start_time")).otherwise(col("p_start_time")))
-         .withColumn("p_t", F.when(new, col("node_p_t")).otherwise(col("p_t"))))
+    x = x.withColumns({
+        **{"p_" + c: F.when(new, F.when(col(c).isNotNull(), F.lit(0))).otherwise(col("p_" + c))
+           for c in ("msg", "bytes", "req", "tmo", "backlog")},
+        "p_start_time": F.when(new, col("node_p_start_time")).otherwise(col("p_start_time")),
+        "p_t": F.when(new, col("node_p_t")).otherwise(col("p_t"))})
     restart = col("start_time") != col("p_start_time")
     decreased = ((col("msg") < col("p_msg")) | F.coalesce(col("bytes") < col("p_bytes"), F.lit(False))
                  | F.coalesce(col("req") < col("p_req"), F.lit(False))
@@ -385,8 +386,8 @@ def summarize(result: Any) -> Any:
         F.max("clients_max").alias("clients_max"),
         F.max(F.col("e2e_ms").getItem("0.99")).alias("e2e_p99_ms"),
         F.sum("restarts").alias("restarts"),
-    ).withColumn("publish_rate", F.when(col("covered_s") > 0, col("published") / col("covered_s")))
-        .withColumn("finish_rate", F.when(col("covered_s") > 0, col("finished") / col("covered_s")))
+    ).withColumns({"publish_rate": F.when(col("covered_s") > 0, col("published") / col("covered_s")),
+                    "finish_rate": F.when(col("covered_s") > 0, col("finished") / col("covered_s"))})
         # one sorted partition of a few thousand rows: a global orderBy would sample its input first,
         # a second pass over the whole result (1.7 CPU-s on 2.7 GB of snapshots)
         .repartition(1).sortWithinPartitions("topic", F.col("channel").asc_nulls_first(), "node"))
