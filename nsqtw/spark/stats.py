@@ -759,7 +759,6 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
                             verbose=args.verbose, local_conf=local)
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = None
-    done = False
     try:
         found = "" if checked["files"] is None else f" ({checked['files']} files)"
         progress(f"reading snapshots from {', '.join(args.paths)}{found}")
@@ -796,8 +795,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
             if not args.allow_empty:
                 raise InputError(what + " (--allow-empty to accept that)")
             out.write(f"nsqtw-stats: 0 node/topic/channel series: {what}; nothing written\n")
-            done = True
-            return {"series": 0, "rows": [], **figures}
+            return {"series": 0, "rows": [], **figures, "class_archive_wanted": archive_applies and not archive}
         first = min(r["first"] for r in all_rows)
         last = max(r["last"] for r in all_rows)
         anomalies = sum(int(r["counter_anomalies"] or 0) for r in all_rows)
@@ -837,15 +835,13 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
                 f.write(html)
             out.write(f"\nreport written to {args.html}\n")
         progress("done")
-        done = True
-        return {"series": total, "rows": rows, **figures}
+        # the CLI (main) builds the class archive for the next run once this one is done
+        return {"series": total, "rows": rows, **figures, "class_archive_wanted": archive_applies and not archive}
     finally:
         if result is not None:
             result.unpersist()
         if own:
             spark.stop()
-            if done and archive_applies and not archive:
-                classcache.build_in_background()  # for the next run, now that this one's work is done
 
 
 def _local_coalesce(spark: Any, table: Any) -> Any:
@@ -903,8 +899,17 @@ def warm_up_job(options: str) -> Any:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _cli_job(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`run`, then (the command only: a library caller of :func:`run` never leaves a process
+    behind) the class archive's warm-up in the background when this run wanted one and found none."""
+    figures = run(args)
+    if figures.get("class_archive_wanted"):
+        classcache.build_in_background()  # for the next run, now that this one's work is done
+    return figures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main("nsqtw-stats", build_parser(), run, argv)
+    return run_main("nsqtw-stats", build_parser(), _cli_job, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ JVM it launches, only when its manifest matches it; a corrupt one never fails a 
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import os
 import subprocess
@@ -209,3 +210,19 @@ def test_a_jvm_that_does_not_start_with_the_archive_starts_again_without_it(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == "JVM-CDS - 3 True", done.stdout[-2000:]
     assert not os.path.exists(path) and not os.path.exists(path + ".ok")
+
+
+def test_only_the_command_starts_the_warm_up_never_a_library_call_of_run(monkeypatch) -> None:
+    """``run()`` says whether its run wanted an archive it did not find; the command (``main``)
+    alone starts the warm-up then, so a program calling ``run()`` never leaves a process behind."""
+    pytest.importorskip("pyspark")
+    from nsqtw.spark import classcache, stats
+
+    started: list[int] = []
+    monkeypatch.setattr(classcache, "build_in_background", lambda: started.append(1))
+    for wanted in (True, False):
+        monkeypatch.setattr(stats, "run", lambda args, wanted=wanted: {"series": 0, "class_archive_wanted": wanted})
+        stats._cli_job(None)  # type: ignore[arg-type]  # run is replaced: its args are not read
+    assert started == [1]
+    src = inspect.getsource(stats.run)
+    assert "build_in_background" not in src  # run() itself never starts it
