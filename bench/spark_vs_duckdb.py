@@ -246,6 +246,19 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu.total, 1)}
 
 
+def warm_up(stats_cmd: list[str], env: dict[str, str]) -> None:
+    """The class archive of ``stats_cmd``'s tree built before the timed runs (untimed; a tree without
+    the warm-up command, an older one, is left as it is): without it the first run would build it in
+    the background while the next runs are timed."""
+    if stats_cmd[-1] == "stats" and "nsqtw.spark" in stats_cmd:
+        cmd = stats_cmd[:-1] + ["warm-up"]
+    elif os.path.basename(stats_cmd[-1]) == "nsqtw-stats":
+        cmd = [os.path.join(os.path.dirname(stats_cmd[-1]), "python"), "-m", "nsqtw.spark", "warm-up"]
+    else:
+        return
+    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 COMPARED = ("samples", "covered_s", "published", "publish_rate", "publish_bytes_rate", "finished", "finish_rate",
             "requeue_rate", "timeout_rate", "depth_max", "depth_mean", "depth_last", "backlog_last",
             "backlog_growth_rate", "time_to_drain_s", "clients_max", "clients_mean", "restarts", "counter_anomalies")
@@ -295,6 +308,10 @@ def main() -> None:
     p.add_argument("--before", default="", metavar="COMMAND",
                    help="another nsqtw-stats command (an older tree: 'env PYTHONPATH=/tmp/old python -m nsqtw.spark "
                         "stats'), run back to back with --stats on the same input: before/after figures")
+    p.add_argument("--cold", action="store_true",
+                   help="no class archive (NSQTW_SPARK_CLASS_ARCHIVE=off): every run as a first run on a fresh "
+                        "machine; by default each command's warm-up (python -m nsqtw.spark warm-up) runs first, "
+                        "untimed, so that the runs measured start as every run after the first does")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--duckdb-only", nargs=2, metavar=("DATA", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -315,6 +332,11 @@ def main() -> None:
         runs = [("stats", shlex.split(args.stats))]
         if args.before:
             runs.insert(0, ("before_stats", shlex.split(args.before)))
+        if args.cold:
+            env["NSQTW_SPARK_CLASS_ARCHIVE"] = "off"
+        else:
+            for _name, cmd in runs:
+                warm_up(cmd, env)
         for suffix, extra in [("", [])] + ([] if args.no_html else [("_html", ["--html"])]):
             for name, cmd in runs:
                 out_dir = os.path.join(work, name + suffix)

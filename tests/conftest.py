@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import pytest_twisted
+
+# no class-data-sharing archive of Spark's classes built in the background by the CLI jobs the tests
+# run (nor one from the user's cache used): the tests of nsqtw.spark.classcache turn it on themselves
+os.environ.setdefault("NSQTW_SPARK_CLASS_ARCHIVE", "off")
 
 #: answers and files recorded from Go's nsqd 1.3.0 (copied from ../shared/fixtures; see the READMEs)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -10,8 +10,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-USAGE = ("usage: python -m nsqtw.spark {stats,replay,submit-file} [options]  (--help after the command for "
-         "its options; submit-file prints the file to give spark-submit)\n")
+USAGE = ("usage: python -m nsqtw.spark {stats,replay,submit-file,warm-up} [options]  (--help after the command "
+         "for its options; submit-file prints the file to give spark-submit; warm-up builds the archive of "
+         "Spark's classes that local jobs start with)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,6 +28,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .stats import main as run
     elif command == "replay":
         from .replay import main as run
+    elif command == "warm-up":
+        from .classcache import main as build
+        from .stats import warm_up_job
+
+        return build(rest, warm_up_job)
     elif command == "submit-file":
         sys.stdout.write(os.path.join(os.path.dirname(os.path.abspath(__file__)), "submit.py") + "\n")
         return 0

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from .cli import JobError, UsageError
 
 __all__ = ["get_session", "add_spark_arguments", "require_pyspark", "check_master", "reach_master",
-           "DEFAULT_MASTER"]
+           "class_archive_applies", "DEFAULT_MASTER"]
 
 DEFAULT_MASTER = "local[*]"
 
@@ -173,6 +173,38 @@ def _launches_local(master: str | None) -> bool:
     return _is_local(effective)
 
 
+#: The class-data-sharing archive among a JVM's options (:mod:`nsqtw.spark.classcache`).
+_ARCHIVE = re.compile(r"-XX:SharedArchiveFile=(\S+)")
+
+
+def _start_jvm(settings: dict[str, str], verbose: bool) -> None:
+    """Start Spark's JVM with ``settings`` (unless one runs already: spark-submit's, or an earlier session's)."""
+    from pyspark import SparkConf, SparkContext
+
+    launch = SparkConf(loadDefaults=False)
+    for key, value in settings.items():
+        launch.set(key, value)
+    # plain `python`: starts the JVM with these settings (the log4j file must be there from the start);
+    # under spark-submit the JVM is already running with spark-submit's
+    if SparkContext._gateway is None and not verbose and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        _launch_quietly(launch)
+    SparkContext._ensure_initialized(conf=launch)
+
+
+def class_archive_applies(master: str | None, conf: dict[str, str] | None = None) -> bool:
+    """The job's JVM may map the class archive (:mod:`nsqtw.spark.classcache`): this process launches
+    it (not spark-submit, none runs yet), for a local master, with Java options that are the job's own
+    (none set by ``--conf`` or ``spark-defaults.conf``: theirs win), and the archive is not turned off."""
+    from pyspark import SparkContext
+
+    from .classcache import enabled
+
+    key = "spark.driver.extraJavaOptions"
+    if not enabled() or SparkContext._gateway is not None or not _launches_local(master):
+        return False
+    return key not in (conf or {}) and key not in _defaults_file()
+
+
 def get_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None,
                 progress: bool = False, verbose: bool = True, local_conf: dict[str, str] | None = None) -> Any:
     """A SparkSession on ``master`` if given, else on spark-submit's (or the defaults') master.
@@ -216,14 +248,20 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
                 settings[key] = value  # the JVM's own settings: only at its launch
     if SparkContext._gateway is None and master is not None and not _is_local(master):
         reach_master(master)  # before a JVM starts: seconds, not Spark's minute of retries
-    launch = SparkConf(loadDefaults=False)
-    for key, value in settings.items():
-        launch.set(key, value)
-    # plain `python`: starts the JVM with these settings (the log4j file must be there from the start);
-    # under spark-submit the JVM is already running with spark-submit's
-    if SparkContext._gateway is None and not verbose and "PYSPARK_GATEWAY_PORT" not in os.environ:
-        _launch_quietly(launch)
-    SparkContext._ensure_initialized(conf=launch)
+    try:
+        _start_jvm(settings, verbose)
+    except Exception:
+        # a class archive the JVM would not start with (corrupt in place): forget it, start without
+        archive = _ARCHIVE.search(settings.get("spark.driver.extraJavaOptions", ""))
+        if archive is None or SparkContext._gateway is not None:
+            raise
+        from .classcache import forget
+        from .classcache import options as archive_options
+
+        forget(archive.group(1))
+        without = settings["spark.driver.extraJavaOptions"].replace(archive_options(archive.group(1)), "")
+        settings["spark.driver.extraJavaOptions"] = " ".join(without.split())
+        _start_jvm(settings, verbose)
     defaults = SparkConf()  # spark-submit's settings and spark-defaults.conf, now that the JVM runs
     effective = master or defaults.get("spark.master", None) or DEFAULT_MASTER
     if master is None and not _is_local(effective):

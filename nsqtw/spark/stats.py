@@ -64,7 +64,8 @@ from ..options import OptionError, parse_duration
 from .cli import (InputError, Progress, UsageError, add_common_arguments, add_rejected_arguments, check_local_inputs,
                   describe_error, error_class, first_line_where, local_path, progress_bar, report_rejected, run_main)
 from .report import SUMMARY_COLUMNS, format_summary, render_report, summary_table, utc_text
-from .session import add_spark_arguments, check_master, get_session, parse_conf, reach_master
+from . import classcache
+from .session import add_spark_arguments, check_master, class_archive_applies, get_session, parse_conf, reach_master
 
 __all__ = ["SNAPSHOT_SCHEMA", "read_snapshots", "read_snapshot_records", "read_snapshot_lines", "shuffle_partitions", "local_settings", "summary_document", "snapshot_rows", "compute_stats", "summarize",
            "format_summary", "summary_table", "SUMMARY_COLUMNS", "chart_series", "chart_marks", "chart_data", "main"]
@@ -224,10 +225,11 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     # in between: its counters and backlog started from zero then (messages a new channel took over
     # from its topic's backlog are in its message_count: arrivals, like any other).
     new = col("p_t").isNull() & col("node_p_t").isNotNull()
-    for c in ("msg", "bytes", "req", "tmo", "backlog"):
-        x = x.withColumn("p_" + c, F.when(new, F.when(col(c).isNotNull(), F.lit(0))).otherwise(col("p_" + c)))
-    x = (x.withColumn("p_start_time", F.when(new, col("node_p_start_time")).otherwise(col("p_start_time")))
-         .withColumn("p_t", F.when(new, col("node_p_t")).otherwise(col("p_t"))))
+    x = x.withColumns({
+        **{"p_" + c: F.when(new, F.when(col(c).isNotNull(), F.lit(0))).otherwise(col("p_" + c))
+           for c in ("msg", "bytes", "req", "tmo", "backlog")},
+        "p_start_time": F.when(new, col("node_p_start_time")).otherwise(col("p_start_time")),
+        "p_t": F.when(new, col("node_p_t")).otherwise(col("p_t"))})
     restart = col("start_time") != col("p_start_time")
     decreased = ((col("msg") < col("p_msg")) | F.coalesce(col("bytes") < col("p_bytes"), F.lit(False))
                  | F.coalesce(col("req") < col("p_req"), F.lit(False))
@@ -384,8 +386,8 @@ def summarize(result: Any) -> Any:
         F.max("clients_max").alias("clients_max"),
         F.max(F.col("e2e_ms").getItem("0.99")).alias("e2e_p99_ms"),
         F.sum("restarts").alias("restarts"),
-    ).withColumn("publish_rate", F.when(col("covered_s") > 0, col("published") / col("covered_s")))
-        .withColumn("finish_rate", F.when(col("covered_s") > 0, col("finished") / col("covered_s")))
+    ).withColumns({"publish_rate": F.when(col("covered_s") > 0, col("published") / col("covered_s")),
+                    "finish_rate": F.when(col("covered_s") > 0, col("finished") / col("covered_s"))})
         # one sorted partition of a few thousand rows: a global orderBy would sample its input first,
         # a second pass over the whole result (1.7 CPU-s on 2.7 GB of snapshots)
         .repartition(1).sortWithinPartitions("topic", F.col("channel").asc_nulls_first(), "node"))
@@ -743,13 +745,18 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
     window, max_gap = checked["window"], checked["max_gap"]
     progress = Progress("nsqtw-stats", getattr(args, "quiet", False), err)
     own = spark is None
+    archive_applies, archive = False, ""
     if own and args.master:
         reach_master(args.master)  # a spark:// or k8s:// master that does not answer: seconds, one line
     if own:
         progress(f"starting Spark ({args.master or 'the master of spark-submit or spark-defaults.conf, else local[*]'})")
+        local = local_settings(checked["bytes"])
+        archive_applies = class_archive_applies(args.master, checked["conf"])
+        archive = classcache.share_options() if archive_applies else ""
+        if archive:  # Spark's classes mapped, not loaded: seconds off the start
+            local["spark.driver.extraJavaOptions"] += " " + archive
         spark = get_session("nsqtw-stats", args.master, checked["conf"], progress=progress_bar(args),
-                            verbose=args.verbose,
-                            local_conf=local_settings(checked["bytes"]))
+                            verbose=args.verbose, local_conf=local)
         progress(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = None
     try:
@@ -788,7 +795,7 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
             if not args.allow_empty:
                 raise InputError(what + " (--allow-empty to accept that)")
             out.write(f"nsqtw-stats: 0 node/topic/channel series: {what}; nothing written\n")
-            return {"series": 0, "rows": [], **figures}
+            return {"series": 0, "rows": [], **figures, "class_archive_wanted": archive_applies and not archive}
         first = min(r["first"] for r in all_rows)
         last = max(r["last"] for r in all_rows)
         anomalies = sum(int(r["counter_anomalies"] or 0) for r in all_rows)
@@ -828,7 +835,8 @@ def run(args: argparse.Namespace, spark: Any = None, out: Any = None, err: Any =
                 f.write(html)
             out.write(f"\nreport written to {args.html}\n")
         progress("done")
-        return {"series": total, "rows": rows, **figures}
+        # the CLI (main) builds the class archive for the next run once this one is done
+        return {"series": total, "rows": rows, **figures, "class_archive_wanted": archive_applies and not archive}
     finally:
         if result is not None:
             result.unpersist()
@@ -859,8 +867,49 @@ def _read_or_fail(spark: Any, paths: Sequence[str], pattern: str | None) -> Any:
         raise
 
 
+def warm_up_job(options: str) -> Any:
+    """The job that fills the class archive (:func:`nsqtw.spark.classcache.build`): this job, with
+    ``--html``, ``--summary-json`` and Parquet output, on a few generated snapshots, in a local JVM
+    started with this job's own options plus ``options``; returns that JVM's process."""
+    import io
+    import shutil
+    import tempfile
+
+    from pyspark import SparkContext
+
+    work = tempfile.mkdtemp(prefix="nsqtw-warm-up-")
+    try:
+        data = os.path.join(work, "in")
+        os.mkdir(data)
+        classcache.write_snapshots(data)
+        local = local_settings(sum(os.path.getsize(os.path.join(data, n)) for n in os.listdir(data)), cores=2)
+        local["spark.driver.extraJavaOptions"] += " " + options
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        spark = get_session("nsqtw-warm-up", "local[2]", {"spark.ui.enabled": "false"}, verbose=False,
+                            local_conf=local)
+        try:
+            args = build_parser().parse_args(
+                [data, "-q", "-o", os.path.join(work, "out"), "--html", os.path.join(work, "report.html"),
+                 "--summary-json", os.path.join(work, "summary.json")])
+            run(args, spark=spark, out=io.StringIO(), err=io.StringIO())
+        finally:
+            spark.stop()
+        return getattr(SparkContext._gateway, "proc", None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _cli_job(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`run`, then (the command only: a library caller of :func:`run` never leaves a process
+    behind) the class archive's warm-up in the background when this run wanted one and found none."""
+    figures = run(args)
+    if figures.get("class_archive_wanted"):
+        classcache.build_in_background()  # for the next run, now that this one's work is done
+    return figures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main("nsqtw-stats", build_parser(), run, argv)
+    return run_main("nsqtw-stats", build_parser(), _cli_job, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -208,7 +208,7 @@ def test_module_without_a_command_prints_usage_on_stderr(capsys) -> None:
 
     assert main([]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith("usage: python -m nsqtw.spark {stats,replay,submit-file}")
+    assert captured.out == "" and captured.err.startswith("usage: python -m nsqtw.spark {stats,replay,submit-file,warm-up}")
     assert main(["submit-file"]) == 0
     path = capsys.readouterr().out.strip()
     assert path.endswith("nsqtw/spark/submit.py")

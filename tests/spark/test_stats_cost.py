@@ -282,3 +282,22 @@ def test_the_e2e_map_holds_each_quantiles_worst_value_in_first_seen_order(spark,
            for r in table.selectExpr("window_start", "arrays_zip(map_keys(e2e_ms), map_values(e2e_ms)) AS e2e").collect()}
     assert [tuple(e) for e in got[T0]] == [("0.99", 7.0), ("0.5", 3.0), ("0.999", 9.0)]
     assert got[T0 + 60] is None
+
+
+def test_the_columns_replaced_together_are_one_projection_each(spark, tmp_path) -> None:
+    """The previous values a new series starts from, and the summary's two rates, are set by one
+    withColumns each, not one withColumn per column: each withColumn is a projection the driver
+    analyzes before the first task (18 and 19 projections in the analyzed plans, 24 and 26 before;
+    0.25 s of the job's start-up on 2.7 GB)."""
+    from pyspark.sql import functions as F
+
+    from nsqtw.spark.stats import compute_stats, read_snapshot_records, summarize
+
+    records = read_snapshot_records(spark, [str(_snapshots(tmp_path))], None)
+    table = compute_stats(records.where(F.col("_bad").isNull()))
+    summary = summarize(table)
+
+    def projections(df) -> int:
+        return df._jdf.queryExecution().analyzed().toString().count("Project [")
+
+    assert projections(table) <= 18 and projections(summary) <= 19, (projections(table), projections(summary))
