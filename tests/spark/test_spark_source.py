@@ -80,8 +80,9 @@ def test_every_message_arrives_across_a_driver_crash(spark, broker, tmp_path) ->
         _wait(lambda: not q1.isActive, 60, "the crashed query to stop")
         # Spark says "STREAM_FAILED ... (no cause message)"; explain_failure names the cause
         from nsqtw.spark.source import explain_failure
-        why = explain_failure(q1.exception())
-        assert why is not None and f"pid {pid}" in why and str(spool) in why and "died" in why, why
+        error = q1.exception()
+        why = explain_failure(error)
+        assert why is not None and f"pid {pid}" in why and str(spool) in why and "died" in why, (why, str(error)[-3000:])
     finally:
         if q1.isActive:
             q1.stop()
