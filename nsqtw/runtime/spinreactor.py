@@ -31,7 +31,8 @@ way for one window, and keeps it if it did 5 % more than the
 recent windows; probes that lose come less and less often (at most every
 3.2 s).  The work is what the service running on the reactor says it is
 (:class:`~nsqtw.runtime.turn.IReactorWorkMeter`: nsqd counts the messages
-published to it and those it stored for its origins), else the events
+published to it, delivered to and finished by its clients, and stored for its
+origins), else the events
 handled: a replication peer that sleeps between batches handles more,
 smaller ones, so its events per second rise when it does not spin while the
 messages do not.  A window in which most spins found nothing before they gave up
