@@ -114,7 +114,7 @@ class ShadowFiles:
         self._fds: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
         self.states: dict[int, ShadowState] = {}
-        self._unapplied: list[tuple[int, list[wire.Entry]]] = []
+        self._unapplied: list[tuple[int, list[tuple[int, str, str, int, memoryview]]]] = []
         self.compactions = 0
         #: publishes (batch entries of messages: a PUB's, an MPUB's) stored for origins since
         #: the start
@@ -146,10 +146,15 @@ class ShadowFiles:
             log.info("REPLICATION: shadow of node {id}: {n} unfinished messages", id=origin,
                      n=state.count())
 
-    def store(self, origin: int, body: bytes) -> None:
+    def store(self, origin: int, body: bytes | memoryview) -> None:
         """Append one batch (checked first) to the origin's log: once this returns, the batch
-        may be acknowledged; its effect on the state in memory follows in :meth:`apply`."""
-        _, entries = decode_batch(body)
+        may be acknowledged; its effect on the state in memory follows in :meth:`apply`.
+
+        Nothing of the batch is copied before the ACK: it is checked and appended as a view of
+        the read it came in.  What the state keeps is copied in :meth:`apply`, after the ACK is
+        on its way: a kept copy is fresh memory (the shadow of messages not consumed yet
+        grows), which costs page faults, 17 µs for an MPUB of 200 messages of 200 bytes."""
+        _, entries = decode_batch(body if isinstance(body, memoryview) else memoryview(body))
         self._append(origin, shadow_record_head(body), body)  # one writev: the body is not copied
         self._unapplied.append((origin, entries))
         self.stored += [e[0] for e in entries].count(wire.MSG)
@@ -157,11 +162,11 @@ class ShadowFiles:
     def apply(self) -> None:
         """Apply the batches stored since the last call (after their ACK is on its way)."""
         todo, self._unapplied = self._unapplied, []
-        for origin, entries in todo:
+        for origin, views in todo:
             state = self.states.get(origin)
             if state is None:
                 state = self.states[origin] = ShadowState()
-            state.apply(entries)
+            state.apply([(kind, topic, channel, due, bytes(data)) for kind, topic, channel, due, data in views])
             size = self.sizes.get(origin, 0)
             if size > self.compact_min and size > 4 * state.live_bytes:
                 self.compact(origin)
@@ -173,7 +178,7 @@ class ShadowFiles:
             self._fds[origin] = fd
         return fd
 
-    def _append(self, origin: int, *parts: bytes) -> None:
+    def _append(self, origin: int, *parts: bytes | memoryview) -> None:
         fd = self._fds.get(origin)
         if fd is None:
             fd = self._fd(origin)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 __all__ = [
     "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
@@ -249,21 +250,29 @@ def encode_batch_parts(seq: int, entries: Sequence[Entry]) -> list[bytes]:
     return parts
 
 
-def decode_batch(body: bytes) -> tuple[int, list[Entry]]:
+#: a BATCH body as bytes, or as a view of the frame it came in (a peer's read: see
+#: :meth:`LinkDecoder.one`); :func:`decode_batch`'s items are slices of the same type
+_Body = TypeVar("_Body", bytes, memoryview)
+
+
+def decode_batch(body: _Body) -> tuple[int, list[tuple[int, str, str, int, _Body]]]:
+    """The sequence and items of a BATCH body, checked whole.  A memoryview body gives items
+    whose data are views of it, copied nowhere (a peer checks and appends a batch before it
+    acknowledges it, and copies what it keeps only after the ACK is on its way)."""
     try:
         seq, count = _BATCH_HEAD.unpack_from(body)
         pos = _BATCH_HEAD.size
-        out: list[Entry] = []
+        out: list[tuple[int, str, str, int, _Body]] = []
         for _ in range(count):
             kind, n = _KIND_LEN.unpack_from(body, pos)
             if kind not in _KINDS:
                 raise LinkError(f"unknown BATCH item kind {kind}")
             pos += 3
-            topic = body[pos:pos + n].decode()
+            topic = str(body[pos:pos + n], "utf-8")
             pos += n
             (n,) = _U16.unpack_from(body, pos)
             pos += 2
-            channel = body[pos:pos + n].decode()
+            channel = str(body[pos:pos + n], "utf-8")
             pos += n
             due, size = _ENTRY_MID.unpack_from(body, pos)
             pos += _ENTRY_MID.size
@@ -346,15 +355,16 @@ class LinkDecoder:
         self._buf = buf[pos:] if pos < end else b""
         return out
 
-    def one(self, data: bytes, kind: int) -> bytes | None:
+    def one(self, data: bytes, kind: int) -> memoryview | None:
         """The body of ``data`` when it is exactly one whole frame of ``kind`` and nothing is
-        buffered (a peer's commonest read: one BATCH), else None: then :meth:`feed` it."""
+        buffered (a peer's commonest read: one BATCH), else None: then :meth:`feed` it.  The
+        body is a view of ``data``, not a copy."""
         if self._buf or self._want_magic or len(data) <= _HEAD.size or data[4] != kind:
             return None
         size = _U32.unpack_from(data)[0]
         if size + 4 != len(data) or size > MAX_FRAME:
             return None
-        return data[_HEAD.size:]
+        return memoryview(data)[_HEAD.size:]
 
     def ack(self, data: bytes) -> int | None:
         """The sequence of ``data`` when it is exactly one ACK frame and nothing is buffered
@@ -372,7 +382,7 @@ def shadow_record(batch: bytes) -> bytes:
     return _U32.pack(len(batch)) + batch
 
 
-def shadow_record_head(batch: bytes) -> bytes:
+def shadow_record_head(batch: bytes | memoryview) -> bytes:
     """The prefix of :func:`shadow_record`, to write before the body without joining them."""
     return _U32.pack(len(batch))
 

@@ -186,6 +186,27 @@ def test_shadow_files_replay_and_compact(tmp_path):
     assert shadow_path(str(tmp_path), 1).endswith("nsqtw-shadow.1.log")
 
 
+def test_a_peer_copies_nothing_of_a_batch_before_its_ack(tmp_path):
+    """A whole BATCH read is checked and appended as a view of the read (no copy); what the
+    shadow keeps is copied only when the batch is applied, after the ACK is on its way, and
+    as bytes of its own, so the read's buffer is not kept alive by the shadow."""
+    body = wire.batch_body(7, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", *range(50))])
+    read = wire.encode_frame(wire.BATCH, body)
+    view = wire.LinkDecoder().one(read, wire.BATCH)
+    assert isinstance(view, memoryview) and view.obj is read and view == body
+    seq, entries = wire.decode_batch(view)
+    assert seq == 7 and all(isinstance(e[4], memoryview) and e[4].obj is read for e in entries)
+    assert wire.decode_batch(body) == (7, [(k, t, c, d, bytes(x)) for k, t, c, d, x in entries])
+    files = ShadowFiles(str(tmp_path), fsync=False)
+    files.store(1, view)
+    assert (tmp_path / "nsqtw-shadow.1.log").read_bytes() == wire.shadow_record(body)  # stored first
+    files.apply()
+    runs = files.states[1].runs
+    assert len(runs) == 1 and type(runs[0].data) is bytes and runs[0].data == b"".join(frame(n) for n in range(50))
+    assert ids(files.states[1]) == [mid(n) for n in range(50)]
+    files.close()
+
+
 def test_adopt_after_timeout_policy():
     from nsqtw.nsqd.core.replication import AdoptAfterTimeout
 

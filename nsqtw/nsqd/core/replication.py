@@ -421,7 +421,7 @@ class ShadowReceiver:
     answer its HELLO carries."""
 
     def __init__(self, node_id: int, instance: bytes, name: str,
-                 store: Callable[[int, bytes], None],
+                 store: Callable[[int, bytes | memoryview], None],
                  adopted: Callable[[int, int], bytes] = lambda origin, epoch: wire.NO_ID) -> None:
         self.adopted = adopted
         self.node_id = node_id
@@ -440,16 +440,16 @@ class ShadowReceiver:
             return b""
         origin = self.origin
         if origin is not None and len(data) > 13:
-            body = self._decoder.one(data, wire.BATCH)
-            if body is not None and len(body) >= 8:  # one whole batch: store it, ACK it
+            view = self._decoder.one(data, wire.BATCH)
+            if view is not None and len(view) >= 8:  # one whole batch: store it, ACK it
                 try:
-                    self.store(origin.node_id, body)
+                    self.store(origin.node_id, view)
                 except OSError as e:
                     return self._refuse(f"E_STORE_FAILED {e}")
                 except wire.LinkError as e:
                     return self._refuse(f"E_BAD_PROTOCOL {e}")
                 self.batches += 1
-                self.last_seq = seq = int.from_bytes(body[:8], "big")
+                self.last_seq = seq = int.from_bytes(view[:8], "big")
                 return wire.encode_ack(seq)
         out = []
         try:
