@@ -431,7 +431,9 @@ class _PeerLink(Protocol):
 #: nsqtw.runtime.spinreactor): a batch comes once the origin has answered a publisher and
 #: read its next PUB, often later than the default 50 µs (so those spins mostly missed, the
 #: reactor stopped spinning, and every batch woke a sleeping peer); with the spin policy
-#: judging by messages stored rather than events, 200 µs and the policy pay
+#: judging by messages stored rather than events, 200 µs and the policy pay.  The spin yields
+#: the CPU between its polls (``sched_yield``): while it waits, the publisher and the origin
+#: it waits for may need this CPU, and the peer's spin then gives it to them at once
 PEER_SPIN_SECONDS = 200e-6
 
 #: a batch this small (up to three entries: PUBs) is joined and sent with one ``send``

@@ -409,7 +409,7 @@ class NsqdService(MultiService):
             if self.replication_listener is not None:
                 from .replication import PEER_SPIN_SECONDS
 
-                meter.spin_at_least(PEER_SPIN_SECONDS)
+                meter.spin_at_least(PEER_SPIN_SECONDS, yielding=True)
 
     def work_done(self) -> int:
         """Messages published here, delivered and finished by the connected clients, and

@@ -70,6 +70,9 @@ __all__ = ["SpinningEPollReactor", "SpinPolicy", "install", "install_if_unset", 
 
 _log = Logger(namespace="nsqtw.runtime.reactor")
 
+#: gives the CPU to another process ready to run on it, if any (Linux, as epoll)
+_sched_yield: Callable[[], None] | None = getattr(os, "sched_yield", None)
+
 #: microseconds to keep polling after activity before blocking
 DEFAULT_SPIN_US = 50
 
@@ -184,6 +187,8 @@ class SpinningEPollReactor(EPollReactor):
         if adapt is None:
             adapt = os.environ.get("NSQTW_SPIN_ADAPT", "1") != "0"
         self._active = False
+        #: a spin that yields the CPU between its polls (see spin_at_least)
+        self.spin_yields = False
         #: spin in this window (always, without a policy)
         self._spin_now = True
         self._policy = SpinPolicy(perf_counter()) if adapt and self.spin_seconds else None
@@ -210,11 +215,13 @@ class SpinningEPollReactor(EPollReactor):
         self._work = fn
         self._work_seen = fn() if fn is not None else 0
 
-    def spin_at_least(self, seconds: float) -> None:
+    def spin_at_least(self, seconds: float, yielding: bool = False) -> None:
         """IReactorWorkMeter: a longer spin, unless the length was chosen (or spinning is
-        off: no policy)."""
+        off: no policy); ``yielding``: one that gives the CPU to any other process ready to
+        run on it between its polls (``sched_yield``)."""
         if not self.spin_chosen and self._policy is not None and seconds > self.spin_seconds:
             self.spin_seconds = seconds
+            self.spin_yields = yielding and _sched_yield is not None
 
     def doPoll(self, timeout: float | None) -> None:
         poll, selectables, drdw = self._parts
@@ -225,8 +232,14 @@ class SpinningEPollReactor(EPollReactor):
                 limit = spin if timeout is None or timeout > spin else timeout
                 end = perf_counter() + limit
                 events = poll(0, maxevents)
-                while not events and perf_counter() < end:
-                    events = poll(0, maxevents)
+                give_way = _sched_yield if self.spin_yields else None
+                if give_way is not None:
+                    while not events and perf_counter() < end:
+                        give_way()
+                        events = poll(0, maxevents)
+                else:
+                    while not events and perf_counter() < end:
+                        events = poll(0, maxevents)
                 if events:
                     self._hits += 1
                 else:

@@ -51,9 +51,11 @@ class IReactorWorkMeter(Interface):
         batches handles more, smaller batches: more events for the same messages).
         ``None``: by events again."""
 
-    def spin_at_least(seconds: float) -> None:
+    def spin_at_least(seconds: float, yielding: bool = False) -> None:
         """Spin up to ``seconds`` (unless the operator set the length): the service knows
-        that its next event often comes this much later than the default spin lasts."""
+        that its next event often comes this much later than the default spin lasts.
+        ``yielding``: between its polls the spin gives the CPU to any other process ready to
+        run on it (a long spin that mostly waits for processes which may need this CPU)."""
 
 
 class TurnBatcher:

@@ -30,13 +30,15 @@ class MeteredReactor:
         self.work: Callable[[], int] | None = None
         self.told: list[Any] = []
         self.spin: list[float] = []
+        self.yielding: list[bool] = []
 
     def measure_work(self, fn: Callable[[], int] | None) -> None:
         self.work = fn
         self.told.append(fn)
 
-    def spin_at_least(self, seconds: float) -> None:
+    def spin_at_least(self, seconds: float, yielding: bool = False) -> None:
         self.spin.append(seconds)
+        self.yielding.append(yielding)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(reactor, name)
@@ -50,6 +52,7 @@ async def test_a_peer_spins_longer_and_both_count_messages_as_their_work():
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         assert pr.spin == [PEER_SPIN_SECONDS] and PEER_SPIN_SECONDS > 5e-5
+        assert pr.yielding == [True]  # the peer's long spin gives way to the processes it waits for
         assert orr.spin == []  # an origin only: its answers come within the default spin
         assert pr.work is not None and orr.work is not None
         p0, o0 = pr.work(), orr.work()

@@ -61,6 +61,49 @@ def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> N
         r._poller.close()
 
 
+def test_a_yielding_spin_gives_the_cpu_away_between_polls_and_still_dispatches(monkeypatch: Any) -> None:
+    import nsqtw.runtime.spinreactor as spinreactor
+
+    yields: list[int] = []
+    monkeypatch.setattr(spinreactor, "_sched_yield", lambda: yields.append(1))
+    monkeypatch.delenv("NSQTW_SPIN_US", raising=False)
+    monkeypatch.setenv("NSQTW_SPIN_ADAPT", "1")
+    r = spinreactor.SpinningEPollReactor()
+    r.spin_at_least(0.005, yielding=True)
+    a, b = socket.socketpair()
+    try:
+        seen: list[bytes] = []
+
+        class Reader:
+            def fileno(self) -> int:
+                return a.fileno()
+
+            def doRead(self) -> None:
+                seen.append(a.recv(100))
+
+            def logPrefix(self) -> str:
+                return "reader"
+
+            def connectionLost(self, reason: Any) -> None:
+                pass
+
+        r.addReader(Reader())
+        b.send(b"x")
+        r.doPoll(1.0)  # an event at once: nothing to give way to
+        assert seen == [b"x"] and yields == []
+        r.doPoll(0.002)  # a spin that finds nothing: it polled and yielded until the timeout
+        assert seen == [b"x"] and len(yields) > 1 and (r._hits, r._misses) == (0, 1)
+        r._active = True
+        b.send(b"y")
+        r.doPoll(1.0)  # the event is there at the spin's first poll
+        assert seen == [b"x", b"y"]
+        r.removeReader(r.getReaders()[0])
+    finally:
+        a.close()
+        b.close()
+        r._poller.close()
+
+
 def test_spin_is_configurable_and_off_with_zero(monkeypatch: Any) -> None:
     from nsqtw.runtime.spinreactor import DEFAULT_SPIN_US, SpinningEPollReactor
 
@@ -218,15 +261,16 @@ def test_spin_at_least_lengthens_only_a_spin_nobody_chose(monkeypatch: Any) -> N
     monkeypatch.delenv("NSQTW_SPIN_US", raising=False)
     monkeypatch.setenv("NSQTW_SPIN_ADAPT", "1")
     r = SpinningEPollReactor()
-    r.spin_at_least(2e-4)
-    assert r.spin_seconds == 2e-4
+    assert not r.spin_yields
+    r.spin_at_least(2e-4, yielding=True)
+    assert r.spin_seconds == 2e-4 and r.spin_yields
     r.spin_at_least(1e-4)  # never shorter
-    assert r.spin_seconds == 2e-4
+    assert r.spin_seconds == 2e-4 and r.spin_yields
     r._poller.close()
     monkeypatch.setenv("NSQTW_SPIN_US", str(DEFAULT_SPIN_US))  # the operator chose it
     r = SpinningEPollReactor()
-    r.spin_at_least(2e-4)
-    assert r.spin_seconds == DEFAULT_SPIN_US / 1e6
+    r.spin_at_least(2e-4, yielding=True)
+    assert r.spin_seconds == DEFAULT_SPIN_US / 1e6 and not r.spin_yields
     r._poller.close()
     monkeypatch.setenv("NSQTW_SPIN_US", "0")  # spinning off stays off
     r = SpinningEPollReactor()
