@@ -41,7 +41,9 @@ the spin, which only took CPU others needed.  A replication peer's next batch co
 once its origin has answered a publisher and read the next PUB, often later than
 the default 50 µs (10-18% of a peer's spins found their batch, replicated pub_one
 on this project's 2-CPU machine), so nsqd asks for up to 200 µs there
-(``spin_at_least``; not when ``NSQTW_SPIN_US`` is set).  Below that rate (a trickle, or idle) it does not spin at all: a spin after
+(``spin_at_least``; not when ``NSQTW_SPIN_US`` is set), a spin that yields the CPU
+between its polls (``sched_yield``): while the peer waits, the publisher and the origin
+may need its CPU, and a plain spin would hold it from them.  Below that rate (a trickle, or idle) it does not spin at all: a spin after
 each of a few events a second only burns CPU.
 
 ``nsqd``, ``nsqlookupd`` and ``nsqadmin`` (the drop-in commands) install it;

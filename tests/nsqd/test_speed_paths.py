@@ -407,6 +407,25 @@ def test_mpub_read_in_parts_with_a_different_size_inside_is_walked_and_checked()
     assert [f[34:] for f in _frames(broker, "t")] == bodies
 
 
+def test_a_held_pub_takes_the_flat_path_and_its_ok_still_waits(monkeypatch: Any) -> None:
+    """With sync_publish (--sync-every=1, replication) the next PUB to the same topic takes
+    feed's first branch too, and its OK is held as the loop holds it: out only once synced."""
+    broker = Broker(NsqdOptions(), NOW)
+    session = V2Session(broker, broker.new_client("127.0.0.1:1", NOW), sync_publish=True)
+    session.feed(b"  V2", NOW)
+    pub = b"PUB t\n" + struct.pack(">i", 1) + b"x"
+    assert session.feed(pub, NOW) == (b"", True)  # the loop's way: held
+    first = session.take_sync_request()
+    walked: list[int] = []
+    monkeypatch.setattr(session, "_feed", lambda data, now: walked.append(1) or True)
+    assert session.feed(pub, NOW) == (b"", True)  # feed's first branch: held too
+    assert walked == [] and session._want_sync and broker.topics["t"].message_count == 2
+    second = session.take_sync_request()
+    assert first is not None and second == first + 1
+    assert session.synced(first) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK" and session.holding
+    assert session.synced(second).endswith(b"OK") and not session.holding
+
+
 def test_pub_with_an_invalid_topic_name_still_fails_after_a_valid_one_was_cached() -> None:
     broker, client, session = _session()
     session.feed(b"PUB good\n" + struct.pack(">i", 1) + b"x", NOW)

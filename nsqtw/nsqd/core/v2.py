@@ -210,9 +210,9 @@ class V2Session:
         #: this read's answers (returned by feed)
         self._out: list[bytes] = []
         #: the topic of this connection's last PUB, as sent and as validated (feed's first
-        #: branch); never set while PUBs need authorization or an fsync before their OK
+        #: branch); never set while PUBs need authorization
         self._pub_raw: bytes | None = None
-        self._plain_pub = not sync_publish and authorizer is None
+        self._fast_pub = authorizer is None
         self._pub_name = ""
         opts = broker.options
         self._max_msg_size = opts.max_msg_size
@@ -243,7 +243,9 @@ class V2Session:
 
         The first branch is the commonest read of all, one whole ``PUB`` to the topic of this
         connection's last PUB while nothing is pending (no partial command, no MPUB walk, no
-        upgrade): the same checks, effects and answer as the loop below, fewer steps."""
+        upgrade): the same checks, effects and answer as the loop below, fewer steps.  With
+        ``sync_publish`` (``--sync-every=1``, replication) its ``OK`` is held as the loop holds
+        it, until :meth:`synced`."""
         if data[:4] == b"PUB " and self._pub_raw is not None and not self._buf and not self._wanted \
                 and self._walk is None and self.upgrade is None and not self.closed:
             nl = data.find(b"\n", 4)
@@ -255,6 +257,10 @@ class V2Session:
                     except NSQError as e:
                         return encode_frame(FRAME_ERROR, e.wire()), self._fail()
                     self.commands += 1
+                    if self.sync_publish:
+                        self._published()
+                        self._respond(OK_FRAME)  # held for the fsync or the peers
+                        return b"", True
                     return OK_FRAME, True
         keep = self._feed(data, now)
         out = self._out
@@ -659,11 +665,10 @@ class V2Session:
         if self.authorizer is not None:
             self._check_auth("PUB", topic_name, "", now)
         self._publish_one(topic_name, buf[start + 4:stop], now)
-        if self._plain_pub:
+        if self._fast_pub:
             self._pub_raw = params[1]  # the next read may take feed's first branch
             self._pub_name = topic_name
-        else:
-            self._published()
+        self._published()
         self._respond(OK_FRAME)
         return stop
 
