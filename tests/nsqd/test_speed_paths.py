@@ -21,6 +21,26 @@ NOW = 1.7e9
 
 # --- the spinning reactor -----------------------------------------------------------------------
 
+class _SocketReader:
+    """A reader the reactor polls: each read's bytes (up to 100) go to ``on_read``."""
+
+    def __init__(self, sock: socket.socket, on_read: Any) -> None:
+        self.sock = sock
+        self.on_read = on_read
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def doRead(self) -> None:
+        self.on_read(self.sock.recv(100))
+
+    def logPrefix(self) -> str:
+        return "reader"
+
+    def connectionLost(self, reason: Any) -> None:
+        pass
+
+
 def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> None:
     from nsqtw.runtime.spinreactor import SpinningEPollReactor
 
@@ -28,21 +48,7 @@ def test_spinning_reactor_dispatches_reads_and_never_outlasts_its_timeout() -> N
     a, b = socket.socketpair()
     try:
         seen: list[int] = []
-
-        class Reader:
-            def fileno(self) -> int:
-                return a.fileno()
-
-            def doRead(self) -> None:
-                seen.append(len(a.recv(100)))
-
-            def logPrefix(self) -> str:
-                return "reader"
-
-            def connectionLost(self, reason: Any) -> None:
-                pass
-
-        reader = Reader()
+        reader = _SocketReader(a, lambda data: seen.append(len(data)))
         r.addReader(reader)
         b.send(b"hello")
         r.doPoll(1.0)
@@ -73,21 +79,7 @@ def test_a_yielding_spin_gives_the_cpu_away_between_polls_and_still_dispatches(m
     a, b = socket.socketpair()
     try:
         seen: list[bytes] = []
-
-        class Reader:
-            def fileno(self) -> int:
-                return a.fileno()
-
-            def doRead(self) -> None:
-                seen.append(a.recv(100))
-
-            def logPrefix(self) -> str:
-                return "reader"
-
-            def connectionLost(self, reason: Any) -> None:
-                pass
-
-        r.addReader(Reader())
+        r.addReader(_SocketReader(a, seen.append))
         b.send(b"x")
         r.doPoll(1.0)  # an event at once: nothing to give way to
         assert seen == [b"x"] and yields == []
@@ -215,19 +207,8 @@ def test_spinning_reactor_judges_by_the_work_it_is_told_not_by_events() -> None:
     a, b = socket.socketpair()
     work = [1000]
 
-    class Reader:
-        def fileno(self) -> int:
-            return a.fileno()
-
-        def doRead(self) -> None:
-            a.recv(100)
-            work[0] += 7  # each read stores seven messages
-
-        def logPrefix(self) -> str:
-            return "reader"
-
-        def connectionLost(self, reason: Any) -> None:
-            pass
+    def stored(data: bytes) -> None:
+        work[0] += 7  # each read stores seven messages
 
     def poll_once() -> None:
         b.send(b"x")
@@ -235,7 +216,7 @@ def test_spinning_reactor_judges_by_the_work_it_is_told_not_by_events() -> None:
         r.doPoll(1.0)
 
     try:
-        r.addReader(Reader())
+        r.addReader(_SocketReader(a, stored))
         poll_once()
         assert windows == [1]  # by events
         r.measure_work(lambda: work[0])
