@@ -687,8 +687,8 @@ class ReplicationService(Service):
         frames = self.origin.linked(link.address, hello.node_id, now, outstanding(self.broker, self.epoch))
         for frame in frames:
             link.write(frame)
-        log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up ({n} snapshot batches)",
-                 peer=link.address, name=hello.name, id=hello.node_id, n=len(frames))
+        log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up from a snapshot",
+                 peer=link.address, name=hello.name, id=hello.node_id)
         self._answered(link.address)
 
     def _adopted_by(self, address: str, adopted_id: bytes) -> None:
@@ -729,7 +729,13 @@ class ReplicationService(Service):
     def acked(self, address: str, seq: int) -> None:
         peer = self.origin.peers[address]
         was = peer.state
-        self._release(self.origin.acked(address, seq, self.reactor.seconds()))
+        now = self.reactor.seconds()
+        self._release(self.origin.acked(address, seq, now))
+        if peer.catchup is not None:  # a snapshot going out: its next batches
+            link = self.links.get(address)
+            if link is not None and link.transport is not None:
+                for frame in self.origin.catch_up(address, now):
+                    link.write(frame)
         if peer.state != was and peer.state == IN_SYNC:
             log.info("REPLICATION: peer {peer} caught up, in sync", peer=address)
 

@@ -17,7 +17,7 @@ from twisted.internet import defer
 from nsqtw.embed import start_nsqd
 from nsqtw.testing import body_command, command, connect_raw, mpub_command
 
-from replication_support import sleep, text_id, until
+from replication_support import free_port, sleep, text_id, until
 
 pytestmark = pytest.mark.e2e
 
@@ -309,3 +309,54 @@ async def test_a_returning_origin_whose_peer_does_not_answer_delivers_after_the_
     finally:
         await origin.stop()
         await mute.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_catches_up_with_a_backlog_larger_than_the_lag_limit(tmp_path, monkeypatch):
+    """A backlog of more messages than a peer may lag behind: the snapshot goes out a few
+    batches at a time as the peer stores them, so the peer is never dropped as fallen behind
+    (before, every message of the snapshot counted as lag at once: a peer could not catch up
+    with an origin holding more than a million messages, and publishes were refused)."""
+    from functools import partial
+
+    import nsqtw.nsqd.replication as service_module
+    from nsqtw.nsqd.core.replication import outstanding as real_outstanding
+
+    monkeypatch.setattr(service_module, "outstanding", partial(real_outstanding, entry_bytes=2000))
+    peer_port = free_port()
+    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer_port}"],
+                              data_path=str(tmp_path), replication_degraded="accept", mem_queue_size=1000)
+    rep = origin._service.replication.origin
+    rep.max_lag = 100
+    at_link = []
+    linked = rep.linked
+
+    def small_batches(address, node_id, now, snapshot=None, batch_bytes=0):
+        frames = linked(address, node_id, now, snapshot, batch_bytes=2000)
+        at_link.append((rep.peers[address].lag_messages, rep.behind(), len(frames)))
+        return frames
+
+    rep.linked = small_batches
+    os.mkdir(tmp_path / "peer")
+    peer = None
+    try:
+        p = await connect_raw(origin.tcp_port)
+        p.send(command("SUB", "t", "c"))  # the channel exists; nobody reads it
+        assert await p.response() == b"OK"
+        p2 = await connect_raw(origin.tcp_port)
+        for k in range(30):
+            p2.send(mpub_command("t", [b"m%04d" % (k * 100 + i) for i in range(100)]))
+            assert await p2.response() == b"OK"
+        peer = await start_nsqd(node_id=2, replication_address=f"127.0.0.1:{peer_port}", adopt_after=60,
+                                data_path=str(tmp_path / "peer"))
+        await until(lambda: rep.in_sync() == 1)
+        (lag, behind, sent), = at_link
+        assert lag <= 100 and behind == [] and sent < 20  # a window of the snapshot, not all of it
+        await until(lambda: peer._service.shadow_files.states[1].count() == 3000)
+        assert (await stats(origin))["replication"]["peers"][0]["catch_ups"] == 1  # never dropped
+        await p.close()
+        await p2.close()
+    finally:
+        await origin.stop()
+        if peer is not None:
+            await peer.stop()

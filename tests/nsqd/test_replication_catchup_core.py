@@ -14,7 +14,7 @@ from twisted.internet import task
 
 from nsqtw.nsqd.core.broker import Broker
 from nsqtw.nsqd.core.replication import (
-    CATCHING_UP, IN_SYNC, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState, adopt,
+    CATCHING_UP, IN_SYNC, SNAPSHOT_WINDOW, OriginLink, PublishRefused, ReplicationOrigin, ShadowReceiver, ShadowState, adopt,
     outstanding,
 )
 from nsqtw.options import NsqdOptions
@@ -69,9 +69,58 @@ def test_a_catching_up_peer_counts_only_once_it_stored_the_snapshot():
     assert o.peers["a"].state == IN_SYNC
     assert o.peer_stats(3.0)[0]["lag_messages"] == 1  # the live batch is still unacknowledged
     assert o.barrier("held") is False  # what was recorded before is covered by the next ACK
-    assert o.acked("a", seqs[-1] + 1, 4.0) == ["held"]
+    live_seq = wire.decode_batch(wire.LinkDecoder().feed(b"".join(live))[0][1])[0]
+    assert live_seq > seqs[-1]
+    assert o.acked("a", live_seq, 4.0) == ["held"]
     st = o.peer_stats(4.0)[0]
     assert (st["state"], st["lag_messages"], st["lag_seconds"], st["catch_ups"]) == ("in_sync", 0, 0.0, 1)
+
+
+def _seq(frame_: bytes) -> int:
+    return wire.decode_batch(wire.LinkDecoder().feed(frame_)[0][1])[0]
+
+
+def test_a_snapshot_larger_than_max_lag_goes_out_a_window_at_a_time_and_the_peer_catches_up():
+    """A backlog of more messages than ``max_lag``: the snapshot is made and sent
+    SNAPSHOT_WINDOW batches at a time as the peer acknowledges them, only those count as its
+    lag (it is never dropped as fallen behind), and the live batches recorded meanwhile
+    follow the snapshot's last batch on its link."""
+    o = ReplicationOrigin(["a"], 1, False, max_lag=5)
+    made = []
+
+    def snapshot():
+        yield (wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(7))
+        yield op(wire.TOPIC_NEW, "t")
+        for n in range(1, 41):
+            made.append(n)
+            yield (wire.SNAP_MSG, "t", "", 0, frame(n))
+        yield (wire.SNAP_END, "", "", 0, wire.NO_ID)
+
+    frames = o.linked("a", 2, 0.0, snapshot(), batch_bytes=1)
+    assert len(frames) == SNAPSHOT_WINDOW
+    assert len(made) < 40  # the rest of it is not made yet
+    assert o.behind() == [] and o.peer_stats(0.0)[0]["lag_messages"] <= SNAPSHOT_WINDOW
+    o.record("t", 0, frame(99), 1)
+    live, peers = o.take_batch(0.5)
+    assert peers == []  # it waits behind the snapshot
+    sent = list(frames)
+    while True:
+        assert o.peers["a"].state == CATCHING_UP
+        assert o.behind() == []
+        o.acked("a", _seq(sent[-1]), 1.0)
+        more = o.catch_up("a", 1.0)
+        if not more:
+            break
+        assert len(more) <= SNAPSHOT_WINDOW + 1
+        sent.extend(more)
+    seqs = [_seq(f) for f in sent]
+    assert seqs == sorted(seqs)  # the snapshot's batches, then the live one, in order
+    assert sent[-1] == b"".join(live)
+    assert o.peers["a"].state == IN_SYNC
+    got = [f for data in (e[4] for f in sent for e in wire.decode_batch(wire.LinkDecoder().feed(f)[0][1])[1]
+                          if e[0] in (wire.SNAP_MSG, wire.MSG))
+           for f in wire.split_frames(data)]
+    assert [f[18:34] for f in got] == [frame(n)[18:34] for n in [*range(1, 41), 99]]
 
 
 def test_a_peer_too_far_behind_is_dropped():
@@ -153,6 +202,23 @@ def test_outstanding_is_everything_each_channel_has_not_finished():
     assert s.max_id == max(ids(s))
     # the snapshot only reads: the broker's queues are as they were
     assert a.depth() == 3 and b.topics["t"].channels["b"].depth() == 3
+
+
+def test_outstanding_splits_a_large_queue_into_entries_of_bounded_size():
+    """One channel's backlog goes in several entries of about ``entry_bytes`` (a queue of
+    hundreds of MiB in one entry would make a BATCH over MAX_FRAME, which a peer refuses)."""
+    clock = task.Clock()
+    b = Broker(NsqdOptions(), clock.seconds())
+    b.get_topic("t", clock.seconds()).get_channel("c", clock.seconds())
+    b.publish("t", [b"%03d" % n + b"x" * 97 for n in range(100)], clock.seconds())
+    b.settle(clock.seconds())
+    entries = outstanding(b, 1, entry_bytes=1000)
+    parts = [e for e in entries if e[0] == wire.SNAP_MSG]
+    assert len(parts) > 10 and all(len(e[4]) < 1000 + 200 for e in parts)
+    s = ShadowState()
+    s.apply(entries)
+    assert s.count() == 100
+    assert sorted(m.frame[34:37] for m in s.unfinished()) == [b"%03d" % n for n in range(100)]
 
 
 def test_adopt_pauses_what_was_paused_on_the_origin():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Protocol
@@ -36,8 +36,8 @@ from .topic import Topic
 from ...protocol.names import is_ephemeral
 
 __all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
-           "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "chunks", "topology_entries",
-           "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "onward_entries"]
+           "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "iter_chunks",
+           "topology_entries", "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "SNAPSHOT_WINDOW", "onward_entries"]
 
 IN_SYNC = "in_sync"
 CATCHING_UP = "catching_up"
@@ -49,6 +49,13 @@ OUT_OF_SYNC = "out_of_sync"
 MAX_LAG_MESSAGES = 1_000_000
 #: a catch-up snapshot goes out in batches of about this many bytes
 SNAPSHOT_BATCH_BYTES = 4 * 1024 * 1024
+#: snapshot batches a catching-up peer may hold unacknowledged: the next goes out as it
+#: acknowledges one (the snapshot of a large backlog is neither encoded nor buffered whole,
+#: and only what is on its way counts as the peer's lag)
+SNAPSHOT_WINDOW = 4
+#: sequence numbers kept for one snapshot's batches: the live batches recorded while it goes
+#: out are numbered after them (they follow it on that peer's link)
+SNAPSHOT_SEQS = 1 << 32
 
 
 class PublishRefused(Exception):
@@ -60,7 +67,7 @@ class PeerState:
     """What the origin knows of one peer."""
 
     __slots__ = ("address", "state", "node_id", "base", "acked", "unacked", "since", "reason",
-                 "catchup_seq", "lag_messages", "catch_ups")
+                 "catchup_seq", "lag_messages", "catch_ups", "catchup")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -73,6 +80,8 @@ class PeerState:
         self.unacked: deque[tuple[int, float, int]] = deque()
         #: catching up: in sync once it acknowledged this batch (the snapshot's last)
         self.catchup_seq = 0
+        #: the snapshot still going out to it (None: all sent, or none)
+        self.catchup: _CatchUp | None = None
         #: messages sent to it and not acknowledged yet
         self.lag_messages = 0
         #: snapshots sent to it
@@ -80,6 +89,22 @@ class PeerState:
         #: when it entered its current state
         self.since = 0.0
         self.reason = ""
+
+
+class _CatchUp:
+    """A snapshot going out to one peer: its batches not sent yet (made as they go), the
+    sequence of the next, and the live batches recorded meanwhile, which follow it."""
+
+    __slots__ = ("batches", "ahead", "start", "seq", "queued")
+
+    def __init__(self, batches: Iterator[list[wire.Entry]], start: int) -> None:
+        self.batches = batches
+        #: the next batch to send (made one ahead: the last is known as the last when it goes)
+        self.ahead = next(batches, None)
+        self.start = start
+        self.seq = start
+        #: (frame, sequence, messages) of each live batch waiting behind the snapshot
+        self.queued: list[tuple[bytes, int, int]] = []
 
 
 class ReplicationOrigin:
@@ -162,9 +187,16 @@ class ReplicationOrigin:
             self.replicated_messages += count
         self.pending = []
         self.pending_count = 0
+        behind_snapshot = False
         for p in targets:
-            p.unacked.append((seq, now, count))
             p.lag_messages += count
+            if p.catchup is not None:  # its snapshot is still going out: this waits behind it
+                p.catchup.queued.append((b"".join(frame), seq, count))
+                behind_snapshot = True
+            else:
+                p.unacked.append((seq, now, count))
+        if behind_snapshot:
+            targets = [p for p in targets if p.catchup is None]
         return frame, targets
 
     def connecting(self, address: str, now: float) -> None:
@@ -172,14 +204,16 @@ class ReplicationOrigin:
         peer.state = CONNECTING
         peer.since = now
 
-    def linked(self, address: str, node_id: int, now: float, snapshot: list[wire.Entry] | None = None,
+    def linked(self, address: str, node_id: int, now: float, snapshot: Iterable[wire.Entry] | None = None,
                batch_bytes: int = SNAPSHOT_BATCH_BYTES) -> list[bytes]:
         """The peer answered HELLO: it is catching up.  Returns the batch frames to send it
-        first: ``snapshot`` (everything outstanding, see :func:`outstanding`; whatever was
-        recorded before must have been sent with :meth:`take_batch` already); it receives
-        every live batch after them, and counts toward ``--replication-min-acks`` once it
-        acknowledged the snapshot's last batch.  Without a snapshot it is in sync at once and
-        counts for the batches sent from now on only."""
+        first: the first of ``snapshot``'s (everything outstanding, see :func:`outstanding`;
+        whatever was recorded before must have been sent with :meth:`take_batch` already).
+        The snapshot goes out :data:`SNAPSHOT_WINDOW` batches at a time, made as they go: the
+        next ones come from :meth:`catch_up` as the peer acknowledges these.  The live batches
+        recorded meanwhile follow the snapshot's last, and the peer counts toward
+        ``--replication-min-acks`` once it acknowledged that last.  Without a snapshot it is
+        in sync at once and counts for the batches sent from now on only."""
         peer = self.peers[address]
         peer.state = CATCHING_UP if snapshot is not None else IN_SYNC
         peer.node_id = node_id
@@ -189,19 +223,40 @@ class ReplicationOrigin:
         peer.lag_messages = 0
         peer.since = now
         peer.reason = ""
-        frames: list[bytes] = []
+        peer.catchup = None
         if snapshot is None:
-            return frames
+            return []
         peer.catch_ups += 1
-        for entries in chunks(snapshot, batch_bytes):
-            seq = self.next_seq
-            self.next_seq += 1
-            self.last_sent = seq
+        start = self.next_seq
+        self.next_seq += SNAPSHOT_SEQS
+        peer.catchup = _CatchUp(iter_chunks(snapshot, batch_bytes), start)
+        peer.catchup_seq = self.next_seq  # not reached before the snapshot's last batch is known
+        return self.catch_up(address, now)
+
+    def catch_up(self, address: str, now: float) -> list[bytes]:
+        """The next batch frames of the snapshot going out to a catching-up peer, as many as
+        keep :data:`SNAPSHOT_WINDOW` of them unacknowledged; after its last, the live batches
+        that waited behind it.  Nothing when it has no snapshot going out."""
+        peer = self.peers[address]
+        c = peer.catchup
+        if c is None or peer.state != CATCHING_UP:
+            return []
+        frames: list[bytes] = []
+        while c.ahead is not None and c.seq - max(peer.acked + 1, c.start) < SNAPSHOT_WINDOW:
+            entries = c.ahead
+            c.ahead = next(c.batches, None)
+            seq = c.seq
+            c.seq += 1
             count = sum(1 for e in entries if e[0] == wire.SNAP_MSG)
             frames.append(wire.encode_batch(seq, entries))
             peer.unacked.append((seq, now, count))
             peer.lag_messages += count
-        peer.catchup_seq = self.last_sent
+            if c.ahead is None:  # that was the snapshot's last batch: the live ones follow
+                peer.catchup_seq = seq
+                peer.catchup = None
+                for frame, live_seq, live_count in c.queued:
+                    frames.append(frame)
+                    peer.unacked.append((live_seq, now, live_count))
         return frames
 
     def unlinked(self, address: str, now: float, reason: str) -> tuple[list[Any], list[Any]]:
@@ -212,6 +267,7 @@ class ReplicationOrigin:
             peer.since = now
         peer.state = OUT_OF_SYNC
         peer.reason = reason
+        peer.catchup = None
         peer.unacked.clear()
         peer.lag_messages = 0
         return self._settle()
@@ -950,11 +1006,14 @@ def topology_entries(topics: Any) -> list[wire.Entry]:
 _BIG = 1 << 40
 
 
-def outstanding(broker: Broker, epoch: int) -> list[wire.Entry]:
+def outstanding(broker: Broker, epoch: int, entry_bytes: int = SNAPSHOT_BATCH_BYTES // 2) -> list[wire.Entry]:
     """A catch-up snapshot of an origin's broker: every durable topic and channel, which are
     paused, and every message not finished on each channel (queued in memory or on disk, in
     flight, deferred with its due time) or waiting in a topic's own queue, framed by
-    ``SNAP_BEGIN``/``SNAP_END``.  Reads only; changes no position, counter or state."""
+    ``SNAP_BEGIN``/``SNAP_END``.  Reads only; changes no position, counter or state.  The
+    messages of one queue go in entries of at most about ``entry_bytes`` each, so that the
+    snapshot of a large backlog goes out in batches a peer takes (below
+    :data:`~wire.MAX_FRAME`) rather than one entry per queue."""
     out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(epoch))]
     top = wire.NO_ID
     msgs: list[wire.Entry] = []
@@ -963,11 +1022,18 @@ def outstanding(broker: Broker, epoch: int) -> list[wire.Entry]:
         nonlocal top
         if not frames:
             return
-        for f in frames:
+        start = size = 0
+        for i, f in enumerate(frames):
             mid = f[18:34]
             if mid > top:
                 top = mid
-        msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames)))
+            size += len(f)
+            if size >= entry_bytes:
+                msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames[start:i + 1])))
+                start = i + 1
+                size = 0
+        if start < len(frames):
+            msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames[start:])))
 
     def queued(topic: str, channel: str, mem: Any, backend: Any) -> None:
         add(topic, channel, 0, mem.peek(mem.depth()))
@@ -1005,21 +1071,22 @@ def outstanding(broker: Broker, epoch: int) -> list[wire.Entry]:
     return out
 
 
-def chunks(entries: list[wire.Entry], limit: int) -> list[list[wire.Entry]]:
-    """``entries`` cut into batches of about ``limit`` bytes of data each."""
-    out: list[list[wire.Entry]] = []
+def iter_chunks(entries: Iterable[wire.Entry], limit: int) -> Iterator[list[wire.Entry]]:
+    """``entries`` cut into batches of about ``limit`` bytes of data each, as they are
+    needed (at least one batch, maybe empty)."""
     cur: list[wire.Entry] = []
     size = 0
+    made = False
     for e in entries:
         cur.append(e)
         size += len(e[4]) + 40
         if size >= limit:
-            out.append(cur)
+            yield cur
+            made = True
             cur = []
             size = 0
-    if cur or not out:
-        out.append(cur)
-    return out
+    if cur or not made:
+        yield cur
 
 
 # --- adoption ---------------------------------------------------------------------------
