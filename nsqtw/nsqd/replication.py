@@ -168,7 +168,9 @@ class ShadowFiles:
                 state = self.states[origin] = ShadowState()
             state.apply([(kind, topic, channel, due, bytes(data)) for kind, topic, channel, due, data in views])
             size = self.sizes.get(origin, 0)
-            if size > self.compact_min and size > 4 * state.live_bytes:
+            # not while a snapshot is coming in: the log holds its first batches, which a
+            # compaction (of the state from before it) would drop
+            if size > self.compact_min and size > 4 * state.live_bytes and not state.catching_up:
                 self.compact(origin)
 
     def _fd(self, origin: int) -> int:

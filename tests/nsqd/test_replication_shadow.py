@@ -186,6 +186,28 @@ def test_shadow_files_replay_and_compact(tmp_path):
     assert shadow_path(str(tmp_path), 1).endswith("nsqtw-shadow.1.log")
 
 
+def test_a_snapshot_in_several_batches_is_not_compacted_away_halfway(tmp_path):
+    """A catch-up snapshot arrives in many batches: the log is not compacted while it is
+    being received (a compaction then wrote the old state and dropped the snapshot's first
+    batches from the log, so a restart replayed only part of it)."""
+    files = ShadowFiles(str(tmp_path), fsync=False, compact_min=2000)
+    files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1)]))
+    files.apply()
+    parts = [[(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(9)), op(wire.TOPIC_NEW, "t"),
+              op(wire.CHANNEL_NEW, "t", "a")]]
+    parts += [[(wire.SNAP_MSG, "t", "a", 0, b"".join(frame(n) for n in range(k, k + 10)))]
+              for k in range(100, 300, 10)]
+    parts += [[(wire.SNAP_END, "", "", 0, mid(299))]]
+    for seq, entries in enumerate(parts, 2):
+        files.store(1, wire.batch_body(seq, entries))
+        files.apply()
+    assert files.states[1].count() == 200 and files.states[1].epoch == 9
+    files.close()
+    again = ShadowFiles(str(tmp_path), fsync=False)
+    again.load()
+    assert ids(again.states[1]) == [mid(n) for n in range(100, 300)]
+
+
 def test_a_peer_copies_nothing_of_a_batch_before_its_ack(tmp_path):
     """A whole BATCH read is checked and appended as a view of the read (no copy); what the
     shadow keeps is copied only when the batch is applied, after the ACK is on its way, and
