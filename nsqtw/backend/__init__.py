@@ -29,7 +29,8 @@ class IBackendQueue(Interface):
     A queue may offer more, which the broker looks for by name: the disk queue's
     ``deferred_sink``, ``has_deferred_hints`` and ``put_deferred`` (deferred messages kept
     across a restart; the sink is set only on a queue that has hints),
-    ``put_count`` (how much of a failed ``put`` was stored) and ``peek``.
+    ``put_count`` (how much of a failed ``put`` was stored), ``peek`` and ``snapshot_records``
+    (every record held, read lazily from the files as they were when it was called).
     """
 
     accepts_all = Attribute(

@@ -435,8 +435,6 @@ class RecordReader(QueueFiles):
         out: list[tuple[bytes, int, float | None]] = []
         if self._closed or n <= 0:
             return out
-        lo, hi = self.min_record, self.max_record
-        hints = self._hints
         rf, pos = self.read_file_num, self.read_pos
         while len(out) < n and (rf < self.write_file_num or (rf == self.write_file_num and pos < self.write_pos)):
             try:
@@ -445,32 +443,101 @@ class RecordReader(QueueFiles):
                 return out
             try:
                 end = self.write_pos if rf == self.write_file_num else os.fstat(fd).st_size
-                buf = b""
-                base = pos
-                while len(out) < n and pos < end:
-                    i = pos - base
-                    if i + 4 > len(buf):
-                        buf, base, i = os.pread(fd, READ_CHUNK, pos), pos, 0
-                        if len(buf) < 4:
-                            return out
-                    size = _unpack_i32(buf, i)[0]
-                    if size < lo or size > hi:
+                for record in self._scan(fd, pos, end, max_body):
+                    if record is None:
+                        return out  # a corrupt or short record ends it
+                    out.append(record)
+                    if len(out) >= n:
                         return out
-                    want = min(size, 26 + max_body)
-                    if i + 4 + want > len(buf):
-                        buf, base, i = os.pread(fd, max(READ_CHUNK, 4 + want), pos), pos, 0
-                        if len(buf) < 4 + want:
-                            return out
-                    head = bytearray(_pack_frame_head(size + 4, 2))
-                    head += buf[i + 4:i + 4 + want]
-                    _pack_u16_into(head, 16, (_unpack_u16(head, 16)[0] + 1) & 0xFFFF)
-                    due = hints.get(bytes(head[18:34])) if hints else None
-                    out.append((bytes(head), size - 26, due))
-                    pos += 4 + size
             finally:
                 os.close(fd)
             rf, pos = rf + 1, 0
         return out
+
+    def snapshot_records(self) -> Any:
+        """Every record held now, as :meth:`peek` gives them (whole bodies), read lazily:
+        an iterator over ``(frame, body_size, due)``.  The files are opened when this is
+        called, so the records are the ones held at that moment, however far the reader
+        goes (or whichever files it deletes) while the iterator is consumed; what is read
+        from them is bounded by one read chunk at a time, not by the backlog.  (A catch-up
+        snapshot of a large backlog on disk, see ``nsqtw.nsqd.core.replication``.)  When
+        no more files can be opened, the rest is read at once instead."""
+        spans: list[tuple[int, int, int]] = []  # (fd, start, end), in order
+        eager: list[tuple[bytes, int, float | None]] = []
+        if self._closed:
+            return iter(eager)
+        rf, pos = self.read_file_num, self.read_pos
+        try:
+            while rf < self.write_file_num or (rf == self.write_file_num and pos < self.write_pos):
+                try:
+                    fd = os.open(self.file_name(rf), os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:  # gone (nothing left there), or too many files open
+                    break
+                end = self.write_pos if rf == self.write_file_num else os.fstat(fd).st_size
+                spans.append((fd, pos, end))
+                rf, pos = rf + 1, 0
+            if rf < self.write_file_num or (rf == self.write_file_num and pos < self.write_pos):
+                # could not keep the rest open: read it now (positions as they are)
+                keep = self.read_file_num, self.read_pos
+                self.read_file_num, self.read_pos = rf, pos
+                try:
+                    eager = self.peek(1 << 62, 1 << 31)
+                finally:
+                    self.read_file_num, self.read_pos = keep
+        except BaseException:
+            for fd, _, _ in spans:
+                os.close(fd)
+            raise
+        return self._snapshot_records(spans, eager)
+
+    def _snapshot_records(self, spans: list[tuple[int, int, int]],
+                          eager: list[tuple[bytes, int, float | None]]) -> Any:
+        try:
+            for i, (fd, start, end) in enumerate(spans):
+                try:
+                    for record in self._scan(fd, start, end, 1 << 31):
+                        if record is None:
+                            break  # a corrupt record: the reader will skip the rest of that file
+                        yield record
+                finally:
+                    os.close(fd)
+                    spans[i] = (-1, 0, 0)
+            yield from eager
+        finally:
+            for fd, _, _ in spans:
+                if fd >= 0:
+                    os.close(fd)
+
+    def _scan(self, fd: int, pos: int, end: int, max_body: int) -> Any:
+        """The records of one open file from ``pos`` to ``end`` (see :meth:`peek`); a record
+        that looks corrupt or is cut short ends it with a None."""
+        lo, hi = self.min_record, self.max_record
+        hints = self._hints
+        buf = b""
+        base = pos
+        while pos < end:
+            i = pos - base
+            if i + 4 > len(buf):
+                buf, base, i = os.pread(fd, READ_CHUNK, pos), pos, 0
+                if len(buf) < 4:
+                    yield None
+                    return
+            size = _unpack_i32(buf, i)[0]
+            if size < lo or size > hi:
+                yield None
+                return
+            want = min(size, 26 + max_body)
+            if i + 4 + want > len(buf):
+                buf, base, i = os.pread(fd, max(READ_CHUNK, 4 + want), pos), pos, 0
+                if len(buf) < 4 + want:
+                    yield None
+                    return
+            head = bytearray(_pack_frame_head(size + 4, 2))
+            head += buf[i + 4:i + 4 + want]
+            _pack_u16_into(head, 16, (_unpack_u16(head, 16)[0] + 1) & 0xFFFF)
+            due = hints.get(bytes(head[18:34])) if hints else None
+            yield bytes(head), size - 26, due
+            pos += 4 + size
 
     @staticmethod
     def _frame_of(buf: bytes, i: int, size: int) -> bytes:

@@ -698,9 +698,13 @@ class ReplicationService(Service):
         dropped if every message of it is one the peer adopted (IDs up to ``adopted_id``);
         if any is newer (published after the peer's shadow stopped), everything is kept and
         delivered (duplicates, never loss).  A new epoch starts either way."""
-        ids = [e[4] for e in outstanding(self.broker, 0) if e[0] == wire.SNAP_MSG]
-        top = max((f[18:34] for data in ids for f in wire.split_frames(data)), default=wire.NO_ID)
-        count = sum(1 for data in ids for _ in wire.split_frames(data))
+        top, count = wire.NO_ID, 0
+        for e in outstanding(self.broker, 0):  # read as it goes: the backlog is not held whole
+            if e[0] == wire.SNAP_MSG:
+                for f in wire.split_frames(e[4]):
+                    count += 1
+                    if f[18:34] > top:
+                        top = f[18:34]
         if top <= adopted_id:
             for t in list(self.broker.topics.values()):
                 if t.ephemeral:

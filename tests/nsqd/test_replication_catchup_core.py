@@ -189,7 +189,7 @@ def test_outstanding_is_everything_each_channel_has_not_finished():
     b.publish("x#ephemeral", [b"gone"], clock.seconds())
     b.set_paused("t", "b", True)
     b.settle(clock.seconds())
-    entries = outstanding(b, 42)
+    entries = list(outstanding(b, 42))
     assert entries[0] == (wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(42)) and entries[-1][0] == wire.SNAP_END
     assert all("#ephemeral" not in e[1] and "#ephemeral" not in e[2] for e in entries)
     s = ShadowState()
@@ -212,7 +212,7 @@ def test_outstanding_splits_a_large_queue_into_entries_of_bounded_size():
     b.get_topic("t", clock.seconds()).get_channel("c", clock.seconds())
     b.publish("t", [b"%03d" % n + b"x" * 97 for n in range(100)], clock.seconds())
     b.settle(clock.seconds())
-    entries = outstanding(b, 1, entry_bytes=1000)
+    entries = list(outstanding(b, 1, entry_bytes=1000))
     parts = [e for e in entries if e[0] == wire.SNAP_MSG]
     assert len(parts) > 10 and all(len(e[4]) < 1000 + 200 for e in parts)
     s = ShadowState()

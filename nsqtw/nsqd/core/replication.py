@@ -1003,72 +1003,85 @@ def topology_entries(topics: Any) -> list[wire.Entry]:
     return out
 
 
-_BIG = 1 << 40
-
-
-def outstanding(broker: Broker, epoch: int, entry_bytes: int = SNAPSHOT_BATCH_BYTES // 2) -> list[wire.Entry]:
+def outstanding(broker: Broker, epoch: int, entry_bytes: int = SNAPSHOT_BATCH_BYTES // 2) -> Iterator[wire.Entry]:
     """A catch-up snapshot of an origin's broker: every durable topic and channel, which are
     paused, and every message not finished on each channel (queued in memory or on disk, in
     flight, deferred with its due time) or waiting in a topic's own queue, framed by
-    ``SNAP_BEGIN``/``SNAP_END``.  Reads only; changes no position, counter or state.  The
-    messages of one queue go in entries of at most about ``entry_bytes`` each, so that the
-    snapshot of a large backlog goes out in batches a peer takes (below
-    :data:`~wire.MAX_FRAME`) rather than one entry per queue."""
-    out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(epoch))]
-    top = wire.NO_ID
-    msgs: list[wire.Entry] = []
+    ``SNAP_BEGIN``/``SNAP_END``.  Reads only; changes no position, counter or state.
 
-    def add(topic: str, channel: str, due: int, frames: list[bytes]) -> None:
-        nonlocal top
-        if not frames:
-            return
-        start = size = 0
-        for i, f in enumerate(frames):
-            mid = f[18:34]
-            if mid > top:
-                top = mid
-            size += len(f)
-            if size >= entry_bytes:
-                msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames[start:i + 1])))
-                start = i + 1
-                size = 0
-        if start < len(frames):
-            msgs.append((wire.SNAP_MSG, topic, channel, due, b"".join(frames[start:])))
+    Taken when called, made as it is consumed: what is in memory is captured at once (lists
+    of the frames held, no copies), what is on disk is read from the queue files as they were
+    when called (``snapshot_records``), a read chunk at a time, so the snapshot of a large
+    backlog is never in memory whole.  The messages of one queue go in entries of at most
+    about ``entry_bytes`` each, so that it goes out in batches a peer takes (below
+    :data:`~wire.MAX_FRAME`), not one entry per queue."""
+    head: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(epoch))]
+    #: (topic, channel, due in ns or None: each record's own, frames or records)
+    parts: list[tuple[str, str, int | None, Iterable[Any]]] = []
 
     def queued(topic: str, channel: str, mem: Any, backend: Any) -> None:
-        add(topic, channel, 0, mem.peek(mem.depth()))
-        peek = getattr(backend, "peek", None)
-        if peek is not None and backend.depth():
-            now_frames = []
-            for head, _, due in peek(backend.depth() + 1, _BIG):
-                if due is None:
-                    now_frames.append(head)
-                else:
-                    add(topic, channel, int(due * 1e9), [head])
-            add(topic, channel, 0, now_frames)
+        parts.append((topic, channel, 0, mem.peek(mem.depth())))
+        records = getattr(backend, "snapshot_records", None)
+        if records is not None and backend.depth():
+            parts.append((topic, channel, None, records()))
 
     for t in list(broker.topics.values()):
         if t.ephemeral:
             continue
         names = [c for c in t.channels if not is_ephemeral(c)]
-        out.extend(topology_entries([(t.name, names)]))
+        head.extend(topology_entries([(t.name, names)]))
         if t.paused:
-            out.append((wire.PAUSE, t.name, "", 0, b""))
+            head.append((wire.PAUSE, t.name, "", 0, b""))
         queued(t.name, "", t.mem, t.backend)
-        for at, frame in t.deferred:
-            add(t.name, "", int(at * 1e9), [frame])
+        parts.extend((t.name, "", int(at * 1e9), (frame,)) for at, frame in t.deferred)
         for name in names:
             ch = t.channels[name]
             if ch.paused:
-                out.append((wire.PAUSE, t.name, name, 0, b""))
-            add(t.name, name, 0, [f for mid, ep in ch.inflight.items()
-                                  if (f := ep.msgs.get(mid)) is not None])
+                head.append((wire.PAUSE, t.name, name, 0, b""))
+            parts.append((t.name, name, 0, [f for mid, ep in ch.inflight.items()
+                                             if (f := ep.msgs.get(mid)) is not None]))
             queued(t.name, name, ch.mem, ch.backend)
-            for at, _, frame in ch.deferred:
-                add(t.name, name, int(at * 1e9), [frame])
-    out.extend(msgs)
-    out.append((wire.SNAP_END, "", "", 0, top))
-    return out
+            parts.extend((t.name, name, int(at * 1e9), (frame,)) for at, _, frame in ch.deferred)
+    return _snapshot_entries(head, parts, entry_bytes)
+
+
+def _snapshot_entries(head: list[wire.Entry], parts: list[tuple[str, str, int | None, Iterable[Any]]],
+                      entry_bytes: int) -> Iterator[wire.Entry]:
+    """:func:`outstanding`'s entries, made from what it captured."""
+    yield from head
+    top = wire.NO_ID
+    for topic, channel, due, items in parts:
+        frames: list[bytes] = []
+        size = 0
+        if due is None:  # disk records: (frame, body size, deferred until or None)
+            for frame, _, until in items:
+                mid = frame[18:34]
+                if mid > top:
+                    top = mid
+                if until is not None:
+                    yield (wire.SNAP_MSG, topic, channel, int(until * 1e9), frame)
+                    continue
+                frames.append(frame)
+                size += len(frame)
+                if size >= entry_bytes:
+                    yield (wire.SNAP_MSG, topic, channel, 0, b"".join(frames))
+                    frames = []
+                    size = 0
+            due = 0
+        else:
+            for frame in items:
+                mid = frame[18:34]
+                if mid > top:
+                    top = mid
+                frames.append(frame)
+                size += len(frame)
+                if size >= entry_bytes:
+                    yield (wire.SNAP_MSG, topic, channel, due, b"".join(frames))
+                    frames = []
+                    size = 0
+        if frames:
+            yield (wire.SNAP_MSG, topic, channel, due, b"".join(frames))
+    yield (wire.SNAP_END, "", "", 0, top)
 
 
 def iter_chunks(entries: Iterable[wire.Entry], limit: int) -> Iterator[list[wire.Entry]]:
