@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 __all__ = [
     "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
@@ -53,7 +53,8 @@ __all__ = [
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "encode_batch_parts", "decode_batch",
     "encode_ack", "decode_ack", "encode_error",
-    "shadow_record", "shadow_record_head", "read_shadow_records", "split_frames",
+    "shadow_record", "shadow_record_head", "read_shadow_records", "shadow_records_at", "shadow_pad",
+    "SHADOW_PAD", "split_frames",
 ]
 
 MAGIC = b"  NSQTWR1"
@@ -387,13 +388,45 @@ def shadow_record_head(batch: bytes | memoryview) -> bytes:
     return _U32.pack(len(batch))
 
 
-def read_shadow_records(data: bytes) -> Iterator[tuple[int, list[Entry]]]:
-    """Each whole batch of a shadow log (a record cut short by a crash ends the log)."""
+#: a shadow log record's length with this bit set is padding: that many bytes (the bit
+#: cleared) follow and are skipped (the log's writer starts a record at the next mapped window
+#: rather than across two); a length of 0 is the end of the log (the rest is not written yet)
+SHADOW_PAD = 0x80000000
+
+
+def shadow_pad(n: int) -> bytes:
+    """The head of a padding record of ``n`` bytes after it (they are left as they are)."""
+    return _U32.pack(SHADOW_PAD | n)
+
+
+def read_shadow_records(data: bytes | memoryview) -> Iterator[tuple[int, list[Entry]]]:
+    """Each whole batch of a shadow log (a record cut short by a crash, or a length of 0,
+    ends the log; padding records are skipped).  A memoryview gives items whose data are
+    views of it."""
+    for _, seq, entries in shadow_records_at(data):
+        yield seq, entries
+
+
+def shadow_records_at(data: bytes | memoryview) -> Iterator[tuple[int, int, list[Entry]]]:
+    """:func:`read_shadow_records` with where each record ends: ``(end, seq, items)``.  A
+    record that cannot be read also ends the log: the writer pre-extends the file, so a record
+    cut short by a crash is followed by zeros rather than by the end of the file."""
     pos = 0
     end = len(data)
     while pos + 4 <= end:
         (size,) = _U32.unpack_from(data, pos)
-        if pos + 4 + size > end:
+        if size & SHADOW_PAD:
+            pos += 4 + (size & ~SHADOW_PAD)
+            continue
+        if size == 0 or pos + 4 + size > end:
             return
-        yield decode_batch(data[pos + 4:pos + 4 + size])
+        try:
+            if isinstance(data, memoryview):
+                seq, views = decode_batch(data[pos + 4:pos + 4 + size])
+                entries = cast(list[Entry], views)  # items of a view are read-only views, used as bytes are
+            else:
+                seq, entries = decode_batch(data[pos + 4:pos + 4 + size])
+        except LinkError:
+            return
         pos += 4 + size
+        yield pos, seq, entries

@@ -624,18 +624,26 @@ class ReplicatedBroker(Broker):
 
 
 class ShadowMessage:
-    """One message of an origin held by a peer: what adoption would republish."""
+    """One message of an origin held by a peer: what adoption would republish.  ``raw`` is
+    its frame as held: bytes, or a view of the peer's shadow log (mapped, so the frame stays
+    on disk and in the page cache, not in the process's own memory); :attr:`frame` is it as
+    bytes."""
 
-    __slots__ = ("topic", "due", "frame", "pending", "open")
+    __slots__ = ("topic", "due", "raw", "pending", "open")
 
-    def __init__(self, topic: str, due: int, frame: bytes, pending: frozenset[str] | None) -> None:
+    def __init__(self, topic: str, due: int, frame: bytes | memoryview, pending: frozenset[str] | None) -> None:
         self.topic = topic
         self.due = due
-        self.frame = frame
+        self.raw = frame
         #: channels that have not finished it; None while the topic has no channel (the
         #: channels created next get it, as the origin's topic hands its backlog to them)
         self.pending = pending
         self.open = pending is None
+
+    @property
+    def frame(self) -> bytes:
+        raw = self.raw
+        return raw if type(raw) is bytes else bytes(raw)
 
 
 class ShadowRun:
@@ -651,7 +659,7 @@ class ShadowRun:
     __slots__ = ("topic", "due", "data", "pending", "open", "first", "last", "_ids", "starts",
                  "stride", "gone", "left")
 
-    def __init__(self, topic: str, due: int, data: bytes, pending: frozenset[str] | None,
+    def __init__(self, topic: str, due: int, data: bytes | memoryview, pending: frozenset[str] | None,
                  first: bytes, last: bytes, starts: Any, stride: int = 0,
                  ids: list[bytes] | None = None) -> None:
         self.topic = topic
@@ -692,7 +700,8 @@ class ShadowRun:
         i = bisect_left(ids, mid)
         return i < len(ids) and ids[i] == mid
 
-    def frame(self, mid: bytes) -> bytes:
+    def frame(self, mid: bytes) -> bytes | memoryview:
+        """``mid``'s frame as held (a slice of the run's data: bytes or a view)."""
         i = bisect_left(self.ids, mid)
         stride = self.stride
         if stride:
@@ -721,13 +730,13 @@ def _id_struct(stride: int) -> struct.Struct:
     return struct.Struct(f"18x16s{stride - 34}x")
 
 
-def _index_frames(data: bytes) -> tuple[list[bytes] | None, Any, int]:
+def _index_frames(data: bytes | memoryview) -> tuple[list[bytes] | None, Any, int]:
     """Where an MSG item's frames start: ``(None, starts, stride)`` for a batch of one body
     size (an MPUB of equal bodies, the common case: checked without a loop in Python, IDs
-    read later, see :attr:`ShadowRun.ids`), else ``(ids, starts, 0)``."""
+    read later, see :attr:`ShadowRun.ids`), else ``(ids, starts, 0)`` (IDs as bytes)."""
     end = len(data)
     if end >= 4:
-        head = data[:4]
+        head = bytes(data[:4])
         stride = int.from_bytes(head, "big") + 4
         n, rest = divmod(end, stride)
         if stride >= 34 and rest == 0 and n > 1 and all(
@@ -740,7 +749,7 @@ def _index_frames(data: bytes) -> tuple[list[bytes] | None, Any, int]:
         stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
         if stop > end or stop - pos < 34:
             raise wire.LinkError("truncated message frame")
-        ids.append(data[pos + 18:pos + 34])
+        ids.append(bytes(data[pos + 18:pos + 34]))
         offsets.append(pos)
         pos = stop
     return ids, offsets, 0
@@ -821,7 +830,7 @@ class ShadowState:
                 pending = frozenset(channels) if channels else None
                 ids, starts, stride = _index_frames(data)
                 if ids is None:
-                    first, last = data[18:34], data[len(data) - stride + 18:len(data) - stride + 34]
+                    first, last = bytes(data[18:34]), bytes(data[len(data) - stride + 18:len(data) - stride + 34])
                 elif not ids:
                     continue
                 else:
@@ -833,7 +842,7 @@ class ShadowState:
                     runs.append(ShadowRun(topic, due, data, pending, first, last, starts, stride, ids))
                     self._firsts.append(first)
                 else:  # not after the last run, or not increasing (not an origin's publish): one by one
-                    ids = ids if ids is not None else [data[p + 18:p + 34] for p in starts]
+                    ids = ids if ids is not None else [bytes(data[p + 18:p + 34]) for p in starts]
                     for i, mid in enumerate(ids):
                         stop = starts[i + 1] if i + 1 < len(ids) else len(data)
                         self.messages[mid] = ShadowMessage(topic, due, data[starts[i]:stop], pending)
@@ -914,7 +923,7 @@ class ShadowState:
         messages = self.messages
         top = self.max_id
         for frame in wire.split_frames(data):
-            mid = frame[18:34]
+            mid = bytes(frame[18:34])
             if mid > top:
                 top = mid
             held = messages.get(mid)
@@ -973,7 +982,7 @@ class ShadowState:
 
     def _drop(self, mid: bytes, m: ShadowMessage) -> None:
         del self.messages[mid]
-        self.live_bytes -= len(m.frame)
+        self.live_bytes -= len(m.raw)
 
     def unfinished(self) -> list[ShadowMessage]:
         """Every message some channel has not finished, in publish order (the IDs of one
@@ -986,11 +995,11 @@ class ShadowState:
         out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(self.epoch))]
         out.extend(topology_entries((t, sorted(chs)) for t, chs in self.topics.items()))
         out.extend((wire.PAUSE, t, c, 0, b"") for t, c in sorted(self.paused))
-        for m in self.unfinished():
+        for m in self.unfinished():  # as held (views of the log are joined where they are sent)
             if m.pending is None:
-                out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
+                out.append((wire.SNAP_MSG, m.topic, "", m.due, m.raw))  # type: ignore[arg-type]  # bytes or a view: both join
             else:
-                out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.frame) for ch in sorted(m.pending))
+                out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.raw) for ch in sorted(m.pending))  # type: ignore[misc]  # as above
         out.append((wire.SNAP_END, "", "", 0, self.max_id))
         return out
 
@@ -1161,20 +1170,21 @@ def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
     adopted = refused = 0
     for m in state.unfinished():
         due = m.due / 1e9
+        frame = m.frame  # bytes of its own (the shadow may hold a view of its log)
         try:
             topic = broker.get_topic(m.topic, now)
             if m.pending is None:
                 if due > now:
-                    topic.put_deferred(m.frame, len(m.frame) - 34, due)
+                    topic.put_deferred(frame, len(frame) - 34, due)
                 else:
-                    topic.put(run_of_frame(m.frame), len(m.frame) - 34)
+                    topic.put(run_of_frame(frame), len(frame) - 34)
             else:
                 for name in sorted(m.pending):
                     ch = topic.get_channel(name, now)
                     if due > now:
-                        ch.put_deferred(m.frame, due)
+                        ch.put_deferred(frame, due)
                     else:
-                        ch.accept(run_of_frame(m.frame))
+                        ch.accept(run_of_frame(frame))
                         broker.dirty.add(ch)
             adopted += 1
         except Exception:
