@@ -297,7 +297,7 @@ class NsqdService(MultiService):
         that is known: then they are delivered anyway, the peers get them with their next
         catch-up); what the origin had paused stays paused."""
         held: list[Any] = []
-        for name in {m.topic for m in state.unfinished()}:
+        for name in state.unfinished_topics():
             t = self.broker.topics.get(name)
             if t is None:
                 continue

@@ -19,6 +19,7 @@ Nothing here imports a reactor; times are passed in.
 from __future__ import annotations
 
 import struct
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -683,7 +684,11 @@ class ShadowRun:
         """Every ID of the run, increasing (read from the frames once, when first needed)."""
         ids = self._ids
         if ids is None:
-            ids = list(map(_first, _id_struct(self.stride).iter_unpack(self.data)))
+            data = self.data
+            if self.stride:
+                ids = list(map(_first, _id_struct(self.stride).iter_unpack(data)))
+            else:
+                ids = [bytes(data[p + 18:p + 34]) for p in self.starts]
             if ids != sorted(ids):  # not an origin's batch: keep IDs and frames paired, sorted
                 order = sorted(range(len(ids)), key=ids.__getitem__)
                 starts = self.starts
@@ -752,7 +757,7 @@ def _index_frames(data: bytes | memoryview) -> tuple[list[bytes] | None, Any, in
         ids.append(bytes(data[pos + 18:pos + 34]))
         offsets.append(pos)
         pos = stop
-    return ids, offsets, 0
+    return ids, array("Q", offsets), 0
 
 
 class ShadowState:
@@ -776,6 +781,8 @@ class ShadowState:
         self.epoch = 0
         self.max_id = wire.NO_ID
         self._staged: ShadowState | None = None
+        #: what channels created in the batch being applied opened (see _apply)
+        self._opened: list[ShadowMessage | ShadowRun] = []
         #: snapshots that replaced the state so far
         self.snapshots = 0
 
@@ -822,7 +829,7 @@ class ShadowState:
         self.snapshots += 1
 
     def _apply(self, entries: list[wire.Entry]) -> None:
-        opened: list[ShadowMessage | ShadowRun] = []
+        self._opened = opened = []
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
                 channels = self.topics.setdefault(topic, set())
@@ -917,9 +924,17 @@ class ShadowState:
                     self._drop(mid, m)
         for m in opened:  # channels created in one batch all get the backlog; later ones do not
             m.open = False
+        self._opened = []
 
     def _snap_msg(self, topic: str, channel: str, due: int, data: bytes) -> None:
-        """Messages a snapshot says one channel (or the topic's queue, ``channel`` empty) holds."""
+        """Messages a snapshot says one channel (or the topic's queue, ``channel`` empty) holds.
+
+        An item of several messages, in increasing ID order and all newer than anything held,
+        is kept as it came (one :class:`ShadowRun`, no object per message); the same messages
+        on another channel (an item exactly like that run, untouched) add the channel to it.
+        Anything else is kept message by message."""
+        if len(data) >= 68 and self._snap_run(topic, channel, due, data):
+            return
         messages = self.messages
         top = self.max_id
         for frame in wire.split_frames(data):
@@ -939,6 +954,55 @@ class ShadowState:
                 if due < held.due:  # deferred on one channel, due now on another: the earlier
                     held.due = due
         self.max_id = top
+
+    def _snap_run(self, topic: str, channel: str, due: int, data: bytes) -> bool:
+        """:meth:`_snap_msg`'s item kept whole (True), or not (False: message by message)."""
+        ids, starts, stride = _index_frames(data)
+        n = len(starts)
+        if n < 2:
+            return False
+        order = ids if ids is not None else list(map(_first, _id_struct(stride).iter_unpack(data)))
+        first, last = order[0], order[-1]
+        if first >= last or order != sorted(order):
+            return False
+        runs = self.runs
+        if first > self.max_id:
+            run = ShadowRun(topic, due, data, frozenset((channel,)) if channel else None, first, last,
+                            starts, stride)  # IDs read again when first needed, not kept now
+            run.open = False
+            runs.append(run)
+            self._firsts.append(first)
+            self.live_bytes += len(data)
+            self.max_id = last
+            return True
+        i = bisect_right(self._firsts, first) - 1
+        if channel and i >= 0:
+            run = runs[i]
+            if (run.first == first and run.last == last and run.left == n and not run.gone
+                    and run.topic == topic and run.due == due and run.pending is not None
+                    and len(run.data) == len(data)):
+                run.pending = run.pending | {channel}
+                return True
+        return False
+
+    def unfinished_topics(self) -> set[str]:
+        """The topics of every unfinished message."""
+        return {m.topic for m in self.messages.values()} | {run.topic for run in self.runs}
+
+    def each_unfinished(self) -> Iterator[tuple[str, int, frozenset[str] | None, bytes | memoryview]]:
+        """``(topic, due, pending channels, frame as held)`` of every unfinished message, in
+        publish order, changing nothing (no object per message is made)."""
+        held = sorted(self.messages.items())
+        i = 0
+        for run in list(self.runs):
+            for mid in run.remaining():
+                while i < len(held) and held[i][0] < mid:
+                    m = held[i][1]
+                    yield m.topic, m.due, m.pending, m.raw
+                    i += 1
+                yield run.topic, run.due, run.pending, run.frame(mid)
+        for _, m in held[i:]:
+            yield m.topic, m.due, m.pending, m.raw
 
     def count(self) -> int:
         """How many messages are unfinished."""
@@ -962,6 +1026,8 @@ class ShadowState:
 
     def _solo(self, run: ShadowRun, mid: bytes) -> ShadowMessage:
         m = self.messages[mid] = run.solo(mid)
+        if m.open and m.pending is not None:  # opened by a channel of this batch: closed with it
+            self._opened.append(m)
         self._leave(run, mid)
         return m
 
@@ -995,11 +1061,26 @@ class ShadowState:
         out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(self.epoch))]
         out.extend(topology_entries((t, sorted(chs)) for t, chs in self.topics.items()))
         out.extend((wire.PAUSE, t, c, 0, b"") for t, c in sorted(self.paused))
-        for m in self.unfinished():  # as held (views of the log are joined where they are sent)
-            if m.pending is None:
-                out.append((wire.SNAP_MSG, m.topic, "", m.due, m.raw))  # type: ignore[arg-type]  # bytes or a view: both join
+        # frames as held (views of the log are joined where they are sent); a run untouched
+        # goes whole, once per channel (rebuilt as one run, see _snap_msg), in ID order
+        held = sorted(self.messages.items())
+        i = 0
+
+        def add(topic: str, due: int, pending: frozenset[str] | None, data: Any) -> None:
+            if pending is None:
+                out.append((wire.SNAP_MSG, topic, "", due, data))
             else:
-                out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.raw) for ch in sorted(m.pending))  # type: ignore[misc]  # as above
+                out.extend((wire.SNAP_MSG, topic, ch, due, data) for ch in sorted(pending))
+
+        for run in self.runs:
+            while i < len(held) and held[i][0] < run.first:
+                m = held[i][1]
+                add(m.topic, m.due, m.pending, m.raw)
+                i += 1
+            data = run.data if not run.gone else b"".join(run.frame(mid) for mid in run.remaining())
+            add(run.topic, run.due, run.pending, data)
+        for _, m in held[i:]:
+            add(m.topic, m.due, m.pending, m.raw)
         out.append((wire.SNAP_END, "", "", 0, self.max_id))
         return out
 
@@ -1153,11 +1234,12 @@ def onward_entries(state: ShadowState) -> list[wire.Entry]:
     then each unfinished message to exactly the channels that had not finished it (or to its
     topic's own queue), with its due time (``SNAP_MSG`` items outside a snapshot)."""
     out = topology_entries((t, sorted(chs)) for t, chs in state.topics.items())
-    for m in state.unfinished():
-        if m.pending is None:
-            out.append((wire.SNAP_MSG, m.topic, "", m.due, m.frame))
+    for topic, due, pending, raw in state.each_unfinished():
+        frame = bytes(raw)
+        if pending is None:
+            out.append((wire.SNAP_MSG, topic, "", due, frame))
         else:
-            out.extend((wire.SNAP_MSG, m.topic, ch, m.due, m.frame) for ch in sorted(m.pending))
+            out.extend((wire.SNAP_MSG, topic, ch, due, frame) for ch in sorted(pending))
     return out
 
 
@@ -1168,18 +1250,18 @@ def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
     later (DPUB, delayed REQ) is deferred to its due time.  Returns ``(adopted, refused)``
     (refused: the queues would not take it, e.g. a full disk and full memory queue)."""
     adopted = refused = 0
-    for m in state.unfinished():
-        due = m.due / 1e9
-        frame = m.frame  # bytes of its own (the shadow may hold a view of its log)
+    for topic_name, due_ns, pending, raw in state.each_unfinished():
+        due = due_ns / 1e9
+        frame = bytes(raw)  # of its own (the shadow may hold a view of its log)
         try:
-            topic = broker.get_topic(m.topic, now)
-            if m.pending is None:
+            topic = broker.get_topic(topic_name, now)
+            if pending is None:
                 if due > now:
                     topic.put_deferred(frame, len(frame) - 34, due)
                 else:
                     topic.put(run_of_frame(frame), len(frame) - 34)
             else:
-                for name in sorted(m.pending):
+                for name in sorted(pending):
                     ch = topic.get_channel(name, now)
                     if due > now:
                         ch.put_deferred(frame, due)
