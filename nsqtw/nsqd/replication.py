@@ -598,6 +598,9 @@ class ReplicationService(Service):
         #: each peer's lag in messages and seconds (for /stats, /metrics and nsqadmin)
         self.lag = PeerLag(reactor.seconds())
         self.links: dict[str, _PeerLink] = {}
+        #: snapshots sent after an adoption, each waiting to be stored by enough peers:
+        #: (the peers sent one, fired when stored)
+        self._restreams: list[tuple[list[str], defer.Deferred[None]]] = []
         self._retries: dict[str, Any] = {}
         self._connecting: dict[str, Any] = {}
         self._loop: task.LoopingCall | None = None
@@ -616,10 +619,6 @@ class ReplicationService(Service):
             self.flush()
         else:
             self.turn.soon(self._flush)
-
-    def record_entries(self, entries: list[wire.Entry]) -> None:
-        self.origin.record_entries(entries)
-        self.turn.soon(self._flush)
 
     def on_event(self, event: str, topic: str, channel: str | None) -> None:
         """The broker's topic and channel creations and deletions, in order on the link."""
@@ -662,6 +661,44 @@ class ReplicationService(Service):
 
         self.hold(done)
         return d
+
+    def restream(self) -> defer.Deferred[None]:
+        """After an adoption: a new snapshot of everything outstanding here (the adopted
+        messages included) to every linked peer, a window at a time (see
+        ``ReplicationOrigin.restream``).  Fires once ``--replication-min-acks`` of them stored
+        theirs (fewer, with degraded=accept); fails with :class:`PublishRefused` once too few
+        are left to store it (those in sync get it anyway)."""
+        self.flush()  # what was recorded before goes first
+        now = self.reactor.seconds()
+        sent = []
+        for address, link in list(self.links.items()):
+            if not link.up or link.transport is None:
+                continue
+            frames = self.origin.restream(address, now, outstanding(self.broker, self.epoch))
+            for frame in frames:
+                link.write(frame)
+            if frames:
+                sent.append(address)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._restreams.append((sent, d))
+        self._check_restreams()
+        return d
+
+    def _check_restreams(self) -> None:
+        if not self._restreams:
+            return
+        required = self.origin.required()
+        waiting = []
+        for addresses, d in self._restreams:
+            stored = sum(1 for a in addresses if self.origin.stored_through(a))
+            storing = sum(1 for a in addresses if self.origin.peers[a].state == IN_SYNC)
+            if required is not None and stored >= required:
+                d.callback(None)
+            elif required is None or storing < required:
+                d.errback(Failure(PublishRefused(self.origin.refusal())))
+            else:
+                waiting.append((addresses, d))
+        self._restreams = waiting
 
     def flush(self) -> None:
         """Send what was recorded this turn to every peer in sync, as one batch."""
@@ -807,6 +844,7 @@ class ReplicationService(Service):
             log.warn("REPLICATION: peer {peer} out of sync: {why}", peer=address, why=reason)
         self._release(released)
         self._refuse(refused, self.origin.refusal())
+        self._check_restreams()
         if self.running and address not in self._retries:
             self._retries[address] = self.reactor.callLater(RECONNECT_INTERVAL, self._connect, address)
         self._answered(address)  # unreachable (or refused): it cannot say it adopted this node
@@ -877,6 +915,8 @@ class ReplicationService(Service):
                     link.write(frame)
         if peer.state != was and peer.state == IN_SYNC:
             log.info("REPLICATION: peer {peer} caught up, in sync", peer=address)
+        if self._restreams:
+            self._check_restreams()
 
     def _check_stalled(self) -> None:
         now = self.reactor.seconds()

@@ -283,31 +283,32 @@ class NsqdService(MultiService):
     def _adopt(self, state: Any) -> tuple[int, int]:
         """Republish an adopted origin's unfinished messages here (see core.replication.adopt);
         the new topics and channels are registered with nsqlookupd as any others."""
-        from .core.replication import adopt, onward_entries
+        from .core.replication import adopt
         result = adopt(self.broker, state, self.reactor.seconds())
         if self.replication is not None and result[0]:
-            self._replicate_adopted(state, onward_entries(state))
+            self._replicate_adopted(state)
         self.settle()
         return result
 
-    def _replicate_adopted(self, state: Any, entries: list[Any]) -> None:
+    def _replicate_adopted(self, state: Any) -> None:
         """Onward replication: adopted messages go to this node's own peers before they are
-        delivered here.  Every topic and channel that got them is held paused until
-        ``--replication-min-acks`` peers stored them (or, with too few peers in sync, until
-        that is known: then they are delivered anyway, the peers get them with their next
-        catch-up); what the origin had paused stays paused."""
-        held: list[Any] = []
+        delivered here, as a new snapshot of everything outstanding (sent a window at a
+        time, so a large adopted backlog is never one batch or in memory whole).  Every topic
+        and channel that got them is held paused until ``--replication-min-acks`` peers
+        stored it (or, with too few peers in sync, until that is known: then they are
+        delivered anyway, the peers get them with their next catch-up); what the origin had
+        paused stays paused."""
+        targets: list[Any] = []
         for name in state.unfinished_topics():
             t = self.broker.topics.get(name)
-            if t is None:
-                continue
-            targets: list[Any] = [t, *t.channels.values()]
-            for target in targets:
-                if not target.paused:
-                    target.pause()
-                    held.append(target)
-        self.replication.record_entries(entries)
-        d = self.replication.barrier()
+            if t is not None:
+                candidates: list[Any] = [t, *t.channels.values()]
+                targets.extend(x for x in candidates if not x.paused)
+        d = self.replication.restream()  # taken before the hold: the peers see them unpaused
+        held: list[Any] = []
+        for target in targets:
+            target.pause()
+            held.append(target)
 
         def release(result: Any) -> None:
             if result is not None:

@@ -47,6 +47,9 @@ async def test_b_replicates_what_it_adopted_from_a_to_c_before_delivering_it():
         held = c._service.shadow_files.states[2].unfinished()
         assert {m.frame[34:] for m in held} >= {b"r%d" % i for i in range(6)}
         assert all(m.pending == frozenset({"ch"}) for m in held)
+        # they went as a new snapshot of B (a window at a time), not as one batch of them all
+        (to_c,) = b._service.replication.origin.peers.values()
+        assert to_c.catch_ups == 2 and to_c.state == "in_sync"
         got = [first] + [await s.message() for _ in range(5)]
         assert sorted(m.body for m in got) == [b"r%d" % i for i in range(6)]
         assert not b._service.broker.topics["t"].channels["ch"].paused  # released after C stored them

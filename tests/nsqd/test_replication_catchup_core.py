@@ -123,6 +123,40 @@ def test_a_snapshot_larger_than_max_lag_goes_out_a_window_at_a_time_and_the_peer
     assert [f[18:34] for f in got] == [frame(n)[18:34] for n in [*range(1, 41), 99]]
 
 
+def test_a_restream_keeps_a_peer_in_sync_and_the_live_batches_behind_it():
+    """After an adoption, a peer in sync gets a new snapshot: it still counts for what it
+    acknowledged, the live batches recorded meanwhile follow the snapshot's last batch, and
+    it has stored the snapshot once it acknowledged that last one."""
+    o = ReplicationOrigin(["a"], 1, False)
+    o.linked("a", 2, 0.0)
+    o.record("t", 0, frame(1), 1)
+    first, _ = o.take_batch(0.0)
+    o.acked("a", _seq(b"".join(first)), 0.0)
+    assert o.stored_through("a")
+
+    def snapshot():
+        yield (wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(7))
+        for n in range(2, 30):
+            yield (wire.SNAP_MSG, "t", "c", 0, frame(n))
+        yield (wire.SNAP_END, "", "", 0, wire.NO_ID)
+
+    sent = o.restream("a", 1.0, snapshot(), batch_bytes=1)
+    assert len(sent) == SNAPSHOT_WINDOW and o.peers["a"].state == IN_SYNC
+    assert not o.stored_through("a")
+    o.record("t", 0, frame(99), 1)
+    assert o.barrier("held") is False
+    live, peers = o.take_batch(1.0)
+    assert peers == []  # behind the snapshot
+    while True:
+        released = o.acked("a", _seq(sent[-1]), 2.0)
+        more = o.catch_up("a", 2.0)
+        if not more:
+            break
+        sent.extend(more)
+    assert sent[-1] == b"".join(live) and released == ["held"]
+    assert o.stored_through("a") and o.peers["a"].state == IN_SYNC
+
+
 def test_a_peer_too_far_behind_is_dropped():
     o = ReplicationOrigin(["a", "b"], 1, True, max_lag=3)
     o.linked("a", 2, 0.0)

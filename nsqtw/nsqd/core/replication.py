@@ -38,7 +38,7 @@ from ...protocol.names import is_ephemeral
 
 __all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState", "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
            "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "iter_chunks",
-           "topology_entries", "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "SNAPSHOT_WINDOW", "onward_entries"]
+           "topology_entries", "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "SNAPSHOT_WINDOW"]
 
 IN_SYNC = "in_sync"
 CATCHING_UP = "catching_up"
@@ -136,11 +136,6 @@ class ReplicationOrigin:
         self.pending.append((wire.MSG, topic, "", due_ns, frames))
         self.pending_count += count
 
-    def record_entries(self, entries: list[wire.Entry]) -> None:
-        """Items recorded as they are (adopted messages replicated onward: ``SNAP_MSG``)."""
-        self.pending.extend(entries)
-        self.pending_count += sum(1 for e in entries if e[0] == wire.SNAP_MSG)
-
     def op(self, kind: int, topic: str, channel: str = "") -> None:
         """A topic or channel was created or deleted: in order with the publishes."""
         self.pending.append((kind, topic, channel, 0, b""))
@@ -234,13 +229,40 @@ class ReplicationOrigin:
         peer.catchup_seq = self.next_seq  # not reached before the snapshot's last batch is known
         return self.catch_up(address, now)
 
+    def restream(self, address: str, now: float, snapshot: Iterable[wire.Entry],
+                 batch_bytes: int = SNAPSHOT_BATCH_BYTES) -> list[bytes]:
+        """A new snapshot of everything outstanding for a peer that is linked (after an
+        adoption: what was adopted reaches the peers this way, a window at a time, never as
+        one batch of the whole adopted backlog).  A peer in sync stays in sync (its
+        acknowledgements keep counting; the live batches recorded meanwhile wait behind the
+        snapshot, whose last batch it stored once :meth:`stored_through`); a peer catching up
+        starts over with this one.  The first batch frames to send it (none: not linked)."""
+        peer = self.peers[address]
+        if peer.state == CATCHING_UP:
+            return self.linked(address, peer.node_id or 0, now, snapshot, batch_bytes)
+        if peer.state != IN_SYNC:
+            return []
+        if peer.catchup is not None:  # superseded: the new snapshot holds what those carried
+            peer.lag_messages -= sum(count for _, _, count in peer.catchup.queued)
+        peer.catch_ups += 1
+        start = self.next_seq
+        self.next_seq += SNAPSHOT_SEQS
+        peer.catchup = _CatchUp(iter_chunks(snapshot, batch_bytes), start)
+        peer.catchup_seq = self.next_seq
+        return self.catch_up(address, now)
+
+    def stored_through(self, address: str) -> bool:
+        """The peer is in sync and stored the last snapshot sent to it (or was sent none)."""
+        peer = self.peers[address]
+        return peer.state == IN_SYNC and peer.catchup is None and peer.acked >= peer.catchup_seq
+
     def catch_up(self, address: str, now: float) -> list[bytes]:
         """The next batch frames of the snapshot going out to a catching-up peer, as many as
         keep :data:`SNAPSHOT_WINDOW` of them unacknowledged; after its last, the live batches
         that waited behind it.  Nothing when it has no snapshot going out."""
         peer = self.peers[address]
         c = peer.catchup
-        if c is None or peer.state != CATCHING_UP:
+        if c is None or (peer.state != CATCHING_UP and peer.state != IN_SYNC):
             return []
         frames: list[bytes] = []
         while c.ahead is not None and c.seq - max(peer.acked + 1, c.start) < SNAPSHOT_WINDOW:
@@ -1227,20 +1249,6 @@ class AdoptAfterTimeout:
         for o in out:
             del self.down_since[o]
         return out
-
-
-def onward_entries(state: ShadowState) -> list[wire.Entry]:
-    """An adopted shadow as BATCH items for the adopter's own peers: its topics and channels,
-    then each unfinished message to exactly the channels that had not finished it (or to its
-    topic's own queue), with its due time (``SNAP_MSG`` items outside a snapshot)."""
-    out = topology_entries((t, sorted(chs)) for t, chs in state.topics.items())
-    for topic, due, pending, raw in state.each_unfinished():
-        frame = bytes(raw)
-        if pending is None:
-            out.append((wire.SNAP_MSG, topic, "", due, frame))
-        else:
-            out.extend((wire.SNAP_MSG, topic, ch, due, frame) for ch in sorted(pending))
-    return out
 
 
 def adopt(broker: Broker, state: ShadowState, now: float) -> tuple[int, int]:
