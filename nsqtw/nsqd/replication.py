@@ -249,9 +249,11 @@ class ShadowFiles:
             for start, entries in shadow.records():
                 try:
                     state.apply(_held(entries))
-                except wire.LinkError:  # a record cut short (its frames) ends the log
-                    end = start
-                    break
+                except wire.LinkError as e:  # skipped: the log goes on after it (if it was the
+                    # last, cut short by a crash, the next record is written over it)
+                    log.warn("REPLICATION: {path}: the record at byte {at} is skipped: {why}",
+                             path=shadow.path, at=start, why=str(e))
+                    continue
                 end = shadow.end
             shadow.cut(end)
             self.sizes[origin] = shadow.end

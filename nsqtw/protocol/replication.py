@@ -409,8 +409,9 @@ def read_shadow_records(data: bytes | memoryview) -> Iterator[tuple[int, list[En
 
 def shadow_records_at(data: bytes | memoryview) -> Iterator[tuple[int, int, list[Entry]]]:
     """:func:`read_shadow_records` with where each record ends: ``(end, seq, items)``.  A
-    record that cannot be read also ends the log: the writer pre-extends the file, so a record
-    cut short by a crash is followed by zeros rather than by the end of the file."""
+    record whose body cannot be read is skipped (by its length): the writer pre-extends the
+    file, so a record cut short by a crash is followed by zeros (the end) rather than by the
+    end of the file."""
     pos = 0
     end = len(data)
     while pos + 4 <= end:
@@ -427,6 +428,7 @@ def shadow_records_at(data: bytes | memoryview) -> Iterator[tuple[int, int, list
             else:
                 seq, entries = decode_batch(data[pos + 4:pos + 4 + size])
         except LinkError:
-            return
+            pos += 4 + size
+            continue
         pos += 4 + size
         yield pos, seq, entries

@@ -387,3 +387,23 @@ def test_the_shadow_keeps_message_bodies_in_its_log_not_in_memory(tmp_path):
     assert grown < 1_000_000, grown
     assert one(files.states[1], 12345).frame == frame(12345, body)
     files.close()
+
+
+def test_a_record_that_cannot_be_read_is_skipped_and_the_log_goes_on(tmp_path):
+    """A record in the middle of the log whose body cannot be read (its length is intact) is
+    skipped with a warning; the records after it replay."""
+    files = ShadowFiles(str(tmp_path), fsync=False)
+    files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", 1)]))
+    files._append(1, wire.shadow_record_head(b"\xff" * 40), b"\xff" * 40)  # not a batch
+    bad_frames = wire.batch_body(3, [wire.message_entry("t", 0, frame(2)[:20])])  # a frame cut short
+    files._append(1, wire.shadow_record_head(bad_frames), bad_frames)
+    files.store(1, wire.batch_body(4, [msg("t", 7)]))
+    files.close()
+    again = ShadowFiles(str(tmp_path), fsync=False)
+    again.load()
+    assert ids(again.states[1]) == [mid(1), mid(7)]
+    again.store(1, wire.batch_body(5, [msg("t", 8)]))  # appended after the last record read
+    again.close()
+    third = ShadowFiles(str(tmp_path), fsync=False)
+    third.load()
+    assert ids(third.states[1]) == [mid(1), mid(7), mid(8)]
