@@ -220,7 +220,8 @@ class ShadowFiles:
         self._logs: dict[int, _ShadowLog] = {}
         self.sizes: dict[int, int] = {}
         self.states: dict[int, ShadowState] = {}
-        self._unapplied: list[tuple[int, memoryview]] = []
+        #: (origin, items as read, where each item's data starts, the batch in the log)
+        self._unapplied: list[tuple[int, list[tuple[int, str, str, int, memoryview]], list[int], memoryview]] = []
         self.compactions = 0
         #: publishes (batch entries of messages: a PUB's, an MPUB's) stored for origins since
         #: the start
@@ -266,23 +267,27 @@ class ShadowFiles:
 
         Nothing of the batch is copied: it is checked and appended as a view of the read it
         came in, and what the state keeps are views of the log it was appended to."""
-        _, entries = decode_batch(body if isinstance(body, memoryview) else memoryview(body))
+        positions: list[int] = []
+        _, entries = decode_batch(body if isinstance(body, memoryview) else memoryview(body), positions)
         stored = self._append(origin, shadow_record_head(body), body)  # one pwritev, nothing joined
-        self._unapplied.append((origin, stored[4:]))
+        self._unapplied.append((origin, entries, positions, stored[4:]))
         self.stored += [e[0] for e in entries].count(wire.MSG)
 
     def apply(self) -> None:
-        """Apply the batches stored since the last call (after their ACK is on its way)."""
+        """Apply the batches stored since the last call (after their ACK is on its way): their
+        messages as views of the log, where :meth:`store` found them in the batch read."""
         todo, self._unapplied = self._unapplied, []
-        for origin, stored in todo:
+        for origin, entries, positions, stored in todo:
             state = self.states.get(origin)
             if state is None:
                 state = self.states[origin] = ShadowState()
-            state.apply(_held(decode_batch(stored)[1]))
+            state.apply([cast(wire.Entry, (k, t, c, d, stored[p:p + len(x)]))
+                         if k == wire.MSG or k == wire.SNAP_MSG else (k, t, c, d, bytes(x))
+                         for (k, t, c, d, x), p in zip(entries, positions, strict=True)])
         # once every stored batch is applied (a compaction writes the state: a batch in the log
         # but not applied yet would be lost from it), and not while a snapshot is coming in
         # (the log holds its first batches, which a compaction of the state before it drops)
-        for origin in {origin for origin, _ in todo}:
+        for origin in {item[0] for item in todo}:
             state = self.states[origin]
             size = self.sizes.get(origin, 0)
             if size > self.compact_min and size > 4 * state.live_bytes and not state.catching_up:

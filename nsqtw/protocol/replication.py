@@ -256,10 +256,11 @@ def encode_batch_parts(seq: int, entries: Sequence[Entry]) -> list[bytes]:
 _Body = TypeVar("_Body", bytes, memoryview)
 
 
-def decode_batch(body: _Body) -> tuple[int, list[tuple[int, str, str, int, _Body]]]:
+def decode_batch(body: _Body, positions: list[int] | None = None) -> tuple[int, list[tuple[int, str, str, int, _Body]]]:
     """The sequence and items of a BATCH body, checked whole.  A memoryview body gives items
     whose data are views of it, copied nowhere (a peer checks and appends a batch before it
-    acknowledges it, and copies what it keeps only after the ACK is on its way)."""
+    acknowledges it).  ``positions``, when given, gets where each item's data starts in
+    ``body`` (to find the same data in another copy of it: the peer's log)."""
     try:
         seq, count = _BATCH_HEAD.unpack_from(body)
         pos = _BATCH_HEAD.size
@@ -279,6 +280,8 @@ def decode_batch(body: _Body) -> tuple[int, list[tuple[int, str, str, int, _Body
             pos += _ENTRY_MID.size
             if pos + size > len(body):
                 raise LinkError("truncated BATCH entry")
+            if positions is not None:
+                positions.append(pos)
             out.append((kind, topic, channel, due, body[pos:pos + size]))
             pos += size
     except (struct.error, UnicodeDecodeError):
