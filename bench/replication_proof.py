@@ -55,20 +55,27 @@ class Nsqd:
 
     def __init__(self, data: str, *flags: str) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.http = free_port()
+        # both ports chosen by the kernel and read from the start lines (a port picked here and
+        # released could be taken by an outgoing connection before nsqd binds it)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nsqtw.cli", "--tcp-address=127.0.0.1:0",
-             f"--http-address=127.0.0.1:{self.http}", "--https-address=", f"--data-path={data}",
+             "--http-address=127.0.0.1:0", "--https-address=", f"--data-path={data}",
              "--log-level=warn", *flags],
             stderr=subprocess.PIPE, env=env, text=True)
-        self.port = 0
+        self.port = self.http = 0
         assert self.proc.stderr is not None
+        said: list[str] = []
         for line in self.proc.stderr:
             if "TCP: listening on" in line:
                 self.port = int(line.rsplit(":", 1)[1])
+            elif "HTTP: listening on" in line:
+                self.http = int(line.rsplit(":", 1)[1])
+            else:
+                said.append(line)
+            if self.port and self.http:
                 break
-        if not self.port:
-            raise RuntimeError("nsqd did not start")
+        if not (self.port and self.http):
+            raise RuntimeError("nsqd did not start: " + "".join(said[-20:]))
         threading.Thread(target=self._drain_log, daemon=True).start()
 
     def _drain_log(self) -> None:
