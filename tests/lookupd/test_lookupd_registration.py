@@ -105,6 +105,9 @@ async def test_create_and_delete_are_reflected(cluster) -> None:
     topic.get_channel("billing", 0.0)
     topic.get_channel("tail#ephemeral", 0.0)
     await barrier(peer)
+    # the topic's creation asked nsqlookupd for channels to pre-create (as NSQ does): let that
+    # finish first, or on a slow machine its answer ("billing") re-creates the channel deleted below
+    await within(peers.idle())
     body = await lookup(lookupd, "orders")
     assert sorted(body["channels"]) == ["billing", "tail#ephemeral"] and len(body["producers"]) == 1
 
