@@ -201,12 +201,14 @@ def explain_failure(error: Any) -> str | None:
 
     When the Python process that runs the source (a Spark Python worker on the driver) dies, from
     a signal (``kill -9``, the OOM killer) or a crash, Spark ends the query with ``STREAM_FAILED
-    ... (no cause message)``.  Spark's error lists the source's offsets, which name the spool
-    directory; a spool whose lock is free lost its process.  Returns one line, or None when the
-    error is not that.
+    ... (no cause message)``, or (when it was reading from the worker just then) with the
+    worker's socket's ``Connection reset``.  Spark's error lists the source's offsets, which
+    name the spool directory; a spool whose lock is free lost its process.  Returns one line, or
+    None when the error is not that.
     """
     text = str(error or "")
-    if "(no cause message)" not in text:
+    first = text.lstrip().split("\n", 1)[0]
+    if "(no cause message)" not in text and not first.startswith("Connection reset"):
         return None
     dirs = list(dict.fromkeys(json.loads('"' + d + '"') for d in re.findall(r'"dir": "((?:[^"\\]|\\.)*)"', text)))
     for directory in dirs:

@@ -130,5 +130,12 @@ def test_explain_failure_only_for_a_dead_source(tmp_path) -> None:
         spool.close()
     why = explain_failure(spark_text)
     assert why is not None and f"pid {os.getpid()}" in why and str(spool_dir) in why
+    # the same death seen as the worker's socket reset (one CI run got this text from Spark)
+    reset = ('Connection reset\n=== Streaming Query ===\nIdentifier: [id = 1, runId = 2]\n'
+             'Current Committed Offsets: {PythonMicroBatchStream@1: {"seq": 0, "spool": "ab", '
+             f'"dir": "{spool_dir}"}}}}\n')
+    why = explain_failure(reset)
+    assert why is not None and f"pid {os.getpid()}" in why and str(spool_dir) in why
     assert explain_failure("[STREAM_FAILED] ... terminated with exception: boom") is None
+    assert explain_failure("[STREAM_FAILED] ... Connection reset by peer while reading a file") is None
     assert explain_failure(None) is None
