@@ -362,26 +362,33 @@ def test_a_compaction_keeps_the_batches_stored_with_the_one_that_triggered_it(tm
     assert ids(again.states[1]) == [mid(500)]
 
 
-def test_the_shadow_keeps_message_bodies_in_its_log_not_in_memory(tmp_path):
-    """What a peer's own memory holds grows with the number of unfinished messages, not with
-    their bodies: 20 MB of MPUBs stored and applied add well under 1 MB of Python objects."""
+def _stored_with_memory(tmp_path, batches: list[bytes]) -> tuple[ShadowFiles, int]:
+    """A shadow (of a topic with channel "a") that stored and applied ``batches`` one by one,
+    and how many bytes of Python objects that added (tracemalloc)."""
     import tracemalloc
 
     files = ShadowFiles(str(tmp_path), fsync=False)
     files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a")]))
     files.apply()
-    body = b"x" * 1000
-    frames_of = [wire.batch_body(2 + k, [wire.message_entry("t", 0, b"".join(
-        frame(i, body) for i in range(k * 200, k * 200 + 200)))]) for k in range(100)]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for b in frames_of:
+        for b in batches:
             files.store(1, b)
             files.apply()
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
+    return files, grown
+
+
+def test_the_shadow_keeps_message_bodies_in_its_log_not_in_memory(tmp_path):
+    """What a peer's own memory holds grows with the number of unfinished messages, not with
+    their bodies: 20 MB of MPUBs stored and applied add well under 1 MB of Python objects."""
+    body = b"x" * 1000
+    frames_of = [wire.batch_body(2 + k, [wire.message_entry("t", 0, b"".join(
+        frame(i, body) for i in range(k * 200, k * 200 + 200)))]) for k in range(100)]
+    files, grown = _stored_with_memory(tmp_path, frames_of)
     assert files.states[1].count() == 20000
     assert sum(map(len, frames_of)) > 20_000_000
     assert grown < 1_000_000, grown
@@ -414,22 +421,9 @@ def test_a_shadowed_single_pub_costs_its_index_not_its_body(tmp_path):
     index (a record, its ID, a view of the log), and messages of a topic share one set of
     channels to finish them: under 400 bytes each for 200-byte bodies (656 before stop 38:
     a copy of the frame and a set of channels per message)."""
-    import tracemalloc
-
-    files = ShadowFiles(str(tmp_path), fsync=False)
-    files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a")]))
-    files.apply()
     n = 5000
     batches = [wire.batch_body(2 + i, [wire.message_entry("t", 0, frame(i, b"x" * 200))]) for i in range(n)]
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for b in batches:
-            files.store(1, b)
-            files.apply()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    files, grown = _stored_with_memory(tmp_path, batches)
     assert files.states[1].count() == n
     assert grown / n < 400, grown / n
     files.close()
