@@ -271,7 +271,10 @@ class ShadowFiles:
         _, entries = decode_batch(body if isinstance(body, memoryview) else memoryview(body), positions)
         stored = self._append(origin, shadow_record_head(body), body)  # one pwritev, nothing joined
         self._unapplied.append((origin, entries, positions, stored[4:]))
-        self.stored += [e[0] for e in entries].count(wire.MSG)
+        if len(entries) == 1:
+            self.stored += entries[0][0] == wire.MSG
+        else:
+            self.stored += [e[0] for e in entries].count(wire.MSG)
 
     def apply(self) -> None:
         """Apply the batches stored since the last call (after their ACK is on its way): their
@@ -287,7 +290,7 @@ class ShadowFiles:
         # once every stored batch is applied (a compaction writes the state: a batch in the log
         # but not applied yet would be lost from it), and not while a snapshot is coming in
         # (the log holds its first batches, which a compaction of the state before it drops)
-        for origin in {item[0] for item in todo}:
+        for origin in (todo[0][0],) if len(todo) == 1 else {item[0] for item in todo}:
             state = self.states[origin]
             size = self.sizes.get(origin, 0)
             if size > self.compact_min and size > 4 * state.live_bytes and not state.catching_up:
@@ -550,6 +553,10 @@ class _PeerLink(Protocol):
         self.write(self.link.start())
 
     def dataReceived(self, data: bytes) -> None:
+        seq = self.link.ack(data)
+        if seq is not None:  # one ACK: the commonest read
+            self.service.acked(self.address, seq)
+            return
         try:
             hello, acks = self.link.feed(data)
         except LinkError as e:
@@ -577,9 +584,6 @@ class _PeerLink(Protocol):
 #: the CPU between its polls (``sched_yield``): while it waits, the publisher and the origin
 #: it waits for may need this CPU, and the peer's spin then gives it to them at once
 PEER_SPIN_SECONDS = 200e-6
-
-#: a batch this small (up to three entries: PUBs) is joined and sent with one ``send``
-SMALL_BATCH_BYTES = 16 * 1024
 
 
 class ReplicationService(Service):
@@ -715,9 +719,8 @@ class ReplicationService(Service):
             return
         self.lag.sent(count)
         parts, peers = batch
-        if len(parts) <= 8 and sum(map(len, parts)) <= SMALL_BATCH_BYTES:
-            # a few publishes: joined and sent (cheaper than gathering the parts)
-            data = b"".join(parts)
+        if len(parts) == 1:  # a few publishes, joined (cheaper than gathering the parts)
+            data = parts[0]
             for p in peers:
                 link = self.links.get(p.address)
                 if link is not None and link.transport is not None:
@@ -914,7 +917,8 @@ class ReplicationService(Service):
         peer = self.origin.peers[address]
         was = peer.state
         now = self.reactor.seconds()
-        self._release(self.origin.acked(address, seq, now))
+        for done in self.origin.acked(address, seq, now):
+            done(None)
         if peer.catchup is not None:  # a snapshot going out: its next batches
             link = self.links.get(address)
             if link is not None and link.transport is not None:

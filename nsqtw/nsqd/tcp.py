@@ -346,7 +346,9 @@ class NsqdProtocol(Protocol):
             return
         if refused is None:
             self._write(session.synced(gen))
-            self.factory.settle_soon()
+            broker = self.factory.broker
+            if broker.dirty or broker.pumping or broker.outbox:  # else settling has nothing to do
+                self.factory.settle_soon()
             if session.closed and not session.holding:
                 self._close()
         else:

@@ -54,6 +54,10 @@ SNAPSHOT_BATCH_BYTES = 4 * 1024 * 1024
 #: acknowledges one (the snapshot of a large backlog is neither encoded nor buffered whole,
 #: and only what is on its way counts as the peer's lag)
 SNAPSHOT_WINDOW = 4
+
+#: a live batch this small (up to three entries: PUBs) is joined into one frame and sent with
+#: one ``send``; a larger one goes as parts, gathered by the kernel (``sendmsg``)
+SMALL_BATCH_BYTES = 16 * 1024
 #: sequence numbers kept for one snapshot's batches: the live batches recorded while it goes
 #: out are numbered after them (they follow it on that peer's link)
 SNAPSHOT_SEQS = 1 << 32
@@ -122,6 +126,8 @@ class ReplicationOrigin:
         self.fins: dict[tuple[str, str], list[bytes]] = {}
         self.reqs: dict[tuple[str, str], list[tuple[bytes, int]]] = {}
         self.pending_count = 0
+        #: bytes of the messages recorded since the last batch
+        self.pending_bytes = 0
         self.next_seq = 1
         self.last_sent = 0
         #: (target sequence, token) of every publish answer held for its acknowledgements
@@ -135,6 +141,7 @@ class ReplicationOrigin:
         """A publish was stored locally: ``count`` message frames for ``topic``."""
         self.pending.append((wire.MSG, topic, "", due_ns, frames))
         self.pending_count += count
+        self.pending_bytes += len(frames)
 
     def op(self, kind: int, topic: str, channel: str = "") -> None:
         """A topic or channel was created or deleted: in order with the publishes."""
@@ -169,25 +176,32 @@ class ReplicationOrigin:
 
     def take_batch(self, now: float) -> tuple[list[bytes], list[PeerState]] | None:
         """The next batch frame, as parts to send without joining them (``sendmsg``), and the
-        peers to send it to (every peer in sync), or None."""
-        if not self.pending:
+        peers to send it to (every peer in sync), or None.  A small batch (a few publishes) is
+        one part: joined once, sent with one ``send``."""
+        pending = self.pending
+        if not pending:
             return None
         seq = self.next_seq
         self.next_seq += 1
         self.last_sent = seq
         targets = [p for p in self.peers.values() if p.state == IN_SYNC or p.state == CATCHING_UP]
         # no peer linked: nothing is encoded (degraded=accept, or publishes being refused)
-        frame = wire.encode_batch_parts(seq, self.pending) if targets else []
+        if not targets:
+            frame = []
+        elif len(pending) <= 3 and self.pending_bytes <= SMALL_BATCH_BYTES:
+            frame = [wire.encode_batch(seq, pending)]
+        else:
+            frame = wire.encode_batch_parts(seq, pending)
         count = self.pending_count
         if targets:
             self.replicated_messages += count
         self.pending = []
-        self.pending_count = 0
+        self.pending_count = self.pending_bytes = 0
         behind_snapshot = False
         for p in targets:
             p.lag_messages += count
             if p.catchup is not None:  # its snapshot is still going out: this waits behind it
-                p.catchup.queued.append((b"".join(frame), seq, count))
+                p.catchup.queued.append((frame[0] if len(frame) == 1 else b"".join(frame), seq, count))
                 behind_snapshot = True
             else:
                 p.unacked.append((seq, now, count))
@@ -334,7 +348,11 @@ class ReplicationOrigin:
     # --- the barrier ---------------------------------------------------------------
 
     def in_sync(self) -> int:
-        return sum(1 for p in self.peers.values() if p.state == IN_SYNC)
+        n = 0
+        for p in self.peers.values():  # a loop, not sum() over a generator: once per publish
+            if p.state == IN_SYNC:
+                n += 1
+        return n
 
     def required(self) -> int | None:
         """Acknowledgements a publish needs now; None when it must be refused."""
@@ -392,6 +410,12 @@ class ReplicationOrigin:
             return [token for _, token in waiting], []
         if n == 1:  # one peer's acknowledgement is needed (and is all there is)
             base, acked = spans[0]
+            if len(waiting) == 1:  # one publish round trip at a time: the commonest case
+                target, token = waiting[0]
+                if base < target <= acked:
+                    self.waiting = []
+                    return [token], []
+                return [], []
             released = [token for target, token in waiting if base < target <= acked]
             if len(released) == len(waiting):
                 self.waiting = []
@@ -461,6 +485,11 @@ class OriginLink:
 
     def start(self) -> bytes:
         return self._greeting
+
+    def ack(self, data: bytes) -> int | None:
+        """The sequence ``data`` acknowledges when it is exactly one ACK after the HELLO (the
+        commonest read of a link), else None: then :meth:`feed` it."""
+        return self._decoder.ack(data) if self.hello is not None else None
 
     def feed(self, data: bytes) -> tuple[wire.Hello | None, list[int]]:
         """The peer's HELLO if it came in this read, and the ACKed sequences; raises
@@ -749,6 +778,8 @@ class ShadowRun:
 
 
 _first = itemgetter(0)
+#: the first four bytes of a buffer as a big-endian length (a frame's size)
+_U32_AT = struct.Struct(">I").unpack_from
 
 
 @lru_cache(maxsize=64)
@@ -816,6 +847,11 @@ class ShadowState:
         return self._staged is not None
 
     def apply(self, entries: list[wire.Entry]) -> None:
+        if len(entries) == 1 and self._staged is None:  # a live batch of one item (a PUB's)
+            kind = entries[0][0]
+            if kind != wire.SNAP_BEGIN and kind != wire.SNAP_END:
+                self._apply(entries)
+                return
         target = self._staged if self._staged is not None else self
         seg: list[wire.Entry] = []
         for entry in entries:
@@ -854,21 +890,30 @@ class ShadowState:
 
     def _apply(self, entries: list[wire.Entry]) -> None:
         self._opened = opened = []
+        topics = self.topics
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
-                channels = self.topics.setdefault(topic, set())
+                channels = topics.get(topic)
+                if channels is None:
+                    channels = topics[topic] = set()
                 # one frozenset shared by every message of the entry (replaced, never changed),
                 # and by the entries after it while the topic's channels stay the same (a
-                # frozenset is 216 bytes: one per PUB was a third of a shadowed PUB's memory)
+                # frozenset is 216 bytes: one per PUB was a third of a shadowed PUB's memory;
+                # compared with the channels, not made for each entry and then compared)
                 if channels:
-                    pending = frozenset(channels)
-                    same = self._pending.get(topic)
-                    if same == pending:
-                        pending = same
-                    else:
-                        self._pending[topic] = pending
+                    pending = self._pending.get(topic)
+                    if pending is None or pending != channels:
+                        pending = self._pending[topic] = frozenset(channels)
                 else:
                     pending = None
+                end = len(data)
+                if end >= 34 and _U32_AT(data)[0] + 4 == end:  # one frame (a PUB): no index
+                    mid = bytes(data[18:34])
+                    self.messages[mid] = ShadowMessage(topic, due, data, pending)
+                    if mid > self.max_id:
+                        self.max_id = mid
+                    self.live_bytes += end
+                    continue
                 ids, starts, stride = _index_frames(data)
                 if ids is None:
                     first, last = bytes(data[18:34]), bytes(data[len(data) - stride + 18:len(data) - stride + 34])
