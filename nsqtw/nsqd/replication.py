@@ -18,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -47,6 +48,9 @@ __all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFile
 log = Logger(namespace="nsqtw.nsqd")
 
 #: seconds between attempts to reach a peer
+#: a frame's first four bytes as its size
+_U32_AT = struct.Struct(">I").unpack_from
+
 RECONNECT_INTERVAL = 1.0
 #: seconds between consumer-state batches (FINs and REQs)
 CONSUMER_STATE_INTERVAL = 0.1
@@ -144,9 +148,9 @@ class _ShadowLog:
         self.end = self.size = end
         self._view = None  # the next record starts a window of its own
 
-    def append(self, parts: tuple[bytes | memoryview, ...], fsync: bool) -> memoryview:
-        """Write one record (its parts, without joining them) at the end; a view of it in the
-        mapped log."""
+    def append(self, parts: tuple[bytes | memoryview, ...], fsync: bool) -> tuple[memoryview, int]:
+        """Write one record (its parts, without joining them) at the end; where it is in the
+        mapped log: ``(window, offset)``, the record being ``window[offset:offset + size]``."""
         total = sum(map(len, parts))
         at = self.end
         if self._view is None or at + total > self.size:
@@ -168,7 +172,7 @@ class _ShadowLog:
             os.fsync(self.fd)
         self.end = at + total
         assert self._view is not None
-        return self._view[at - self._start:self.end - self._start]
+        return self._view, at - self._start
 
     def _extend(self, total: int) -> int:
         """A new window for a record of ``total`` bytes (padding what is left of the last);
@@ -220,8 +224,9 @@ class ShadowFiles:
         self._logs: dict[int, _ShadowLog] = {}
         self.sizes: dict[int, int] = {}
         self.states: dict[int, ShadowState] = {}
-        #: (origin, items as read, where each item's data starts, the batch in the log)
-        self._unapplied: list[tuple[int, list[tuple[int, str, str, int, memoryview]], list[int], memoryview]] = []
+        #: (origin, items as read, where each item's data starts, the log's window and where the
+        #: batch is in it)
+        self._unapplied: list[tuple[int, list[tuple[int, str, str, int, memoryview]], list[int], memoryview, int]] = []
         self.compactions = 0
         #: publishes (batch entries of messages: a PUB's, an MPUB's) stored for origins since
         #: the start
@@ -269,8 +274,8 @@ class ShadowFiles:
         came in, and what the state keeps are views of the log it was appended to."""
         positions: list[int] = []
         _, entries = decode_batch(body if isinstance(body, memoryview) else memoryview(body), positions)
-        stored = self._append(origin, shadow_record_head(body), body)  # one pwritev, nothing joined
-        self._unapplied.append((origin, entries, positions, stored[4:]))
+        window, at = self._append(origin, shadow_record_head(body), body)  # one pwritev, nothing joined
+        self._unapplied.append((origin, entries, positions, window, at + 4))
         if len(entries) == 1:
             self.stored += entries[0][0] == wire.MSG
         else:
@@ -280,11 +285,18 @@ class ShadowFiles:
         """Apply the batches stored since the last call (after their ACK is on its way): their
         messages as views of the log, where :meth:`store` found them in the batch read."""
         todo, self._unapplied = self._unapplied, []
-        for origin, entries, positions, stored in todo:
+        for origin, entries, positions, window, at in todo:
             state = self.states.get(origin)
             if state is None:
                 state = self.states[origin] = ShadowState()
-            state.apply([cast(wire.Entry, (k, t, c, d, stored[p:p + len(x)]))
+            if len(entries) == 1 and entries[0][0] == wire.MSG:  # a PUB's batch: the commonest
+                _, topic, _, due, x = entries[0]
+                size = len(x)
+                if size >= 34 and _U32_AT(x)[0] + 4 == size:  # one frame
+                    start = at + positions[0]
+                    state.add_frame(topic, due, window, start, start + size)
+                    continue
+            state.apply([cast(wire.Entry, (k, t, c, d, window[at + p:at + p + len(x)]))
                          if k == wire.MSG or k == wire.SNAP_MSG else (k, t, c, d, bytes(x))
                          for (k, t, c, d, x), p in zip(entries, positions, strict=True)])
         # once every stored batch is applied (a compaction writes the state: a batch in the log
@@ -306,7 +318,7 @@ class ShadowFiles:
             shadow.cut(end)
         return shadow
 
-    def _append(self, origin: int, *parts: bytes | memoryview) -> memoryview:
+    def _append(self, origin: int, *parts: bytes | memoryview) -> tuple[memoryview, int]:
         shadow = self._logs.get(origin)
         if shadow is None:
             shadow = self._log(origin)
@@ -327,8 +339,8 @@ class ShadowFiles:
         try:
             for entries in iter_chunks(state.snapshot(), SNAPSHOT_BATCH_BYTES):
                 body = batch_body(0, entries)
-                stored = new.append((shadow_record_head(body), body), False)
-                fresh.apply(_held(decode_batch(stored[4:])[1]))
+                window, at = new.append((shadow_record_head(body), body), False)
+                fresh.apply(_held(decode_batch(window[at + 4:at + 4 + len(body)])[1]))
             os.fsync(new.fd)
         except BaseException:
             new.close()

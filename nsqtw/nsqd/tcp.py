@@ -207,9 +207,15 @@ class NsqdProtocol(Protocol):
             self._magic_call.cancel()
             self._magic_call = None
             self._start_heartbeats()
-        if keep and session.upgrade is None and not session.busy and not session._want_sync \
-                and session.suspended is None and not self._eof_pending:
-            return  # nothing more to do for this read (the commonest case)
+        if keep and session.upgrade is None and not session.busy and session.suspended is None \
+                and not self._eof_pending:
+            # nothing more to do for this read (the commonest case) than holding its answers
+            # for the fsync or the replication peers
+            if session._want_sync:
+                gen = session.take_sync_request()
+                if gen is not None:
+                    self._wait_sync(gen)
+            return
         if session.busy and self._more_call is None:
             self._more_call = self.clock.callLater(0, self._decode_more)  # its work goes on next turn
         if session._want_sync:

@@ -130,7 +130,7 @@ async def test_a_lookupd_consumer_gets_go_and_nsqtw_messages_then_the_adopted_on
         assert sorted(got) == [(b"go-1", f"127.0.0.1:{gtcp}"), (b"nsqtw-early", origin_addr)]
         # the peer delivers nothing while its origin lives (no lookupd registration, no consumers)
         assert f"127.0.0.1:{peer.tcp_port}" not in {m.nsqd_address for m in held}
-        await until(lambda: len(peer._service.shadow_files.states[1].messages) == 3)  # the FIN reached it
+        await until(lambda: peer._service.shadow_files.states[1].count() == 3)  # the FIN reached it
 
         await origin.stop()
         await go_pub(ghttp, b"go-2")

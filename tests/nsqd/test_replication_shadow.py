@@ -417,13 +417,51 @@ def test_a_record_that_cannot_be_read_is_skipped_and_the_log_goes_on(tmp_path):
 
 
 def test_a_shadowed_single_pub_costs_its_index_not_its_body(tmp_path):
-    """One PUB per batch (the commonest publish): what the shadow keeps per message is its
-    index (a record, its ID, a view of the log), and messages of a topic share one set of
-    channels to finish them: under 400 bytes each for 200-byte bodies (656 before stop 38:
-    a copy of the frame and a set of channels per message)."""
+    """One PUB per batch (the commonest publish): consecutive PUBs of a topic are gathered into
+    one run over the log window they are in, which keeps an ID and a start per message:
+    under 100 bytes each for 200-byte bodies (656 before stop 38: a copy of the frame and a
+    set of channels per message; 357 in stop 38: an object and a view of the log each)."""
     n = 5000
     batches = [wire.batch_body(2 + i, [wire.message_entry("t", 0, frame(i, b"x" * 200))]) for i in range(n)]
     files, grown = _stored_with_memory(tmp_path, batches)
-    assert files.states[1].count() == n
-    assert grown / n < 400, grown / n
+    state = files.states[1]
+    assert state.count() == n
+    assert len(state.runs) == 1 and state.runs[0].gathered and not state.messages
+    assert grown / n < 100, grown / n
+    assert one(state, 1234).frame == frame(1234, b"x" * 200)
     files.close()
+
+
+def test_gathered_single_pubs_finish_compact_and_replay(tmp_path):
+    """Single PUBs gathered into runs (a new run in each log window; a DPUB between them, due
+    later, keeps an object of its own and the run goes on after it) are finished one by one,
+    compacted into batches and replayed as the same unfinished messages with the same
+    channels and due times."""
+    files = ShadowFiles(str(tmp_path), fsync=False, compact_min=20_000, window=8192)
+    files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), op(wire.CHANNEL_NEW, "t", "b")]))
+    files.apply()
+    seq = 2
+    for n in range(300):
+        files.store(1, wire.batch_body(seq, [msg("t", n, due=7 if n % 50 == 49 else 0)]))
+        files.apply()
+        seq += 1
+    state = files.states[1]
+    gathered = [r for r in state.runs if r.gathered]
+    assert len(gathered) >= 3 and len({id(r.data) for r in gathered}) == len(gathered)  # a run per window
+    assert sorted(state.messages) == [mid(n) for n in range(49, 300, 50)]  # the DPUBs
+    assert sum(r.left for r in gathered) == 300 - 6
+    assert one(state, 49).due == 7 and one(state, 48).due == 0
+    files.store(1, wire.batch_body(seq, [fin("t", "a", *range(0, 300, 2)), fin("t", "b", *range(0, 250))]))
+    files.apply()
+    want = {mid(n): ({"a"} if n % 2 else set()) | ({"b"} if n >= 250 else set()) for n in range(300)}
+    want = {k: v for k, v in want.items() if v}
+    assert {m.frame[18:34]: m.pending for m in files.states[1].unfinished()} == want
+    files.store(1, wire.batch_body(seq + 1, [fin("t", "a", *range(1, 241, 2))]))  # the log is now 4x the live bytes
+    files.apply()
+    assert files.compactions >= 1
+    files.close()
+    again = ShadowFiles(str(tmp_path), fsync=False)
+    again.load()
+    want = {k: v for k, v in want.items() if k >= mid(241) or "b" in v}
+    assert {m.frame[18:34]: m.pending for m in again.states[1].unfinished()} == want
+    assert one(again.states[1], 299).due == 7 and one(again.states[1], 298).due == 0

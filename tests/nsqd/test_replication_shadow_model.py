@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from nsqtw.nsqd.core.replication import ShadowState
 from nsqtw.protocol import replication as wire
@@ -116,3 +116,59 @@ def test_a_snapshot_of_batches_rebuilds_them_as_batches_not_one_object_per_messa
     s.apply(fin)
     again.apply(fin)
     assert view(again) == view(s) and again.count() == 11
+
+
+class Window:
+    """A stand-in for a mapped window of a peer's log: frames at increasing offsets with a
+    record's head between them, one view of it for every frame added (as the log gives)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(64 * 1024)
+        self.view = memoryview(self.buf)
+        self.end = 0
+
+    def put(self, data: bytes) -> tuple[int, int]:
+        at = self.end + 29  # a record's and a batch item's heads
+        self.buf[at:at + len(data)] = data
+        self.end = at + len(data)
+        return at, self.end
+
+
+pub = st.tuples(st.just("pub"), st.sampled_from(TOPICS), st.sampled_from([0, 0, 0, 5]))
+new_window = st.tuples(st.just("window"))
+channel_new = st.tuples(st.just("chnew"), st.sampled_from(TOPICS), st.sampled_from(CHANNELS))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(op, pub, pub, pub, channel_new, new_window), max_size=50), st.booleans())
+# a channel created after a gathered run's messages: the next PUB has more channels to finish
+@example([("chnew", "t", "a"), ("pub", "t", 0), ("pub", "t", 0), ("chnew", "t", "b"), ("pub", "t", 0)], False)
+# a PUB held alone, finished by one of its channels: the next PUB has more to finish
+@example([("chnew", "t", "a"), ("chnew", "t", "b"), ("pub", "t", 0), ("fin", "t", "a", [1]), ("pub", "t", 0)], True)
+def test_single_publishes_gathered_into_runs_hold_what_one_object_per_message_holds(ops, as_views):
+    """Single PUBs handed over as frames in a log window (``add_frame``: consecutive ones of a
+    topic gather into one run) give the same shadow as the same publishes applied as MSG items
+    (an object per message), through FINs, REQs, channel changes and snapshots."""
+    maker = Maker()
+    gathered = ShadowState()
+    plain = ShadowState()
+    window = Window()
+    for o in ops:
+        if o[0] == "pub":
+            f = frame(maker.next, 10)
+            maker.next += 1
+            at, end = window.put(f)
+            gathered.add_frame(o[1], o[2], window.view, at, end)
+            plain.apply([wire.message_entry(o[1], o[2], f)])
+        elif o[0] == "window":
+            window = Window()
+        else:
+            entries = maker.entries([o])
+            gathered.apply(entries)
+            plain.apply(entries)
+        assert gathered.live_bytes == plain.live_bytes
+    assert view(gathered) == view(plain)
+    assert gathered.count() == plain.count() and gathered.max_id == plain.max_id
+    again = rebuilt(gathered, as_views)
+    assert view(again) == view(plain)
+    assert {m.frame[18:34] for m in gathered.unfinished()} == set(view(plain))

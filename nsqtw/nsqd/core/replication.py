@@ -369,7 +369,11 @@ class ReplicationOrigin:
         """Hold an answer until everything recorded so far is acknowledged: True if it may go
         out now, False if ``token`` comes back from :meth:`acked` or :meth:`unlinked` later;
         raises :class:`PublishRefused` when too few peers are in sync."""
-        required = self.required()
+        n = 0
+        for p in self.peers.values():  # self.required(), inline: once per publish
+            if p.state == IN_SYNC:
+                n += 1
+        required = self.min_acks if n >= self.min_acks else n if self.accept_degraded else None
         if required is None:
             self.refused_publishes += 1
             raise PublishRefused(self.refusal())
@@ -706,10 +710,15 @@ class ShadowRun:
 
     Only the first and last IDs are read when the run arrives; the others are read from the
     frames the first time one is looked up (a FIN, a REQ, a snapshot), so a peer whose
-    messages are not consumed yet pays nothing per message for its index."""
+    messages are not consumed yet pays nothing per message for its index.
+
+    A *gathered* run (:meth:`ShadowState.add_frame`) holds single publishes of one topic that
+    came one after the other: its ``data`` is the mapped window of the peer's log they are in
+    (frames with records' heads between them), ``starts`` where each frame is in it, and its
+    IDs are kept as they come (16 bytes each, no object per message)."""
 
     __slots__ = ("topic", "due", "data", "pending", "open", "first", "last", "_ids", "starts",
-                 "stride", "gone", "left")
+                 "stride", "gone", "left", "gathered")
 
     def __init__(self, topic: str, due: int, data: bytes | memoryview, pending: frozenset[str] | None,
                  first: bytes, last: bytes, starts: Any, stride: int = 0,
@@ -729,6 +738,8 @@ class ShadowRun:
         #: IDs no longer here (finished, or given an object of their own), and how many are left
         self.gone: set[bytes] = set()
         self.left = len(starts)
+        #: ``data`` is a window of the log, not the frames alone (see the class's docstring)
+        self.gathered = False
 
     @property
     def ids(self) -> list[bytes]:
@@ -770,6 +781,28 @@ class ShadowRun:
     def remaining(self) -> list[bytes]:
         gone = self.gone
         return [mid for mid in self.ids if mid not in gone] if gone else list(self.ids)
+
+    def pieces(self, limit: int) -> Iterator[bytes]:
+        """The frames still here, in ID order, joined into pieces of about ``limit`` bytes."""
+        data = self.data
+        gone = self.gone
+        stride = self.stride
+        starts = self.starts
+        piece: list[Any] = []
+        size = 0
+        for i, mid in enumerate(self.ids):
+            if gone and mid in gone:
+                continue
+            start = i * stride if stride else starts[i]
+            stop = start + (stride or 4 + int.from_bytes(data[start:start + 4], "big"))
+            piece.append(data[start:stop])
+            size += stop - start
+            if size >= limit:
+                yield b"".join(piece)
+                piece = []
+                size = 0
+        if piece:
+            yield b"".join(piece)
 
     def solo(self, mid: bytes) -> ShadowMessage:
         m = ShadowMessage(self.topic, self.due, self.frame(mid), self.pending)
@@ -840,6 +873,10 @@ class ShadowState:
         self._opened: list[ShadowMessage | ShadowRun] = []
         #: snapshots that replaced the state so far
         self.snapshots = 0
+        #: the gathered run single publishes are added to (see add_frame), and the last single
+        #: publish held on its own: (its ID, the window it is in, where, its object)
+        self._gathering: ShadowRun | None = None
+        self._last_single: tuple[bytes, Any, int, ShadowMessage] | None = None
 
     @property
     def catching_up(self) -> bool:
@@ -886,7 +923,61 @@ class ShadowState:
         if staged.max_id > self.max_id:
             self.max_id = staged.max_id
         self._staged = None
+        self._gathering = staged._gathering
+        self._last_single = staged._last_single
         self.snapshots += 1
+
+    def add_frame(self, topic: str, due: int, window: Any, at: int, end: int) -> None:
+        """One message frame for ``topic``, ``window[at:end]`` (``window``: the mapped window
+        of the peer's log it was appended to): what :meth:`apply` of an MSG item of that one
+        frame does, for a live batch of one PUB.  A publish of the same topic, due time and
+        channels as the one before it, in the same window, joins it in a gathered run (see
+        :class:`ShadowRun`): a peer shadowing a stream of PUBs keeps 16 bytes of ID and a start
+        per message, not an object and a view."""
+        if self._staged is not None:
+            self._staged.add_frame(topic, due, window, at, end)
+            return
+        topics = self.topics
+        channels = topics.get(topic)
+        if channels is None:
+            channels = topics[topic] = set()
+        if channels:
+            pending = self._pending.get(topic)
+            if pending is None or pending != channels:
+                pending = self._pending[topic] = frozenset(channels)
+        else:
+            pending = None
+        mid = bytes(window[at + 18:at + 34])
+        self.live_bytes += end - at
+        if mid > self.max_id:
+            self.max_id = mid
+        runs = self.runs
+        g = self._gathering
+        if g is not None and runs and runs[-1] is g and g.data is window and mid > g.last \
+                and g.topic == topic and g.due == due and g.pending == pending and g.open == (pending is None):
+            g._ids.append(mid)  # type: ignore[union-attr]  # a gathered run keeps its IDs
+            g.starts.append(at)
+            g.last = mid
+            g.left += 1
+            return
+        last = self._last_single
+        if last is not None and last[1] is window and last[0] < mid:
+            prev_id, _, prev_at, prev = last
+            if (self.messages.get(prev_id) is prev and prev.topic == topic and prev.due == due
+                    and prev.pending == pending and prev.open == (pending is None)
+                    and (not runs or prev_id > runs[-1].last)):
+                # the one before it is alike: both go into a new gathered run
+                del self.messages[prev_id]
+                g = ShadowRun(topic, due, window, pending, prev_id, mid, array("Q", (prev_at, at)), 0,
+                              [prev_id, mid])
+                g.gathered = True
+                runs.append(g)
+                self._firsts.append(prev_id)
+                self._gathering = g
+                self._last_single = None
+                return
+        m = self.messages[mid] = ShadowMessage(topic, due, window[at:end], pending)
+        self._last_single = (mid, window, at, m)
 
     def _apply(self, entries: list[wire.Entry]) -> None:
         self._opened = opened = []
@@ -1058,7 +1149,7 @@ class ShadowState:
         if channel and i >= 0:
             run = runs[i]
             if (run.first == first and run.last == last and run.left == n and not run.gone
-                    and run.topic == topic and run.due == due and run.pending is not None
+                    and not run.gathered and run.topic == topic and run.due == due and run.pending is not None
                     and len(run.data) == len(data)):
                 run.pending = run.pending | {channel}
                 return True
@@ -1156,8 +1247,11 @@ class ShadowState:
                 m = held[i][1]
                 add(m.topic, m.due, m.pending, m.raw)
                 i += 1
-            data = run.data if not run.gone else b"".join(run.frame(mid) for mid in run.remaining())
-            add(run.topic, run.due, run.pending, data)
+            if run.gathered or run.gone:  # its frames, in pieces of at most a snapshot item
+                for piece in run.pieces(SNAPSHOT_BATCH_BYTES // 2):
+                    add(run.topic, run.due, run.pending, piece)
+            else:
+                add(run.topic, run.due, run.pending, run.data)
         for _, m in held[i:]:
             add(m.topic, m.due, m.pending, m.raw)
         out.append((wire.SNAP_END, "", "", 0, self.max_id))
