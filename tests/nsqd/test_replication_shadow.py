@@ -165,6 +165,17 @@ def test_a_batch_of_equal_frames_whose_ids_do_not_increase_is_still_found():
     assert len(s.runs) == 1 and set(s.messages) == {mid(15), mid(30)}
 
 
+def test_unfinished_messages_come_in_id_order_with_their_frames():
+    """Reading every unfinished message (adoption, onward replication) walks each run once,
+    in ID order, each ID with its own frame, also when the run's IDs were never read before
+    and do not increase."""
+    s = ShadowState()
+    s.apply([msg("t", 1, 3, 2, 4), msg("t", 7), msg("t", 8)])
+    s.apply([msg("t", 9), msg("t", 10, 11)])
+    got = [(bytes(raw[18:34]), bytes(raw)) for _, _, _, raw in s.each_unfinished()]
+    assert got == [(mid(n), frame(n)) for n in (1, 2, 3, 4, 7, 8, 9, 10, 11)]
+
+
 def test_shadow_files_replay_and_compact(tmp_path):
     files = ShadowFiles(str(tmp_path), fsync=False, compact_min=2000)
     files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a"), msg("t", *range(100))]))

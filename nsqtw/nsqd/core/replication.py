@@ -782,21 +782,26 @@ class ShadowRun:
         gone = self.gone
         return [mid for mid in self.ids if mid not in gone] if gone else list(self.ids)
 
-    def pieces(self, limit: int) -> Iterator[bytes]:
-        """The frames still here, in ID order, joined into pieces of about ``limit`` bytes."""
+    def each(self) -> Iterator[tuple[bytes, Any]]:
+        """``(ID, frame as held)`` of every message still here, in ID order (no lookup each)."""
+        ids = self.ids  # first: reading them may put the starts in ID order
         data = self.data
         gone = self.gone
         stride = self.stride
         starts = self.starts
-        piece: list[Any] = []
-        size = 0
-        for i, mid in enumerate(self.ids):
+        for i, mid in enumerate(ids):
             if gone and mid in gone:
                 continue
             start = i * stride if stride else starts[i]
-            stop = start + (stride or 4 + int.from_bytes(data[start:start + 4], "big"))
-            piece.append(data[start:stop])
-            size += stop - start
+            yield mid, data[start:start + (stride or 4 + int.from_bytes(data[start:start + 4], "big"))]
+
+    def pieces(self, limit: int) -> Iterator[bytes]:
+        """The frames still here, in ID order, joined into pieces of about ``limit`` bytes."""
+        piece: list[Any] = []
+        size = 0
+        for _, frame in self.each():
+            piece.append(frame)
+            size += len(frame)
             if size >= limit:
                 yield b"".join(piece)
                 piece = []
@@ -1165,12 +1170,12 @@ class ShadowState:
         held = sorted(self.messages.items())
         i = 0
         for run in list(self.runs):
-            for mid in run.remaining():
+            for mid, frame in run.each():
                 while i < len(held) and held[i][0] < mid:
                     m = held[i][1]
                     yield m.topic, m.due, m.pending, m.raw
                     i += 1
-                yield run.topic, run.due, run.pending, run.frame(mid)
+                yield run.topic, run.due, run.pending, frame
         for _, m in held[i:]:
             yield m.topic, m.due, m.pending, m.raw
 
