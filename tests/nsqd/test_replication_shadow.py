@@ -443,6 +443,28 @@ def test_a_shadowed_single_pub_costs_its_index_not_its_body(tmp_path):
     files.close()
 
 
+def test_a_gathered_run_whose_consumers_keep_up_stops_growing():
+    """Single PUBs finished soon after they came (a consumer keeping up): the shadow does not
+    keep the IDs of every message it ever gathered, only of about what is unfinished (a run
+    mostly finished takes no more messages; once all are finished it goes)."""
+    s = ShadowState()
+    s.apply([op(wire.CHANNEL_NEW, "t", "a")])
+    window = memoryview(bytearray(1 << 20))
+    buf = window.obj
+    at = 0
+    for n in range(3000):
+        f = frame(n)
+        buf[at:at + len(f)] = f
+        s.add_frame("t", 0, window, at, at + len(f))
+        at += len(f) + 20
+        if n >= 10:
+            s.apply([fin("t", "a", n - 10)])  # ten in flight at any time
+    assert s.count() == 10
+    assert sum(len(r.ids) for r in s.runs) + len(s.messages) <= 40
+    assert s._gathering is None or s._gathering in s.runs
+    assert [bytes(raw[18:34]) for _, _, _, raw in s.each_unfinished()] == [mid(n) for n in range(2990, 3000)]
+
+
 def test_gathered_single_pubs_finish_compact_and_replay(tmp_path):
     """Single PUBs gathered into runs (a new run in each log window; a DPUB between them, due
     later, keeps an object of its own and the run goes on after it) are finished one by one,

@@ -958,13 +958,21 @@ class ShadowState:
             self.max_id = mid
         runs = self.runs
         g = self._gathering
-        if g is not None and runs and runs[-1] is g and g.data is window and mid > g.last \
-                and g.topic == topic and g.due == due and g.pending == pending and g.open == (pending is None):
-            g._ids.append(mid)  # type: ignore[union-attr]  # a gathered run keeps its IDs
-            g.starts.append(at)
-            g.last = mid
-            g.left += 1
-            return
+        if g is not None:
+            ids = g._ids
+            assert ids is not None  # a gathered run keeps its IDs
+            # (and only while most of it is unfinished: a run whose consumers keep up would
+            # otherwise hold the IDs of every message it ever had until it is compacted)
+            if runs and runs[-1] is g and g.data is window and g.left * 2 > len(ids):
+                if mid > g.last and g.topic == topic and g.due == due and g.pending == pending \
+                        and g.open == (pending is None):
+                    ids.append(mid)
+                    g.starts.append(at)
+                    g.last = mid
+                    g.left += 1
+                    return
+            else:  # it takes no more (what it holds is let go as it is finished)
+                self._gathering = None
         last = self._last_single
         if last is not None and last[1] is window and last[0] < mid:
             prev_id, _, prev_at, prev = last
