@@ -932,6 +932,22 @@ class ShadowState:
         self._last_single = staged._last_single
         self.snapshots += 1
 
+    def _pending_of(self, topic: str) -> frozenset[str] | None:
+        """The channels that must finish a message published to ``topic`` now (None: it has no
+        channel yet; the topic is known from now on).  One frozenset is shared by every message
+        of a topic while its channels stay the same (a frozenset is 216 bytes: one per PUB was a
+        third of a shadowed PUB's memory), compared with the channels rather than made for each
+        message and then compared."""
+        channels = self.topics.get(topic)
+        if channels is None:
+            channels = self.topics[topic] = set()
+        if not channels:
+            return None
+        pending = self._pending.get(topic)
+        if pending is None or pending != channels:
+            pending = self._pending[topic] = frozenset(channels)
+        return pending
+
     def add_frame(self, topic: str, due: int, window: Any, at: int, end: int) -> None:
         """One message frame for ``topic``, ``window[at:end]`` (``window``: the mapped window
         of the peer's log it was appended to): what :meth:`apply` of an MSG item of that one
@@ -942,16 +958,7 @@ class ShadowState:
         if self._staged is not None:
             self._staged.add_frame(topic, due, window, at, end)
             return
-        topics = self.topics
-        channels = topics.get(topic)
-        if channels is None:
-            channels = topics[topic] = set()
-        if channels:
-            pending = self._pending.get(topic)
-            if pending is None or pending != channels:
-                pending = self._pending[topic] = frozenset(channels)
-        else:
-            pending = None
+        pending = self._pending_of(topic)
         mid = bytes(window[at + 18:at + 34])
         self.live_bytes += end - at
         if mid > self.max_id:
@@ -994,22 +1001,9 @@ class ShadowState:
 
     def _apply(self, entries: list[wire.Entry]) -> None:
         self._opened = opened = []
-        topics = self.topics
         for kind, topic, channel, due, data in entries:
             if kind == wire.MSG:
-                channels = topics.get(topic)
-                if channels is None:
-                    channels = topics[topic] = set()
-                # one frozenset shared by every message of the entry (replaced, never changed),
-                # and by the entries after it while the topic's channels stay the same (a
-                # frozenset is 216 bytes: one per PUB was a third of a shadowed PUB's memory;
-                # compared with the channels, not made for each entry and then compared)
-                if channels:
-                    pending = self._pending.get(topic)
-                    if pending is None or pending != channels:
-                        pending = self._pending[topic] = frozenset(channels)
-                else:
-                    pending = None
+                pending = self._pending_of(topic)
                 end = len(data)
                 if end >= 34 and _U32_AT(data)[0] + 4 == end:  # one frame (a PUB): no index
                     mid = bytes(data[18:34])
