@@ -369,10 +369,7 @@ class ReplicationOrigin:
         """Hold an answer until everything recorded so far is acknowledged: True if it may go
         out now, False if ``token`` comes back from :meth:`acked` or :meth:`unlinked` later;
         raises :class:`PublishRefused` when too few peers are in sync."""
-        n = 0
-        for p in self.peers.values():  # self.required(), inline: once per publish
-            if p.state == IN_SYNC:
-                n += 1
+        n = self.in_sync()
         required = self.min_acks if n >= self.min_acks else n if self.accept_degraded else None
         if required is None:
             self.refused_publishes += 1
