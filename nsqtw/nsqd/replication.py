@@ -127,15 +127,15 @@ class _ShadowLog:
         self._start = 0
         self._view: memoryview | None = None
 
-    def records(self) -> Iterator[tuple[int, list[wire.Entry]]]:
+    def records(self) -> Iterator[tuple[int, list[wire.Entry], memoryview, list[int]]]:
         """What the file holds, record by record (items' data are views of the mapped log):
-        ``(where it starts, items)``, :attr:`end` after each.  Then :meth:`cut` the log
-        where the replay ended."""
+        ``(where it starts, items, the mapped log, where each item's data starts in it)``,
+        :attr:`end` after each.  Then :meth:`cut` the log where the replay ended."""
         if self.size:
             view = self._map(0, self.size)
             start = 0
-            for self.end, _, entries in wire.shadow_records_at(view):
-                yield start, entries
+            for self.end, _, entries, starts in wire.shadow_records_placed(view):
+                yield start, entries, view, starts
                 start = self.end
 
     def cut(self, end: int) -> None:
@@ -252,7 +252,14 @@ class ShadowFiles:
             shadow = self._logs[origin] = _ShadowLog(os.path.join(self.data_path, name), self.window)
             state = self.states.setdefault(origin, ShadowState())
             end = 0
-            for start, entries in shadow.records():
+            for start, entries, view, starts in shadow.records():
+                if len(entries) == 1 and entries[0][0] == wire.MSG:  # a PUB's batch, gathered as live
+                    _, topic, _, due, x = entries[0]
+                    size = len(x)
+                    if size >= 34 and _U32_AT(x)[0] + 4 == size:
+                        state.add_frame(topic, due, view, starts[0], starts[0] + size)
+                        end = shadow.end
+                        continue
                 try:
                     state.apply(_held(entries))
                 except wire.LinkError as e:  # skipped: the log goes on after it (if it was the

@@ -53,7 +53,8 @@ __all__ = [
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "encode_batch_parts", "decode_batch",
     "encode_ack", "decode_ack", "encode_error",
-    "shadow_record", "shadow_record_head", "read_shadow_records", "shadow_records_at", "shadow_pad",
+    "shadow_record", "shadow_record_head", "read_shadow_records", "shadow_records_at", "shadow_records_placed",
+    "shadow_pad",
     "SHADOW_PAD", "split_frames",
 ]
 
@@ -427,6 +428,13 @@ def shadow_records_at(data: bytes | memoryview) -> Iterator[tuple[int, int, list
     record whose body cannot be read is skipped (by its length): the writer pre-extends the
     file, so a record cut short by a crash is followed by zeros (the end) rather than by the
     end of the file."""
+    for end, seq, entries, _ in shadow_records_placed(data):
+        yield end, seq, entries
+
+
+def shadow_records_placed(data: bytes | memoryview) -> Iterator[tuple[int, int, list[Entry], list[int]]]:
+    """:func:`shadow_records_at` with where each item's data starts in ``data``:
+    ``(end, seq, items, starts)`` (a peer replaying its log finds its messages there)."""
     pos = 0
     end = len(data)
     while pos + 4 <= end:
@@ -436,14 +444,16 @@ def shadow_records_at(data: bytes | memoryview) -> Iterator[tuple[int, int, list
             continue
         if size == 0 or pos + 4 + size > end:
             return
+        starts: list[int] = []
         try:
             if isinstance(data, memoryview):
-                seq, views = decode_batch(data[pos + 4:pos + 4 + size])
+                seq, views = decode_batch(data[pos + 4:pos + 4 + size], starts)
                 entries = cast(list[Entry], views)  # items of a view are read-only views, used as bytes are
             else:
-                seq, entries = decode_batch(data[pos + 4:pos + 4 + size])
+                seq, entries = decode_batch(data[pos + 4:pos + 4 + size], starts)
         except LinkError:
             pos += 4 + size
             continue
+        body = pos + 4
         pos += 4 + size
-        yield pos, seq, entries
+        yield pos, seq, entries, [body + p for p in starts]

@@ -465,6 +465,36 @@ def test_a_gathered_run_whose_consumers_keep_up_stops_growing():
     assert [bytes(raw[18:34]) for _, _, _, raw in s.each_unfinished()] == [mid(n) for n in range(2990, 3000)]
 
 
+def test_a_restarted_peer_gathers_the_single_pubs_it_replays(tmp_path):
+    """Replaying its log, a peer gathers single PUBs as it does live: the same unfinished
+    messages and frames, without an object per message; it appends after them as before."""
+    files = ShadowFiles(str(tmp_path), fsync=False)
+    files.store(1, wire.batch_body(1, [op(wire.CHANNEL_NEW, "t", "a")]))
+    for n in range(500):
+        files.store(1, wire.batch_body(2 + n, [msg("t", n)]))
+    files.store(1, wire.batch_body(600, [fin("t", "a", 7)]))
+    files.apply()
+    files.close()
+    again = ShadowFiles(str(tmp_path), fsync=False)
+    again.load()
+    state = again.states[1]
+    want = [mid(n) for n in range(500) if n != 7]
+    assert ids(state) == want
+    state = again.states[1]  # (ids() gave every message an object of its own: load again)
+    again.close()
+    third = ShadowFiles(str(tmp_path), fsync=False)
+    third.load()
+    state = third.states[1]
+    assert len(state.messages) <= 2 and sum(r.left for r in state.runs if r.gathered) >= 497
+    assert one(state, 499).frame == frame(499) and one(state, 499).pending == {"a"}
+    third.store(1, wire.batch_body(601, [msg("t", 500)]))
+    third.apply()
+    third.close()
+    fourth = ShadowFiles(str(tmp_path), fsync=False)
+    fourth.load()
+    assert ids(fourth.states[1]) == [*want, mid(500)]
+
+
 def test_gathered_single_pubs_finish_compact_and_replay(tmp_path):
     """Single PUBs gathered into runs (a new run in each log window; a DPUB between them, due
     later, keeps an object of its own and the run goes on after it) are finished one by one,
