@@ -101,7 +101,7 @@ lint: venv
 
 # the Sphinx site (API reference and README.rst's sections as guides), warnings as errors
 docs: venv
-	$(PIP) install --quiet ".[docs]"
+	$(PIP) install --quiet ".[docs,test]"  # autodoc imports the pytest plugin
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 # while editing: skip the slow soak/fault runs
