@@ -121,4 +121,4 @@ bench-spark: install-test
 	$(PY) bench/spark_vs_duckdb.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info docs/_build docs/guide
+	rm -rf $(VENV) build *.egg-info docs/_build
