@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _I32 = struct.Struct(">i")
 _FRAME = struct.Struct(">ii")
 TOPIC = b"proof"
+#: the publishers: plain protocol V2 written here, or a client library in its own process
+CLIENTS = ("raw", "nsqtw", "pynsq")
 CHANNEL = b"c"
 
 
@@ -193,6 +195,38 @@ def publish_until_killed(origin: Nsqd, acked: set[bytes], seq: list[int], batche
             s.close()
 
 
+def publish_with_client(origin: Nsqd, client: str, acked: set[bytes], seq: list[int], batches: int) -> None:
+    """The same with a stock client library (``bench/proof_publisher.py``) in its own process:
+    after ``batches`` acknowledged batches SIGKILL A while the client has more in flight; every
+    line it printed (before or after the kill) is a batch whose ``OK`` came from A."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    said = tempfile.TemporaryFile("w+")  # its log (a pipe nobody reads could fill and stall it)
+    publisher = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "proof_publisher.py"), client, f"127.0.0.1:{origin.port}",
+         str(seq[0])], stdout=subprocess.PIPE, stderr=said, env=env, text=True)
+    assert publisher.stdout is not None
+    watchdog = threading.Timer(60, publisher.kill)  # a publisher that hangs fails the cycle below
+    watchdog.start()
+    done = 0
+    try:
+        for line in publisher.stdout:
+            bodies = line.encode().split()
+            acked.update(bodies)
+            seq[0] = max(seq[0], int(bodies[-1][1:]) + 1)
+            done += 1
+            if done == batches:
+                origin.kill()
+        code = publisher.wait(10)
+    finally:
+        watchdog.cancel()
+        if publisher.poll() is None:
+            publisher.kill()
+    with said:
+        if code != 0 or done < batches:
+            said.seek(0)
+            raise RuntimeError(f"the {client} publisher exited {code} after {done} batches: " + said.read()[-2000:])
+
+
 def wait_adopted(peer: Nsqd, timeout: float = 20.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -224,7 +258,7 @@ def drain(port: int, idle: float = 1.5) -> list[bytes]:
     return got
 
 
-def cycle(workdir: str, rng: random.Random, replicated: bool, seq: list[int]) -> dict[str, int]:
+def cycle(workdir: str, rng: random.Random, replicated: bool, seq: list[int], client: str = "raw") -> dict[str, int]:
     a_data = tempfile.mkdtemp(prefix="origin-", dir=workdir)
     b_data = tempfile.mkdtemp(prefix="peer-", dir=workdir)
     rport = free_port()
@@ -238,7 +272,10 @@ def cycle(workdir: str, rng: random.Random, replicated: bool, seq: list[int]) ->
         consumer.ready.wait(10)
         acked: set[bytes] = set()
         try:
-            publish_until_killed(origin, acked, seq, rng.randint(20, 200))
+            if client == "raw":
+                publish_until_killed(origin, acked, seq, rng.randint(20, 200))
+            else:
+                publish_with_client(origin, client, acked, seq, rng.randint(20, 200))
         finally:
             if origin.proc.poll() is None:
                 origin.kill()
@@ -262,17 +299,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--no-replication", action="store_true", help="the same run without replication")
     ap.add_argument("--seed", type=int, default=20261126)
+    ap.add_argument("--client", choices=CLIENTS, default="raw",
+                    help="the publisher: raw protocol V2 (default), nsqtw's Producer or pynsq's Writer")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     seq = [0]
     totals: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="nsqtw-replication-proof-") as workdir:
         for i in range(args.cycles):
-            row = cycle(workdir, rng, not args.no_replication, seq)
+            row = cycle(workdir, rng, not args.no_replication, seq, args.client)
             for k, v in row.items():
                 totals[k] = totals.get(k, 0) + v
             print(f"cycle {i + 1:2d}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-    mode = "without replication" if args.no_replication else "replicated pair"
+    mode = ("without replication" if args.no_replication else "replicated pair") + f", {args.client} publisher"
     print(f"{mode}, {args.cycles} cycles: " + ", ".join(f"{k} {v}" for k, v in totals.items()), flush=True)
     return 1 if totals.get("lost") else 0
 

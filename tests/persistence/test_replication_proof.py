@@ -1,7 +1,8 @@
-"""The replication proof (issue 26): two replicated nsqd processes, a publisher speaking plain
-protocol V2, SIGKILL of the origin and deletion of its data directory, 20 times: every publish
-that got OK is delivered by the origin's consumer before the crash or by the survivor after it
-(duplicates counted, not failed).  The same run without replication loses messages, which
+"""The replication proof (issue 26): two replicated nsqd processes, a publisher (plain protocol
+V2, or a stock client library in its own process: nsqtw's Producer, pynsq's Writer), SIGKILL
+of the origin and deletion of its data directory, 20 times: every publish that got OK is
+delivered by the origin's consumer before the crash or by the survivor after it (duplicates
+counted, not failed).  The same run without replication loses messages, which
 shows the check can fail.  The code is bench/replication_proof.py's."""
 
 from __future__ import annotations
@@ -23,29 +24,42 @@ def _proof():
     return module
 
 
+def _client(name: str) -> str:
+    if name == "pynsq":
+        pytest.importorskip("nsq", reason="pynsq is not installed (make test installs it)")
+    return name
+
+
+CLIENTS = ["raw", "nsqtw", "pynsq"]
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_losing_the_origin_loses_no_acknowledged_message(tmp_path, record_property):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_losing_the_origin_loses_no_acknowledged_message(tmp_path, record_property, client):
+    client = _client(client)
     proof = _proof()
     rng = random.Random(20261126)
     seq = [0]
     totals = {"acknowledged": 0, "lost": 0, "duplicates": 0, "delivered_by_survivor": 0}
     for i in range(20):
-        row = proof.cycle(str(tmp_path), rng, True, seq)
+        row = proof.cycle(str(tmp_path), rng, True, seq, client)
         print(f"cycle {i + 1}: {row}")
         assert row["lost"] == 0, row
         for k in totals:
             totals[k] += row[k]
     for k, v in totals.items():
         record_property(k, v)
-    print(f"\n20 cycles replicated: {totals}")
+    print(f"\n20 cycles replicated, {client} publisher: {totals}")
     assert totals["acknowledged"] > 0 and totals["delivered_by_survivor"] > 0
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_without_replication_the_same_run_loses_messages(tmp_path):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_without_replication_the_same_run_loses_messages(tmp_path, client):
+    client = _client(client)
     proof = _proof()
-    row = proof.cycle(str(tmp_path), random.Random(1), False, [0])
+    row = proof.cycle(str(tmp_path), random.Random(1), False, [0], client)
     print(f"\nwithout replication: {row}")
     assert row["lost"] > 0 and row["delivered_by_survivor"] == 0
