@@ -4,9 +4,10 @@ The replication proof (issue 26): losing a whole nsqd node loses no acknowledged
 
 Each cycle starts two nsqd processes (nsqtw's drop-in command): B, a peer with a
 ``--replication-address`` and ``--adopt-after=1s``, and A, the origin, with
-``--replica-peer`` naming B.  A publisher speaking plain protocol V2 (what every stock
-client sends) publishes PUB and MPUB batches to A and records each body whose ``OK`` came
-back, while a consumer on A's channel works through them slowly (FIN each).  After a random
+``--replica-peer`` naming B.  A publisher (plain protocol V2 written here, or with
+``--client`` a stock client library in its own process: nsqtw's Producer, pynsq's Writer;
+see ``bench/proof_publisher.py``) publishes PUB and MPUB batches to A and records each body
+whose ``OK`` came back, while a consumer on A's channel works through them slowly (FIN each).  After a random
 number of batches A gets SIGKILL in the middle of a publish and its data directory is
 deleted.  A consumer on B's same channel then drains what B delivers once it adopted A.
 Every acknowledged body must have been delivered, by A's consumer before the crash or by B
@@ -14,6 +15,7 @@ after it; duplicates are counted and printed.
 
     python bench/replication_proof.py                    # 20 cycles, replicated: exit 1 on any loss
     python bench/replication_proof.py --no-replication   # the same without replication: loses
+    python bench/replication_proof.py --client=pynsq     # published by pynsq's Writer
 
 Without replication B is a plain nsqd that never had A's messages: what A's consumer had not
 finished is lost with A's disk, which shows the check can fail.
