@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.interfaces import IReactorPluggableNameResolver
 from zope.interface import implementer
 
 from nsqtw.embed import start_nsqd
@@ -22,7 +23,8 @@ from replication_support import until
 pytestmark = pytest.mark.e2e
 
 
-@implementer(IReactorWorkMeter)
+# the name resolver too (delegated below): HostnameEndpoint warns of a reactor without one
+@implementer(IReactorWorkMeter, IReactorPluggableNameResolver)
 class MeteredReactor:
     """The test's reactor, recording what nsqd tells it (the rest is the real reactor)."""
 
