@@ -7,8 +7,8 @@ Each cycle starts two nsqd processes (nsqtw's drop-in command): B, a peer with a
 ``--replica-peer`` naming B.  A publisher (plain protocol V2 written here, or with
 ``--client`` a stock client library in its own process: nsqtw's Producer, pynsq's Writer;
 see ``bench/proof_publisher.py``) publishes PUB and MPUB batches to A and records each body
-whose ``OK`` came back, while a consumer on A's channel works through them slowly (FIN each).  After a random
-number of batches A gets SIGKILL in the middle of a publish and its data directory is
+whose ``OK`` came back, while a consumer on A's channel works through them slowly (FIN
+each).  After a random number of batches A gets SIGKILL in the middle of a publish and its data directory is
 deleted.  A consumer on B's same channel then drains what B delivers once it adopted A.
 Every acknowledged body must have been delivered, by A's consumer before the crash or by B
 after it; duplicates are counted and printed.
@@ -202,28 +202,27 @@ def publish_with_client(origin: Nsqd, client: str, acked: set[bytes], seq: list[
     after ``batches`` acknowledged batches SIGKILL A while the client has more in flight; every
     line it printed (before or after the kill) is a batch whose ``OK`` came from A."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    said = tempfile.TemporaryFile("w+")  # its log (a pipe nobody reads could fill and stall it)
-    publisher = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "proof_publisher.py"), client, f"127.0.0.1:{origin.port}",
-         str(seq[0])], stdout=subprocess.PIPE, stderr=said, env=env, text=True)
-    assert publisher.stdout is not None
-    watchdog = threading.Timer(60, publisher.kill)  # a publisher that hangs fails the cycle below
-    watchdog.start()
-    done = 0
-    try:
-        for line in publisher.stdout:
-            bodies = line.encode().split()
-            acked.update(bodies)
-            seq[0] = max(seq[0], int(bodies[-1][1:]) + 1)
-            done += 1
-            if done == batches:
-                origin.kill()
-        code = publisher.wait(10)
-    finally:
-        watchdog.cancel()
-        if publisher.poll() is None:
-            publisher.kill()
-    with said:
+    with tempfile.TemporaryFile("w+") as said:  # its log (a pipe nobody reads could fill and stall it)
+        publisher = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "proof_publisher.py"), client, f"127.0.0.1:{origin.port}",
+             str(seq[0])], stdout=subprocess.PIPE, stderr=said, env=env, text=True)
+        assert publisher.stdout is not None
+        watchdog = threading.Timer(60, publisher.kill)  # a publisher that hangs fails the cycle below
+        watchdog.start()
+        done = 0
+        try:
+            for line in publisher.stdout:
+                bodies = line.encode().split()
+                acked.update(bodies)
+                seq[0] = max(seq[0], int(bodies[-1][1:]) + 1)
+                done += 1
+                if done == batches:
+                    origin.kill()
+            code = publisher.wait(10)
+        finally:
+            watchdog.cancel()
+            if publisher.poll() is None:
+                publisher.kill()
         if code != 0 or done < batches:
             said.seek(0)
             raise RuntimeError(f"the {client} publisher exited {code} after {done} batches: " + said.read()[-2000:])
