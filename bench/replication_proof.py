@@ -5,17 +5,23 @@ The replication proof (issue 26): losing a whole nsqd node loses no acknowledged
 Each cycle starts two nsqd processes (nsqtw's drop-in command): B, a peer with a
 ``--replication-address`` and ``--adopt-after=1s``, and A, the origin, with
 ``--replica-peer`` naming B.  A publisher (plain protocol V2 written here, or with
-``--client`` a stock client library in its own process: nsqtw's Producer, pynsq's Writer;
-see ``bench/proof_publisher.py``) publishes PUB and MPUB batches to A and records each body
-whose ``OK`` came back, while a consumer on A's channel works through them slowly (FIN
-each).  After a random number of batches A gets SIGKILL in the middle of a publish and its data directory is
-deleted.  A consumer on B's same channel then drains what B delivers once it adopted A.
+``--client`` a stock client library in its own process: nsqtw's Producer, pynsq's Writer, see
+``bench/proof_publisher.py``; go-nsq's Producer, see ``bench/proof_publisher_go/``)
+publishes PUB and MPUB batches to A and records each body whose ``OK`` came back, while a
+consumer on A's channel works through them slowly (FIN each).  After a random number of
+batches A gets SIGKILL in the middle of a publish and its data directory is deleted.  A consumer on B's same channel then drains what B delivers once it adopted A.
 Every acknowledged body must have been delivered, by A's consumer before the crash or by B
 after it; duplicates are counted and printed.
 
     python bench/replication_proof.py                    # 20 cycles, replicated: exit 1 on any loss
     python bench/replication_proof.py --no-replication   # the same without replication: loses
     python bench/replication_proof.py --client=pynsq     # published by pynsq's Writer
+    python bench/replication_proof.py --client=go-nsq    # published by go-nsq's Producer
+
+``--client=go-nsq`` needs Go (``go``) and go-nsq's module: ``go build`` fetches it through the
+Go module proxy, or, offline, ``NSQTW_GO_NSQ_SRC`` and ``NSQTW_GO_SNAPPY_SRC`` name checkouts
+of github.com/nsqio/go-nsq and github.com/golang/snappy; ``NSQTW_GO_PUBLISHER`` names a
+publisher built before (``go build`` in ``bench/proof_publisher_go``).
 
 Without replication B is a plain nsqd that never had A's messages: what A's consumer had not
 finished is lost with A's disk, which shows the check can fail.
@@ -24,6 +30,7 @@ finished is lost with A's disk, which shows the check can fail.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -44,7 +51,7 @@ _I32 = struct.Struct(">i")
 _FRAME = struct.Struct(">ii")
 TOPIC = b"proof"
 #: the publishers: plain protocol V2 written here, or a client library in its own process
-CLIENTS = ("raw", "nsqtw", "pynsq")
+CLIENTS = ("raw", "nsqtw", "pynsq", "go-nsq")
 CHANNEL = b"c"
 
 
@@ -197,15 +204,67 @@ def publish_until_killed(origin: Nsqd, acked: set[bytes], seq: list[int], batche
             s.close()
 
 
+GO_SOURCE = ROOT / "bench" / "proof_publisher_go"
+#: where go-nsq and snappy come from offline: module path -> environment variable naming a checkout
+GO_REPLACE = {"github.com/nsqio/go-nsq": "NSQTW_GO_NSQ_SRC", "github.com/golang/snappy": "NSQTW_GO_SNAPPY_SRC"}
+
+
+def go_publisher() -> tuple[str | None, str]:
+    """go-nsq's publisher (``bench/proof_publisher_go``), built once per source and setting:
+    ``(path, "")``, or ``(None, why not)`` when Go or go-nsq's module is not to be had here."""
+    built = os.environ.get("NSQTW_GO_PUBLISHER")
+    if built:
+        if os.access(built, os.X_OK):
+            return built, ""
+        return None, f"NSQTW_GO_PUBLISHER={built} is not an executable"
+    go = shutil.which("go")
+    if go is None:
+        return None, "Go is not installed (go is not on PATH), so go-nsq's publisher cannot be built"
+    replace = {mod: os.environ[var] for mod, var in GO_REPLACE.items() if os.environ.get(var)}
+    key = hashlib.sha256(repr(sorted(replace.items())).encode())
+    for name in sorted(os.listdir(GO_SOURCE)):
+        key.update(name.encode() + (GO_SOURCE / name).read_bytes())
+    out = Path(tempfile.gettempdir()) / f"nsqtw-proofpublisher-{key.hexdigest()[:16]}"
+    binary = out / "proofpublisher"
+    if binary.exists():
+        return str(binary), ""
+    with tempfile.TemporaryDirectory(prefix="nsqtw-go-build-") as work:
+        for name in os.listdir(GO_SOURCE):
+            shutil.copy(GO_SOURCE / name, work)
+        steps = [[go, "mod", "edit", f"-replace={mod}={path}"] for mod, path in replace.items()]
+        steps += [[go, "mod", "tidy"], [go, "build", "-o", "proofpublisher", "."]]
+        for step in steps:
+            try:
+                done = subprocess.run(step, cwd=work, capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired:
+                return None, f"{' '.join(step[1:])} took over 300 s"
+            if done.returncode:
+                said = (done.stderr.strip().splitlines() or ["(nothing said)"])[-1]
+                return None, (f"go-nsq's publisher did not build ({' '.join(step[1:3])}: {said}); set "
+                              "NSQTW_GO_NSQ_SRC and NSQTW_GO_SNAPPY_SRC to checkouts of go-nsq and "
+                              "snappy when no Go module proxy can be reached")
+        out.mkdir(exist_ok=True)
+        shutil.move(os.path.join(work, "proofpublisher"), binary)
+    return str(binary), ""
+
+
 def publish_with_client(origin: Nsqd, client: str, acked: set[bytes], seq: list[int], batches: int) -> None:
-    """The same with a stock client library (``bench/proof_publisher.py``) in its own process:
-    after ``batches`` acknowledged batches SIGKILL A while the client has more in flight; every
+    """The same with a stock client library (``bench/proof_publisher.py``, or go-nsq's publisher
+    for ``go-nsq``) in its own process: after ``batches`` acknowledged batches SIGKILL A while
+    the client has more in flight; every
     line it printed (before or after the kill) is a batch whose ``OK`` came from A."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if client == "go-nsq":
+        binary, why = go_publisher()
+        if binary is None:
+            raise RuntimeError(why)
+        command = [binary]
+    else:
+        command = [sys.executable, str(ROOT / "bench" / "proof_publisher.py"), client]
     with tempfile.TemporaryFile("w+") as said:  # its log (a pipe nobody reads could fill and stall it)
         publisher = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "proof_publisher.py"), client, f"127.0.0.1:{origin.port}",
-             str(seq[0])], stdout=subprocess.PIPE, stderr=said, env=env, text=True)
+            [*command, f"127.0.0.1:{origin.port}", str(seq[0])],
+            stdout=subprocess.PIPE, stderr=said, env=env, text=True)
         assert publisher.stdout is not None
         watchdog = threading.Timer(60, publisher.kill)  # a publisher that hangs fails the cycle below
         watchdog.start()
@@ -301,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-replication", action="store_true", help="the same run without replication")
     ap.add_argument("--seed", type=int, default=20261126)
     ap.add_argument("--client", choices=CLIENTS, default="raw",
-                    help="the publisher: raw protocol V2 (default), nsqtw's Producer or pynsq's Writer")
+                    help="the publisher: raw protocol V2 (default), nsqtw's Producer, pynsq's Writer "
+                    "or go-nsq's Producer")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     seq = [0]

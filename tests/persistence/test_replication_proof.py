@@ -1,5 +1,6 @@
 """The replication proof (issue 26): two replicated nsqd processes, a publisher (plain protocol
-V2, or a stock client library in its own process: nsqtw's Producer, pynsq's Writer), SIGKILL
+V2, or a stock client library in its own process: nsqtw's Producer, pynsq's Writer, go-nsq's
+Producer where Go and go-nsq's module are to be had), SIGKILL
 of the origin and deletion of its data directory, 20 times: every publish that got OK is
 delivered by the origin's consumer before the crash or by the survivor after it (duplicates
 counted, not failed).  The same run without replication loses messages, which
@@ -27,10 +28,14 @@ def _proof():
 def _client(name: str) -> str:
     if name == "pynsq":
         pytest.importorskip("nsq", reason="pynsq is not installed (make test installs it)")
+    if name == "go-nsq":
+        binary, why = _proof().go_publisher()
+        if binary is None:
+            pytest.skip(why)
     return name
 
 
-CLIENTS = ["raw", "nsqtw", "pynsq"]
+CLIENTS = ["raw", "nsqtw", "pynsq", "go-nsq"]
 
 
 @pytest.mark.slow
