@@ -156,6 +156,7 @@ def _wait_for_builder(path: str) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow  # a fault run: two Spark jobs and a warm-up building an archive (about a minute)
 def test_a_corrupt_archive_never_fails_a_job_and_a_warm_up_apart_builds_the_next(tmp_path, monkeypatch) -> None:
     """An archive that passes the manifest check but makes the JVM abort (torn in place): the job runs
     without it, with its usual output (none of the JVM's crash report, no crash file where it runs),
