@@ -9,9 +9,10 @@ Each cycle starts two nsqd processes (nsqtw's drop-in command): B, a peer with a
 ``bench/proof_publisher.py``; go-nsq's Producer, see ``bench/proof_publisher_go/``)
 publishes PUB and MPUB batches to A and records each body whose ``OK`` came back, while a
 consumer on A's channel works through them slowly (FIN each).  After a random number of
-batches A gets SIGKILL in the middle of a publish and its data directory is deleted.  A consumer on B's same channel then drains what B delivers once it adopted A.
-Every acknowledged body must have been delivered, by A's consumer before the crash or by B
-after it; duplicates are counted and printed.
+batches A gets SIGKILL in the middle of a publish and its data directory is deleted.  A
+consumer on B's same channel then drains what B delivers once it adopted A.  Every
+acknowledged body must have been delivered, by A's consumer before the crash or by B after
+it; duplicates are counted and printed.
 
     python bench/replication_proof.py                    # 20 cycles, replicated: exit 1 on any loss
     python bench/replication_proof.py --no-replication   # the same without replication: loses
@@ -251,8 +252,8 @@ def go_publisher() -> tuple[str | None, str]:
 def publish_with_client(origin: Nsqd, client: str, acked: set[bytes], seq: list[int], batches: int) -> None:
     """The same with a stock client library (``bench/proof_publisher.py``, or go-nsq's publisher
     for ``go-nsq``) in its own process: after ``batches`` acknowledged batches SIGKILL A while
-    the client has more in flight; every
-    line it printed (before or after the kill) is a batch whose ``OK`` came from A."""
+    the client has more in flight; every line it printed (before or after the kill) is a batch
+    whose ``OK`` came from A."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if client == "go-nsq":
         binary, why = go_publisher()

@@ -1,10 +1,9 @@
 """The replication proof (issue 26): two replicated nsqd processes, a publisher (plain protocol
 V2, or a stock client library in its own process: nsqtw's Producer, pynsq's Writer, go-nsq's
-Producer where Go and go-nsq's module are to be had), SIGKILL
-of the origin and deletion of its data directory, 20 times: every publish that got OK is
-delivered by the origin's consumer before the crash or by the survivor after it (duplicates
-counted, not failed).  The same run without replication loses messages, which
-shows the check can fail.  The code is bench/replication_proof.py's."""
+Producer where Go and go-nsq's module are to be had), SIGKILL of the origin and deletion of
+its data directory, 20 times: every publish that got OK is delivered by the origin's consumer
+before the crash or by the survivor after it (duplicates counted, not failed).  The same run
+without replication loses messages, which shows the check can fail.  The code is bench/replication_proof.py's."""
 
 from __future__ import annotations
 
