@@ -67,3 +67,20 @@ def test_without_replication_the_same_run_loses_messages(tmp_path, client):
     row = proof.cycle(str(tmp_path), random.Random(1), False, [0], client)
     print(f"\nwithout replication: {row}")
     assert row["lost"] > 0 and row["delivered_by_survivor"] == 0
+
+
+def test_the_go_publisher_says_why_it_cannot_be_built(tmp_path, monkeypatch):
+    """Where go-nsq's publisher cannot be had, the reason names what is missing (the go-nsq
+    case above skips with it), and a publisher named by NSQTW_GO_PUBLISHER is used as it is."""
+    proof = _proof()
+    monkeypatch.setenv("NSQTW_GO_PUBLISHER", str(tmp_path / "absent"))
+    assert proof.go_publisher() == (None, f"NSQTW_GO_PUBLISHER={tmp_path / 'absent'} is not an executable")
+    built = tmp_path / "proofpublisher"
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    monkeypatch.setenv("NSQTW_GO_PUBLISHER", str(built))
+    assert proof.go_publisher() == (str(built), "")
+    monkeypatch.delenv("NSQTW_GO_PUBLISHER")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no go here
+    binary, why = proof.go_publisher()
+    assert binary is None and why.startswith("Go is not installed")
