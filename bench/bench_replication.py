@@ -78,15 +78,17 @@ def start(cmd: list[str], data: str, memq: int, *flags: str) -> tuple[subprocess
     return proc, tcp
 
 
-def start_pair(work: str, memq: int, procs: list[subprocess.Popen]) -> int:
-    """A replicated pair of nsqtw nsqd (the peer first, then the origin naming it), their
-    processes added to ``procs``; returns the origin's TCP port once the link is up."""
+def start_pair(work: str, memq: int, procs: list[subprocess.Popen], origin_cmd: list[str] | None = None) -> int:
+    """A replicated pair of nsqtw nsqd (the peer first, then the origin naming it, run as
+    ``origin_cmd`` when given), their processes added to ``procs``; returns the origin's TCP
+    port once the link is up."""
     rport = free_port()
     os.mkdir(f"{work}/peer")
     os.mkdir(f"{work}/origin")
     peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}")
     procs.append(peer)
-    origin, tcp = start(NSQTW, f"{work}/origin", memq, "--node-id=1", f"--replica-peer=127.0.0.1:{rport}")
+    origin, tcp = start(origin_cmd or NSQTW, f"{work}/origin", memq, "--node-id=1",
+                        f"--replica-peer=127.0.0.1:{rport}")
     procs.append(origin)
     time.sleep(1.5)  # the link comes up
     return tcp

@@ -97,18 +97,13 @@ def main(argv: list[str]) -> int:
     procs: list[subprocess.Popen[Any]] = []
     origin_cmd = [sys.executable, str(Path(__file__).resolve()), "--as-origin"]
     try:
-        flags = ["--node-id=1"]
         if replicated:
-            rport = br.free_port()
-            os.mkdir(f"{work}/peer")
-            peer, _ = br.start(br.NSQTW, f"{work}/peer", 10_000, "--node-id=2",
-                               f"--replication-address=127.0.0.1:{rport}")
-            procs.append(peer)
-            flags.append(f"--replica-peer=127.0.0.1:{rport}")
-        os.mkdir(f"{work}/origin")
-        origin, port = br.start(origin_cmd, f"{work}/origin", 10_000, *flags)
-        procs.append(origin)
-        time.sleep(1.5)  # the link comes up
+            port = br.start_pair(work, 10_000, procs, origin_cmd)
+        else:
+            os.mkdir(f"{work}/origin")
+            single, port = br.start(origin_cmd, f"{work}/origin", 10_000, "--node-id=1")
+            procs.append(single)
+        origin = procs[-1]
         bench = subprocess.Popen([str(br.GO / "bench_pub"), f"--nsqd-tcp-address=127.0.0.1:{port}",
                                   "--runfor=6s", "--size=200"], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
