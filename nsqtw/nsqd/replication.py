@@ -36,12 +36,13 @@ from ..protocol import replication as wire
 from ..protocol.replication import (
     LinkError, batch_body, decode_batch, shadow_record_head,
 )
-from .core.broker import Event
+from .core.broker import Broker, Event
 from .core.replication import (
     IN_SYNC, SNAPSHOT_BATCH_BYTES, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin,
     ShadowReceiver, ShadowState, iter_chunks, outstanding,
 )
 from .core.replication import PeerLag, peer_stats
+from .core.replication.broker import StoreHooks
 
 __all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
 
@@ -609,9 +610,10 @@ class ReplicationService(Service):
     """The origin's links to its peers and its publish barrier."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, instance: bytes, name: str,
-                 turn: Any, broker: Any, data_path: str) -> None:
+                 turn: Any, data_path: str) -> None:
         self.setName("replication")
-        self.broker = broker
+        #: the broker it replicates (:meth:`attach`)
+        self.broker: Broker = cast(Broker, None)
         self.data_path = data_path
         #: this node's epoch as an origin (kept in its data path; renewed when a peer reports
         #: it adopted it)
@@ -638,6 +640,17 @@ class ReplicationService(Service):
         #: peers not yet heard from since the start while delivery is held (see _hold)
         self._unanswered: set[str] = set()
         self._hold_call: Any = None
+
+    @property
+    def hooks(self) -> StoreHooks:
+        """What the replicated broker is built with: its publishes, FINs and REQs come here."""
+        return StoreHooks(record=self.record, fin=self.origin.fin, req=self.origin.req)
+
+    def attach(self, broker: Broker) -> None:
+        """The broker built with :attr:`hooks`: its topic and channel changes go on the link
+        in order with its publishes, and snapshots are made of its queues."""
+        self.broker = broker
+        broker.listeners.append(self.on_event)
 
     # --- what the broker and the glue call -------------------------------------------
 

@@ -86,15 +86,12 @@ class NsqdService(MultiService):
         if options.replica_peers:
             from .core.replication import ReplicatedBroker
             from .replication import ReplicationService
-            self.broker = ReplicatedBroker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
             self.replication = ReplicationService(options, reactor, instance=self.instance,
                                                   name=options.broadcast_address, turn=self.turn,
-                                                  broker=self.broker, data_path=self.data_path)
-            origin = self.replication.origin
-            self.broker.replicate = self.replication.record
-            self.broker.replicate_fin = origin.fin
-            self.broker.replicate_req = origin.req
-            self.broker.listeners.append(self.replication.on_event)
+                                                  data_path=self.data_path)
+            self.broker = ReplicatedBroker(options, reactor.seconds(), hooks=self.replication.hooks,
+                                           backend_factory=factory, rng=self.rng)
+            self.replication.attach(self.broker)
         else:
             self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
         from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments

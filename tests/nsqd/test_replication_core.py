@@ -8,6 +8,7 @@ import pytest
 from twisted.internet import task
 
 from nsqtw.nsqd.core.broker import Broker
+from nsqtw.nsqd.core.replication.broker import StoreHooks
 from nsqtw.nsqd.core.replication import (
     OriginLink, PublishRefused, ReplicatedBroker, ReplicationOrigin, ShadowReceiver,
 )
@@ -191,9 +192,10 @@ def test_replicated_broker_records_stored_frames_but_not_ephemeral_topics():
     clock = task.Clock()
     clock.advance(1000)
     opts = NsqdOptions(node_id=1, replica_peers=["127.0.0.1:9"])
-    b = ReplicatedBroker(opts, clock.seconds())
-    got = []
-    b.replicate = lambda *a: got.append(a)
+    got: list[tuple] = []
+    fins: list[tuple] = []
+    b = ReplicatedBroker(opts, clock.seconds(), hooks=StoreHooks(record=lambda *a: got.append(a),
+                                                                  fin=lambda *a: fins.append(a), req=lambda *a: None))
     b.publish_one("t", b"one", clock.seconds())
     b.publish("t", [b"a", b"bb", b"c"], clock.seconds())
     b.publish_deferred("t", b"later", 5.0, clock.seconds())
@@ -201,7 +203,25 @@ def test_replicated_broker_records_stored_frames_but_not_ephemeral_topics():
     assert [(t, d, n) for t, d, _, n in got] == [("t", 0, 1), ("t", 0, 3), ("t", int(1005 * 1e9), 1)]
     assert [f[34:] for f in wire.split_frames(got[1][2])] == [b"a", b"bb", b"c"]
     plain = Broker(NsqdOptions(node_id=1), clock.seconds())
-    assert "replicate" not in dir(plain)
+    assert "hooks" not in dir(plain)
+
+
+def test_an_adopted_message_goes_through_the_brokers_store_path_and_is_not_recorded():
+    """Adoption stores through Broker.store_frame: a full disk there turns /ping NOK as a
+    publish does, and a replicated broker does not record it as a live publish (adoption sends
+    it to the peers as a snapshot)."""
+    clock = task.Clock()
+    clock.advance(1000)
+    got: list[tuple] = []
+    b = ReplicatedBroker(NsqdOptions(node_id=1, replica_peers=["127.0.0.1:9"]), clock.seconds(),
+                         hooks=StoreHooks(record=lambda *a: got.append(a), fin=lambda *a: None, req=lambda *a: None))
+    other = Broker(NsqdOptions(node_id=2), clock.seconds())
+    run, _ = other.make_run([b"adopted"], clock.seconds())
+    frame = run[0]
+    b.store_frame("t", ["c"], frame, 0.0, clock.seconds())
+    b.store_frame("t", None, frame, clock.seconds() + 60, clock.seconds())
+    assert got == []
+    assert b.topics["t"].channels["c"].depth() == 1
 
 
 def test_options_refuse_bad_replication_settings():

@@ -135,7 +135,7 @@ def test_a_big_publish_goes_to_the_peers_at_once_and_small_ones_at_the_end_of_th
 
     turn = _Turn()
     service = ReplicationService(NsqdOptions(replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
-                                 name="n", turn=turn, broker=None, data_path=str(tmp_path))
+                                 name="n", turn=turn, data_path=str(tmp_path))
     service.origin.linked("127.0.0.1:1", 2, 0.0)
     link = service.links["127.0.0.1:1"] = _Link()  # type: ignore[assignment]  # a stand-in link
     service.record("t", 0, b"m" * 200, 200)  # an MPUB of 200
@@ -162,7 +162,7 @@ def test_a_held_publish_is_answered_by_a_plain_call_not_a_deferred(tmp_path):
 
     turn = _Turn()
     service = ReplicationService(NsqdOptions(replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
-                                 name="n", turn=turn, broker=None, data_path=str(tmp_path))
+                                 name="n", turn=turn, data_path=str(tmp_path))
     answers: list[str | None] = []
     service.hold(answers.append)  # no peer in sync: refused at once, with the reason
     assert len(answers) == 1 and answers[0] is not None and "0 of 1 peers in sync" in answers[0]

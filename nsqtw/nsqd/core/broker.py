@@ -395,6 +395,32 @@ class Broker:
             self.health = f"NOK - {e}"
             raise
 
+    def store_frame(self, topic_name: str, channels: Sequence[str] | None, frame: bytes, due: float,
+                    now: float) -> None:
+        """Store one message made elsewhere (an adopted origin's: its ID, timestamp and
+        attempts kept): into its topic's queue (``channels`` None), or into each named channel
+        (created if needed); deferred to ``due`` when that is later than ``now``.  A refusing
+        disk raises :class:`BackendError` and turns /ping to NOK, as a publish does."""
+        topic = self.get_topic(topic_name, now)
+        nbytes = len(frame) - 34
+        try:
+            if channels is None:
+                if due > now:
+                    topic.put_deferred(frame, nbytes, due)
+                else:
+                    topic.put(run_of_frame(frame), nbytes)
+                return
+            for name in channels:
+                ch = topic.get_channel(name, now)
+                if due > now:
+                    ch.put_deferred(frame, due)
+                else:
+                    ch.accept(run_of_frame(frame))
+                    self.dirty.add(ch)
+        except BackendError as e:
+            self.health = f"NOK - {e}"
+            raise
+
     # --- shutdown -----------------------------------------------------------------
 
     def close(self) -> None:

@@ -1,0 +1,83 @@
+"""
+Adoption (sans-IO): when a peer takes over an origin's shadow (:class:`AdoptionPolicy`) and how
+its unfinished messages are republished into the peer's own broker (:func:`adopt`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..broker import Broker
+from .shadow import ShadowState
+
+__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt"]
+
+
+class AdoptionPolicy(Protocol):
+    """Decides when a peer adopts an origin's shadow: the one place that decision is made
+    (today :class:`AdoptAfterTimeout`; a lease held in etcd could be another)."""
+
+    def origin_up(self, origin: int, now: float) -> None:
+        """A link from ``origin`` is up (it lives)."""
+
+    def origin_down(self, origin: int, now: float) -> None:
+        """The last link from ``origin`` is gone (or this node started with its shadow)."""
+
+    def due(self, now: float) -> list[int]:
+        """Origins to adopt now (each returned once per time it went down)."""
+
+
+class AdoptAfterTimeout:
+    """Adopt an origin whose links have all been down for ``--adopt-after``."""
+
+    def __init__(self, adopt_after: float) -> None:
+        self.adopt_after = adopt_after
+        self.down_since: dict[int, float] = {}
+
+    def origin_up(self, origin: int, now: float) -> None:
+        self.down_since.pop(origin, None)
+
+    def origin_down(self, origin: int, now: float) -> None:
+        self.down_since.setdefault(origin, now)
+
+    def due(self, now: float) -> list[int]:
+        out = [o for o, since in self.down_since.items() if now - since >= self.adopt_after]
+        for o in out:
+            del self.down_since[o]
+        return out
+
+
+def adopt(broker: Broker, state: ShadowState, now: float, done: set[bytes] | None = None) -> tuple[int, int]:
+    """Republish every unfinished message of an origin's shadow into ``broker`` through its
+    store path (:meth:`~nsqtw.nsqd.core.broker.Broker.store_frame`): to each channel that had
+    not finished it (created if needed), or to its topic when it had no channel yet; the frame
+    is the origin's (ID, timestamp, attempts kept), a message due later (DPUB, delayed REQ) is
+    deferred to its due time.  Returns ``(adopted, refused)`` (refused: the queues would not
+    take it, e.g. a full disk and full memory queue).
+
+    ``done``, when given, holds the IDs of messages adopted by an earlier try of the same
+    adoption: they are skipped, and the IDs adopted now are added to it (an adoption that a
+    full disk cut short is tried again for what is left, without republishing the rest)."""
+    adopted = refused = 0
+    for topic_name, due_ns, pending, raw in state.each_unfinished():
+        frame = bytes(raw)  # of its own (the shadow may hold a view of its log)
+        mid = frame[18:34]
+        if done is not None and mid in done:
+            continue
+        try:
+            broker.store_frame(topic_name, None if pending is None else sorted(pending), frame, due_ns / 1e9, now)
+        except Exception:
+            refused += 1
+            continue
+        adopted += 1
+        if done is not None:
+            done.add(mid)
+    for topic_name, channel_name in sorted(state.paused):  # paused on the origin: paused here
+        t = broker.topics.get(topic_name)
+        if t is None:
+            continue
+        if not channel_name:
+            t.pause()
+        elif (c := t.channels.get(channel_name)) is not None:
+            c.pause()
+    return adopted, refused
