@@ -85,8 +85,8 @@ async def main(mode: str) -> None:
     if mode == "solo":
         origin = await start_nsqd(node_id=1, mem_queue_size=10_000_000)
     else:
-        peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", mem_queue_size=10_000_000)
-        origin = await start_nsqd(node_id=1, mem_queue_size=10_000_000,
+        peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", mem_queue_size=10_000_000)
+        origin = await start_nsqd(replication_insecure=True, node_id=1, mem_queue_size=10_000_000,
                                   replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
         while origin._service.replication.origin.in_sync() < 1:
             await sleep(0.01)

@@ -431,10 +431,16 @@ def _self_addresses(listen: str, hostname: str) -> set[tuple[str, int]]:
     return {(h, port) for h in hosts}
 
 
+class HostNodeId(int):
+    """A ``--node-id`` nobody gave: NSQ's hash of the host name (an ``int`` like any other,
+    which replication refuses: two nodes on one host, or two containers with the same name,
+    would share it)."""
+
+
 def default_node_id(hostname: str | None = None) -> int:
     """NSQ's default: ``crc32(md5(hostname)) % 1024``."""
     name = hostname if hostname is not None else socket.gethostname()
-    return zlib.crc32(hashlib.md5(name.encode()).digest()) % 1024
+    return HostNodeId(zlib.crc32(hashlib.md5(name.encode()).digest()) % 1024)
 
 
 def default_hostname() -> str:
@@ -603,6 +609,18 @@ class NsqdOptions:
     replication_timeout: float = opt(default=5.0, flag="replication-timeout", kind=DURATION,
                                      help="[nsqtw] a peer that does not acknowledge a batch (or answer HELLO) "
                                           "within this is out of sync and its link is dropped")
+    replication_secret_file: str = opt(default="", flag="replication-secret-file", kind=STR,
+                                       help="[nsqtw] path to a file holding a secret shared by the replicated nodes "
+                                            "(at least 16 bytes): links prove it both ways and are sealed with it")
+    replication_insecure: bool = opt(default=False, flag="replication-insecure", kind=BOOL,
+                                     help="[nsqtw] replicate without a --replication-secret-file: anyone who "
+                                          "reaches --replication-address can feed or wipe its shadows (only "
+                                          "on a private network)")
+    replication_allow: list[str] = opt(flag="replication-allow-node", cfg="replication_allow_nodes", kind=STRLIST,
+                                       factory=list,
+                                       help="[nsqtw] with a --replication-address: the --node-id of an origin "
+                                            "whose links it takes (may be given multiple times; default: any "
+                                            "node that proves the secret)")
     adopt_after: float = opt(default=10.0, flag="adopt-after", kind=DURATION,
                              help="[nsqtw] with a --replication-address: once every link from an origin has "
                                   "been down this long, deliver its unfinished messages from here")
@@ -693,6 +711,20 @@ class NsqdOptions:
                 raise OptionError(f"--{f.metadata['flag']} is not supported: {reason}")
 
     def _validate_replication(self) -> None:
+        replicated = bool(self.replica_peers or self.replication_address)
+        if replicated and isinstance(self.node_id, HostNodeId):
+            raise OptionError("--replica-peer and --replication-address need an explicit --node-id, "
+                              "distinct on every node (the default, a hash of the host name, is the same "
+                              "for nodes sharing a host name)")
+        if self.replication_secret_file and self.replication_insecure:
+            raise OptionError("--replication-secret-file and --replication-insecure exclude each other")
+        if replicated and not (self.replication_secret_file or self.replication_insecure):
+            raise OptionError("replication needs --replication-secret-file=PATH (a secret shared by the "
+                              "nodes), or --replication-insecure on a private network where nobody else "
+                              "reaches --replication-address")
+        for n in self.replication_allow:
+            if not n.isdigit() or not 0 <= int(n) < 1024:
+                raise OptionError(f"--replication-allow-node must be a --node-id in [0,1024), not {n!r}")
         if self.replication_address:
             _check_address("replication-address", self.replication_address, allow_unix=False)
         own = _self_addresses(self.replication_address, self.broadcast_address)

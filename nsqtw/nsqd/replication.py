@@ -18,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import socket
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
@@ -29,7 +30,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from ..options import NsqdOptions, split_host_port
+from ..options import NsqdOptions, OptionError, split_host_port
 from ..runtime import seam
 from ..protocol.names import is_ephemeral
 from ..protocol import replication as wire
@@ -38,13 +39,15 @@ from ..protocol.replication import (
 )
 from .core.broker import Broker, Event
 from .core.replication import (
-    IN_SYNC, SNAPSHOT_BATCH_BYTES, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin,
+    CATCHING_UP, IN_SYNC, SNAPSHOT_BATCH_BYTES, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin,
     ShadowReceiver, ShadowState, iter_chunks, outstanding,
 )
 from .core.replication import PeerLag, peer_stats
+from .core.replication.adoption import FORGET, STAND_BY, choose
 from .core.replication.broker import StoreHooks
 
-__all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path"]
+__all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path", "read_secret",
+           "tune_link_socket"]
 
 log = Logger(namespace="nsqtw.nsqd")
 
@@ -98,6 +101,28 @@ def new_epoch(data_path: str, now_ns: int, old: int = 0) -> int:
     os.makedirs(data_path, exist_ok=True)
     _write_file(os.path.join(data_path, EPOCH_FILE), b"%d\n" % epoch)
     return epoch
+
+
+#: the fewest bytes a --replication-secret-file may hold
+MIN_SECRET_BYTES = 16
+
+
+def read_secret(path: str) -> bytes:
+    """The shared secret in ``--replication-secret-file`` (its trailing newline dropped);
+    refused with :class:`OptionError` naming the flag when it cannot be read or is too short."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().rstrip(b"\r\n")
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise OptionError(f"--replication-secret-file {path}: {e.strerror}") from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise OptionError(f"--replication-secret-file {path}: the secret must be at least {MIN_SECRET_BYTES} "
+                          "bytes (e.g. head -c 32 /dev/urandom | base64 > FILE)")
+    if mode & 0o077:
+        log.warn("REPLICATION: --replication-secret-file {path} is readable by other users (chmod 600 it)",
+                 path=path)
+    return secret
 
 
 def shadow_path(data_path: str, origin_node_id: int) -> str:
@@ -370,13 +395,14 @@ class ShadowFiles:
         """The highest ID adopted of ``origin``'s ``epoch`` (NO_ID: that epoch was not adopted)."""
         return self.adopted.get((origin, epoch), wire.NO_ID)
 
-    def retire(self, origin: int, stamp: int) -> str:
+    def retire(self, origin: int, stamp: int, record: bool = True) -> str:
         """The origin was adopted: forget its shadow; its log is kept, renamed
         ``nsqtw-shadow.<id>.adopted.<stamp>`` (never replayed again), and the adopted epoch
         recorded (``nsqtw-adopted.<id>.<epoch>``, holding the highest ID adopted) before it is
-        forgotten, so the origin, when it comes back, learns it was adopted."""
+        forgotten, so the origin, when it comes back, learns it was adopted (not when
+        ``record`` is False: another peer adopted it, and answers the origin)."""
         state = self.states.get(origin)
-        if state is not None:
+        if state is not None and record:
             _write_file(os.path.join(self.data_path, f"nsqtw-adopted.{origin}.{state.epoch}"), state.max_id)
             self.adopted[(origin, state.epoch)] = state.max_id
         shadow = self._logs.pop(origin, None)
@@ -410,20 +436,49 @@ def _held(entries: Sequence[tuple[int, str, str, int, bytes | memoryview]]) -> l
             else (e[0], e[1], e[2], e[3], bytes(e[4])) for e in entries]
 
 
+def tune_link_socket(transport: Any, timeout: float) -> None:
+    """A replication link's socket: no Nagle delay, and the kernel's own backstop for a dead
+    peer (TCP keepalive after ``timeout`` idle, and ``TCP_USER_TIMEOUT``: data unacknowledged
+    for ``timeout`` fails the connection), beside the link's heartbeats."""
+    if hasattr(transport, "setTcpNoDelay"):
+        transport.setTcpNoDelay(True)
+    if hasattr(transport, "setTcpKeepAlive"):
+        transport.setTcpKeepAlive(True)
+    handle = transport.getHandle() if hasattr(transport, "getHandle") else None
+    if not isinstance(handle, socket.socket):
+        return
+    idle = max(1, int(timeout))
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", max(1000, int(timeout * 1000)))):
+        opt = getattr(socket, name, None)
+        if opt is not None:
+            try:
+                handle.setsockopt(socket.IPPROTO_TCP, opt, value)
+            except OSError:  # not on this platform: heartbeats still find a dead peer
+                pass
+
+
+#: unauthenticated connections a peer keeps at once (more are closed as they come)
+MAX_UNAUTHENTICATED = 32
+
+
 class _ShadowProtocol(Protocol):
     #: the reactor's TCP transport
     transport: Any
     factory: ShadowFactory
 
-    def __init__(self, receiver: ShadowReceiver) -> None:
+    def __init__(self, receiver: ShadowReceiver, now: float) -> None:
         self.receiver = receiver
         self._seam: seam.SocketSeam | None = None
         self._write: Callable[[bytes], None] = lambda data: None
+        #: reads and writes so far, and when the link was last heard (see ShadowFactory.tick)
+        self.reads = self.writes = 0
+        self.seen_reads = self.seen_writes = 0
+        self.heard = self.started = now
 
     def connectionMade(self) -> None:
         self.factory.protocols.add(self)
-        if hasattr(self.transport, "setTcpNoDelay"):
-            self.transport.setTcpNoDelay(True)
+        tune_link_socket(self.transport, self.factory.timeout)
         # the ACK goes out at once (an eager send), before the batch is applied in memory
         self._seam = seam.attach(self.transport, self, self.dataReceived)
         self._write = self._seam.write if self._seam is not None else self.transport.write
@@ -437,64 +492,204 @@ class _ShadowProtocol(Protocol):
         if origin is not None and self.factory.adoption is not None:
             self.factory.adoption.origin_down(origin.node_id)
 
+    def send(self, data: bytes) -> None:
+        self.writes += 1
+        self._write(data)
+
     def dataReceived(self, data: bytes) -> None:
+        self.reads += 1
         receiver = self.receiver
         was = receiver.origin
         out = receiver.feed(data)
         if out:
+            self.writes += 1
             self._write(out)
         self.factory.files.apply()
         if receiver.origin is not None and was is None:
-            if self.factory.adoption is not None:
-                self.factory.adoption.origin_up(receiver.origin.node_id)
-            log.info("REPLICATION: origin {name} (node {id}) linked from {peer}", name=receiver.origin.name,
-                     id=receiver.origin.node_id, peer=self.transport.getPeer())
+            self.factory.linked(self, receiver.origin)
         if receiver.closed:
-            log.warn("REPLICATION: link from {peer} refused: {why}", peer=self.transport.getPeer(),
-                     why=out[5:].decode(errors="replace"))
+            why = out[5:].decode(errors="replace")
+            if why.startswith("E_STORE_FAILED"):
+                self.factory.store_failed(why)
+            log.warn("REPLICATION: link from {peer} refused: {why}", peer=self.transport.getPeer(), why=why)
             self.transport.loseConnection()
+        elif self.factory.store_error:
+            self.factory.store_error = ""
 
 
 class ShadowFactory(Factory):
-    """The ``--replication-address`` listener's factory."""
+    """The ``--replication-address`` listener's factory: each origin's links, their
+    handshake deadline, heartbeats and silence (:meth:`tick`), and what this node tells its
+    origins it holds (HOLDS)."""
 
     noisy = False
 
-    def __init__(self, node_id: int, instance: bytes, name: str, files: ShadowFiles) -> None:
+    def __init__(self, node_id: int, instance: bytes, name: str, files: ShadowFiles, *,
+                 reactor: Any = None, timeout: float = 5.0, secret: bytes | None = None,
+                 allowed: Callable[[int], bool] = lambda origin: True,
+                 max_frame: int = wire.MAX_FRAME) -> None:
         self.node_id = node_id
         self.instance = instance
         self.name = name
         self.files = files
+        self.reactor = reactor
+        self.timeout = timeout
+        self.secret = secret
+        self.allowed = allowed
+        self.max_frame = max_frame
         self.protocols: set[_ShadowProtocol] = set()
         self.adoption: AdoptionService | None = None
+        #: the last error storing a batch ("" once a batch is stored again): a full disk
+        self.store_error = ""
+        #: connections closed because too many were unauthenticated
+        self.turned_away = 0
+        self._loop: task.LoopingCall | None = None
+
+    def doStart(self) -> None:
+        if self.reactor is not None and self._loop is None:
+            self._loop = task.LoopingCall(self.tick)
+            self._loop.clock = self.reactor
+            self._loop.start(min(1.0, self.timeout / 4), now=False)
+
+    def doStop(self) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
 
     def close_links(self) -> None:
         """The node stops: drop every origin's link (the origins see the peer out of sync)."""
         for p in list(self.protocols):
             p.transport.abortConnection()
 
-    def buildProtocol(self, addr: Any) -> Protocol:
+    def buildProtocol(self, addr: Any) -> Protocol | None:
+        pending = sum(1 for p in self.protocols if p.receiver.origin is None)
+        if pending >= MAX_UNAUTHENTICATED:
+            self.turned_away += 1
+            if self.turned_away == 1 or self.turned_away % 1000 == 0:
+                log.warn("REPLICATION: {n} connections waiting for their handshake: closing new ones "
+                         "from {peer} ({total} so far)", n=pending, peer=addr, total=self.turned_away)
+            return None
+        now = self.reactor.seconds() if self.reactor is not None else 0.0
         p = _ShadowProtocol(ShadowReceiver(self.node_id, self.instance, self.name, self.files.store,
-                                           self.files.adopted_id))
+                                           self.files.adopted_id, secret=self.secret, allowed=self.allowed,
+                                           max_frame=self.max_frame), now)
         p.factory = self
         return p
 
+    def linked(self, proto: _ShadowProtocol, origin: wire.Hello) -> None:
+        """An origin proved itself on ``proto``: the link counts (for adoption), replaces any
+        older link from the same node (a half-open one never holds adoption off), and is told
+        what this node holds."""
+        if self.adoption is not None:
+            self.adoption.origin_up(origin.node_id)
+        log.info("REPLICATION: origin {name} (node {id}) linked from {peer}", name=origin.name,
+                 id=origin.node_id, peer=proto.transport.getPeer())
+        for other in list(self.protocols):
+            o = other.receiver.origin
+            if other is not proto and o is not None and o.node_id == origin.node_id:
+                log.info("REPLICATION: an older link from node {id} ({peer}) is replaced by the new one",
+                         id=origin.node_id, peer=other.transport.getPeer())
+                other.transport.abortConnection()
+        self.announce()
+
+    def holds(self) -> dict[int, int]:
+        """The origins whose shadow this node holds (or is adopting), and those it adopted."""
+        out = {origin: wire.HELD for origin in self.files.states}
+        if self.adoption is not None:
+            out.update(self.adoption.holding)
+        return out
+
+    def announce(self) -> None:
+        """Tell every linked origin what this node holds (after a change)."""
+        holds = self.holds()
+        for p in list(self.protocols):
+            if p.receiver.origin is not None and not p.receiver.closed:
+                p.send(p.receiver.holds(holds))
+
+    def store_failed(self, why: str) -> None:
+        self.store_error = why
+
+    def tick(self) -> None:
+        """Every second or so: drop a link whose handshake did not finish, or that has been
+        silent, within ``--replication-timeout``; send a BEAT on a link that sent nothing."""
+        now = self.reactor.seconds()
+        for p in list(self.protocols):
+            if p.reads != p.seen_reads:
+                p.seen_reads = p.reads
+                p.heard = now
+            receiver = p.receiver
+            if receiver.origin is None:
+                if now - p.started >= self.timeout:
+                    log.warn("REPLICATION: connection from {peer} dropped: no handshake within "
+                             "--replication-timeout ({t}s)", peer=p.transport.getPeer(), t=self.timeout)
+                    p.transport.abortConnection()
+                continue
+            if now - p.heard >= self.timeout:
+                log.warn("REPLICATION: link from node {id} dropped: nothing heard for {t}s "
+                         "(--replication-timeout)", id=receiver.origin.node_id, t=round(now - p.heard, 1))
+                p.transport.abortConnection()
+                continue
+            if p.writes == p.seen_writes and not receiver.closed:
+                p.send(receiver.beat())
+            p.seen_writes = p.writes
+
+    def link_stats(self) -> list[dict[str, Any]]:
+        """Per linked origin: its node id, peer address, and how long ago it was last heard."""
+        now = self.reactor.seconds() if self.reactor is not None else 0.0
+        out = []
+        for p in self.protocols:
+            o = p.receiver.origin
+            if o is not None:
+                out.append({"origin_node_id": o.node_id, "name": o.name,
+                            "last_heard_seconds": round(max(0.0, now - p.heard), 3),
+                            "batches": p.receiver.batches})
+        return sorted(out, key=lambda e: e["origin_node_id"])
+
 
 class AdoptionService(Service):
-    """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so: every unfinished
-    message is republished into this node's queues (``adopt(state)``), and the shadow retired."""
+    """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so and :func:`choose`
+    picks this node among the survivors: every unfinished message is republished into this
+    node's queues (``adopt``), and the shadow retired once all of it is stored.  An adoption
+    that fails (a full disk) is logged, shown in /stats, and tried again every second for
+    what is left; other origins are adopted meanwhile.
+
+    ``adopt(origin, state, done)`` republishes (see :func:`~nsqtw.nsqd.core.replication.adopt`)
+    and returns ``(adopted, refused, stored)``: ``stored`` fires once this node's own peers
+    stored what it adopted (None: nothing to wait for).  ``peers_holding(origin)`` is
+    ``(node id, HELD or ADOPTED)`` of each live peer holding that origin's shadow."""
 
     def __init__(self, files: ShadowFiles, policy: AdoptionPolicy, reactor: Any,
-                 adopt: Callable[[ShadowState], tuple[int, int]], interval: float) -> None:
+                 adopt: Callable[[int, ShadowState, set[bytes]], tuple[int, int, defer.Deferred[Any] | None]],
+                 interval: float, *, node_id: int = 0,
+                 peers_holding: Callable[[int], list[tuple[int, int]]] = lambda origin: [],
+                 announce: Callable[[], None] = lambda: None,
+                 health: Callable[[], str] = lambda: "refused") -> None:
         self.setName("adoption")
+        #: what the broker says of its storage (a refused adoption's reason: "NOK - ...")
+        self.health = health
         self.files = files
         self.policy = policy
         self.reactor = reactor
         self.adopt_into = adopt
         self.interval = interval
+        self.node_id = node_id
+        self.peers_holding = peers_holding
+        self.announce = announce
         self.links: dict[int, int] = {}
         #: (origin node id, messages adopted, refused, when) of every adoption so far
         self.adopted: list[tuple[int, int, int, float]] = []
+        #: origins due and not adopted yet: standing by for a peer, or an adoption to retry
+        self.pending: dict[int, float] = {}
+        #: origin -> (why the last try failed, since when, tries)
+        self.failures: dict[int, tuple[str, float, int]] = {}
+        #: origin -> the peer this node stands by for
+        self.standing_by: dict[int, int] = {}
+        #: origin -> (peer that adopted it, when) for shadows dropped because a peer adopted them
+        self.forgotten: dict[int, tuple[int, float]] = {}
+        #: what HOLDS says beside the shadows: origins being adopted (HELD) or adopted here (ADOPTED)
+        self.holding: dict[int, int] = {}
+        #: message IDs already republished, per origin whose adoption is not finished
+        self._done: dict[int, set[bytes]] = {}
         self._loop: task.LoopingCall | None = None
 
     def startService(self) -> None:
@@ -516,6 +711,10 @@ class AdoptionService(Service):
     def origin_up(self, origin: int) -> None:
         self.links[origin] = self.links.get(origin, 0) + 1
         self.policy.origin_up(origin, self.reactor.seconds())
+        self.pending.pop(origin, None)
+        self.standing_by.pop(origin, None)
+        if self.holding.get(origin) == wire.ADOPTED:
+            del self.holding[origin]
 
     def origin_down(self, origin: int) -> None:
         n = self.links.get(origin, 0) - 1
@@ -528,19 +727,86 @@ class AdoptionService(Service):
     def check(self) -> None:
         now = self.reactor.seconds()
         for origin in self.policy.due(now):
+            self.pending.setdefault(origin, now)
+        for origin in sorted(self.pending):
             if self.links.get(origin) or origin not in self.files.states:
+                self.pending.pop(origin, None)
                 continue
-            state = self.files.states[origin]
-            adopted, refused = self.adopt_into(state)
-            kept = self.files.retire(origin, int(now * 1e9))
-            self.adopted.append((origin, adopted, refused, now))
-            log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here"
-                     "{refused} (its shadow log kept as {kept})", id=origin, n=adopted, kept=kept,
-                     refused=f", {refused} REFUSED" if refused else "")
+            try:
+                self._decide(origin, now)
+            except Exception as e:  # never the loop's end: the other origins go on
+                self._failed(origin, now, f"{type(e).__name__}: {e}")
+
+    def _decide(self, origin: int, now: float) -> None:
+        action, peer = choose(self.node_id, self.peers_holding(origin))
+        if action == FORGET:
+            assert peer is not None
+            kept = self.files.retire(origin, int(now * 1e9), record=False)
+            self.pending.pop(origin, None)
+            self.standing_by.pop(origin, None)
+            self.forgotten[origin] = (peer, now)
+            log.warn("REPLICATION: node {peer} adopted node {id}: its shadow here is dropped (kept as {kept})",
+                     peer=peer, id=origin, kept=kept)
+            self.announce()
+            return
+        if action == STAND_BY:
+            assert peer is not None
+            if self.standing_by.get(origin) != peer:
+                log.info("REPLICATION: node {id} is down; node {peer} (a lower id, holding its shadow) "
+                         "adopts it: this node stands by", id=origin, peer=peer)
+            self.standing_by[origin] = peer
+            return
+        self.standing_by.pop(origin, None)
+        self.holding[origin] = wire.HELD
+        done = self._done.setdefault(origin, set())
+        state = self.files.states[origin]
+        adopted, refused, stored = self.adopt_into(origin, state, done)
+        if refused:
+            raise OSError(f"{refused} of {refused + len(done)} messages refused by this node's queues "
+                          f"({self.health()})")
+        kept = self.files.retire(origin, int(now * 1e9))
+        total = len(done)
+        del self._done[origin]
+        self.pending.pop(origin, None)
+        failure = self.failures.pop(origin, None)
+        self.adopted.append((origin, total, 0, now))
+        log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here{retried} "
+                 "(its shadow log kept as {kept})", id=origin, n=total, kept=kept,
+                 retried=f" after {failure[2]} failed tries" if failure else "")
+
+        def stored_here(_: Any) -> None:
+            if self.holding.get(origin) == wire.HELD:
+                self.holding[origin] = wire.ADOPTED
+                self.announce()
+
+        if stored is None:
+            stored_here(None)
+        else:
+            stored.addBoth(lambda r: stored_here(None) if not isinstance(r, Failure) else None)
+
+    def _failed(self, origin: int, now: float, why: str) -> None:
+        prev = self.failures.get(origin)
+        tries = prev[2] + 1 if prev else 1
+        self.failures[origin] = (why, prev[1] if prev else now, tries)
+        if prev is None or prev[0] != why:
+            log.error("REPLICATION: adopting node {id} failed: {why}; trying again every {t}s for what is "
+                      "left", id=origin, why=why, t=self.interval)
 
     def stats(self) -> list[dict[str, Any]]:
         return [{"origin_node_id": o, "epoch": int(when * 1e9), "messages": n, "refused": r, "at": when}
                 for o, n, r, when in self.adopted]
+
+    def status(self) -> dict[str, Any]:
+        """Adoptions failing, standing by and dropped for a peer (for /stats and /metrics)."""
+        now = self.reactor.seconds()
+        return {
+            "failing": [{"origin_node_id": o, "error": why, "since_seconds": round(now - since, 3),
+                         "tries": tries, "adopted_so_far": len(self._done.get(o, ()))}
+                        for o, (why, since, tries) in sorted(self.failures.items())],
+            "standing_by": [{"origin_node_id": o, "for_node_id": p} for o, p in sorted(self.standing_by.items())],
+            "adopted_by_peer": [{"origin_node_id": o, "peer_node_id": p, "at": when}
+                                for o, (p, when) in sorted(self.forgotten.items())],
+        }
 
 
 # --- the origin side ----------------------------------------------------------------
@@ -554,15 +820,19 @@ class _PeerLink(Protocol):
         self.service = service
         self.address = address
         node_id, instance, name = service.origin_identity
-        self.link = OriginLink(node_id, instance, name, service.epoch)
+        self.link = OriginLink(node_id, instance, name, service.epoch, service.secret)
         self.up = False
+        #: what the peer last said it holds (HOLDS): origin node id -> HELD or ADOPTED
+        self.holds: dict[int, int] = {}
+        #: reads so far, and when the peer was last heard (see ReplicationService._check_stalled)
+        self.reads = self.seen_reads = 0
+        self.heard = service.reactor.seconds()
         self._seam: seam.SocketSeam | None = None
         self.write: Callable[[bytes], None] = lambda data: None
-        self.writev: Callable[[list[bytes]], None] = lambda parts: None
+        self.writev: Callable[[list[Any]], None] = lambda parts: None
 
     def connectionMade(self) -> None:
-        if hasattr(self.transport, "setTcpNoDelay"):
-            self.transport.setTcpNoDelay(True)
+        tune_link_socket(self.transport, self.service.options.replication_timeout)
         # a batch goes out at once (an eager send) rather than at the next reactor iteration,
         # its parts gathered by the kernel (one sendmsg) rather than joined here first
         self._seam = seam.attach_client(self.transport, self.dataReceived)
@@ -572,21 +842,41 @@ class _PeerLink(Protocol):
             self.write, self.writev = self.transport.write, self.transport.writeSequence
         self.write(self.link.start())
 
+    def send(self, frame: bytes) -> None:
+        """One batch frame (shared by every peer), sealed for this link when it has a secret."""
+        if self.link.sealer is None:
+            self.write(frame)
+        elif len(frame) <= SMALL_SEALED_BYTES:
+            self.write(b"".join(self.link.seal(frame)))
+        else:
+            self.writev(self.link.seal(frame))
+
+    def send_parts(self, parts: list[bytes]) -> None:
+        self.writev(parts if self.link.sealer is None else self.link.seal_parts(parts))
+
+    def beat(self) -> None:
+        self.writev(self.link.beat())
+
     def dataReceived(self, data: bytes) -> None:
-        seq = self.link.ack(data)
-        if seq is not None:  # one ACK: the commonest read
-            self.service.acked(self.address, seq)
-            return
+        self.reads += 1
         try:
-            hello, acks = self.link.feed(data)
+            seq = self.link.ack(data)
+            if seq is not None:  # one ACK: the commonest read
+                self.service.acked(self.address, seq)
+                return
+            ev = self.link.feed(data)
         except LinkError as e:
             self.service.link_failed(self, str(e))
             self.transport.abortConnection()
             return
-        if hello is not None:
+        if ev.out:
+            self.write(ev.out)  # the AUTH, before anything else goes out
+        if ev.hello is not None:
             self.up = True
-            self.service.link_up(self, hello)
-        for seq in acks:
+            self.service.link_up(self, ev.hello)
+        if ev.holds is not None:
+            self.holds = ev.holds
+        for seq in ev.acks:
             self.service.acked(self.address, seq)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
@@ -594,6 +884,11 @@ class _PeerLink(Protocol):
             self._seam.detach()
             self._seam = None
         self.service.link_lost(self, reason.getErrorMessage() if reason is not None else "closed")
+
+
+#: a sealed batch this small is joined with its new head (one copy, one send); a larger one
+#: goes as parts (the head, then the batch's body uncopied)
+SMALL_SEALED_BYTES = 64 * 1024
 
 
 #: how long a replication peer's reactor may spin for its origin's next batch (see
@@ -610,8 +905,10 @@ class ReplicationService(Service):
     """The origin's links to its peers and its publish barrier."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, instance: bytes, name: str,
-                 turn: Any, data_path: str) -> None:
+                 turn: Any, data_path: str, secret: bytes | None = None) -> None:
         self.setName("replication")
+        #: the shared secret links prove (None: --replication-insecure)
+        self.secret = secret
         #: the broker it replicates (:meth:`attach`)
         self.broker: Broker = cast(Broker, None)
         self.data_path = data_path
@@ -637,6 +934,8 @@ class ReplicationService(Service):
         self._connecting: dict[str, Any] = {}
         self._loop: task.LoopingCall | None = None
         self._flush = self.flush
+        #: the origin's last batch sequence at the previous check (a link idle since gets a BEAT)
+        self._sent_at_check = 0
         #: peers not yet heard from since the start while delivery is held (see _hold)
         self._unanswered: set[str] = set()
         self._hold_call: Any = None
@@ -719,7 +1018,7 @@ class ReplicationService(Service):
                 continue
             frames = self.origin.restream(address, now, outstanding(self.broker, self.epoch))
             for frame in frames:
-                link.write(frame)
+                link.send(frame)
             if frames:
                 sent.append(address)
         d: defer.Deferred[None] = defer.Deferred()
@@ -756,22 +1055,28 @@ class ReplicationService(Service):
             for p in peers:
                 link = self.links.get(p.address)
                 if link is not None and link.transport is not None:
-                    link.write(data)
+                    link.send(data)
             return
         for p in peers:
             link = self.links.get(p.address)
             if link is not None and link.transport is not None:
-                link.writev(parts)
+                link.send_parts(parts)
 
     def health(self) -> tuple[bool, str]:
-        """``(ok, text)`` for /ping: not ok while publishes are refused."""
+        """``(ok, text)`` for /ping: not ok while publishes are refused; the text says why
+        each peer out of sync is (a refused link: the same --node-id, another protocol
+        version, a wrong secret...)."""
         origin = self.origin
         if not origin.degraded:
             return True, "OK"
         text = origin.refusal()
+        why = "; ".join(f"{p.address}: {p.reason}" for p in origin.peers.values()
+                        if p.state != IN_SYNC and p.reason)
+        if why:
+            text = f"{text} ({why})"
         if origin.accept_degraded:
-            return True, f"OK - degraded ({text}; publishes accepted)"
-        return False, f"NOK - {text}; publishes refused"
+            return True, f"OK - degraded ({text}; publishes accepted, stored on this node only)"
+        return False, f"NOK - {text}; publishes refused until a peer is in sync"
 
     def stats(self) -> dict[str, Any]:
         now = self.reactor.seconds()
@@ -901,7 +1206,7 @@ class ReplicationService(Service):
         self.lag.up(link.address)
         frames = self.origin.linked(link.address, hello.node_id, now, outstanding(self.broker, self.epoch))
         for frame in frames:
-            link.write(frame)
+            link.send(frame)
         log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up from a snapshot",
                  peer=link.address, name=hello.name, id=hello.node_id)
         self._answered(link.address)
@@ -955,24 +1260,56 @@ class ReplicationService(Service):
             link = self.links.get(address)
             if link is not None and link.transport is not None:
                 for frame in self.origin.catch_up(address, now):
-                    link.write(frame)
+                    link.send(frame)
         if peer.state != was and peer.state == IN_SYNC:
             log.info("REPLICATION: peer {peer} caught up, in sync", peer=address)
         if self._restreams:
             self._check_restreams()
 
     def _check_stalled(self) -> None:
+        """Every second or so: drop a link that left a batch (or its HELLO) unanswered, fell
+        behind, or has been silent (no ACK, no BEAT) for ``--replication-timeout``; send a BEAT
+        on every link when nothing was sent since the last check."""
         now = self.reactor.seconds()
+        timeout = self.options.replication_timeout
         behind = self.origin.behind()
-        for address in dict.fromkeys(self.origin.overdue(now, self.options.replication_timeout) + behind):
-            link = self.links.pop(address, None)
+        reasons: dict[str, str] = {}
+        for address in self.origin.overdue(now, timeout):
+            reasons[address] = "stalled: no answer within --replication-timeout"
+        for address in behind:
+            reasons[address] = f"fell behind: over {self.origin.max_lag} messages unacknowledged"
+        idle = self.origin.last_sent == self._sent_at_check
+        self._sent_at_check = self.origin.last_sent
+        for address, link in list(self.links.items()):
+            if link.reads != link.seen_reads:
+                link.seen_reads = link.reads
+                link.heard = now
+            if not link.up or address in reasons:
+                continue
+            if now - link.heard >= timeout:
+                reasons[address] = f"silent: nothing heard for {round(now - link.heard, 1)}s (--replication-timeout)"
+            elif idle and link.transport is not None:
+                link.beat()
+        for address, reason in reasons.items():
+            dropped = self.links.pop(address, None)
             pending = self._connecting.pop(address, None)
-            self._down(address, "stalled: no answer within --replication-timeout" if address not in behind
-                       else f"fell behind: over {self.origin.max_lag} messages unacknowledged")
-            if link is not None:
-                link.transport.abortConnection()
+            self._down(address, reason)
+            if dropped is not None:
+                dropped.transport.abortConnection()
             if pending is not None:
                 pending.cancel()
+
+    def peers_holding(self, origin: int) -> list[tuple[int, int]]:
+        """``(node id, HELD or ADOPTED)`` of each peer linked and live (in sync or catching
+        up) that says it holds ``origin``'s shadow: who :func:`choose` weighs when this node
+        considers adopting ``origin``."""
+        out = []
+        for address, link in self.links.items():
+            peer = self.origin.peers.get(address)
+            if (link.up and peer is not None and peer.node_id is not None
+                    and (peer.state == IN_SYNC or peer.state == CATCHING_UP) and origin in link.holds):
+                out.append((peer.node_id, link.holds[origin]))
+        return out
 
     @staticmethod
     def _release(tokens: list[Any]) -> None:

@@ -20,6 +20,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from .core.broker import Broker, Event
+from .core.replication.shadow import SNAPSHOT_BATCH_BYTES
 from .core.scan import ChannelSampler, scan_channels
 from .core.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError, format_duration
@@ -83,12 +84,17 @@ class NsqdService(MultiService):
         #: the links to --replica-peer nodes (None: not replicated, the plain broker's publish)
         self.replication: Any = None
         self.broker: Broker
+        #: the secret replication links prove (None: no replication, or --replication-insecure)
+        self.replication_secret: bytes | None = None
+        if options.replication_secret_file:
+            from .replication import read_secret
+            self.replication_secret = read_secret(options.replication_secret_file)
         if options.replica_peers:
             from .core.replication import ReplicatedBroker
             from .replication import ReplicationService
             self.replication = ReplicationService(options, reactor, instance=self.instance,
                                                   name=options.broadcast_address, turn=self.turn,
-                                                  data_path=self.data_path)
+                                                  data_path=self.data_path, secret=self.replication_secret)
             self.broker = ReplicatedBroker(options, reactor.seconds(), hooks=self.replication.hooks,
                                            backend_factory=factory, rng=self.rng)
             self.replication.attach(self.broker)
@@ -128,19 +134,30 @@ class NsqdService(MultiService):
         if self.replication is not None:
             self.replication.setServiceParent(self)
         self.shadow_files: Any = None
+        self.shadow_factory: Any = None
         self.adoption: Any = None
         self.replication_listener: ListeningService | None = None
         if options.replication_address:
             from .replication import ShadowFactory, ShadowFiles
             self.shadow_files = ShadowFiles(self.data_path, fsync=options.sync_every == 1 and not throwaway)
-            shadow = ShadowFactory(options.node_id, self.instance, options.broadcast_address, self.shadow_files)
+            allow = {int(n) for n in options.replication_allow}
+            self.shadow_factory = shadow = ShadowFactory(
+                options.node_id, self.instance, options.broadcast_address, self.shadow_files, reactor=reactor,
+                timeout=options.replication_timeout, secret=self.replication_secret,
+                allowed=(lambda origin: origin in allow) if allow else (lambda origin: True),
+                # a batch is cut at about 4 MiB, plus the one publish that ends it
+                max_frame=SNAPSHOT_BATCH_BYTES + max(options.max_body_size, options.max_msg_size) + 64 * 1024)
             self.replication_listener = ListeningService(reactor, options.replication_address, shadow,
                                                          "REPLICATION", "replication-address")
             self.replication_listener.setServiceParent(self)
             from .core.replication import AdoptAfterTimeout
             from .replication import AdoptionService
-            self.adoption = AdoptionService(self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor,
-                                            self._adopt, interval=min(1.0, options.adopt_after / 4))
+            replication = self.replication
+            self.adoption = AdoptionService(
+                self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor, self._adopt,
+                interval=min(1.0, options.adopt_after / 4), node_id=options.node_id,
+                peers_holding=replication.peers_holding if replication is not None else (lambda origin: []),
+                announce=shadow.announce, health=lambda: self.broker.health)
             shadow.adoption = self.adoption
             self.adoption.setServiceParent(self)
         self.http_listener: ListeningService | None = None
@@ -265,8 +282,22 @@ class NsqdService(MultiService):
         return both
 
     def replication_health(self) -> tuple[bool, str] | None:
-        """``(ok, text)`` of the replicated publish for /ping; None when not replicated."""
-        return self.replication.health() if self.replication is not None else None
+        """``(ok, text)`` of replication for /ping; None when not replicated: not ok while
+        publishes are refused, or while this node cannot store its origins' batches (a full
+        disk) or finish an adoption."""
+        if self.replication is None and self.shadow_files is None:
+            return None
+        ok, text = self.replication.health() if self.replication is not None else (True, "OK")
+        problems = []
+        if self.shadow_files is not None:
+            if self.shadow_factory.store_error:
+                problems.append(f"storing origins' batches failed: {self.shadow_factory.store_error}")
+            for o, (why, _, _) in sorted(self.adoption.failures.items()):
+                problems.append(f"adopting node {o} failed: {why}")
+        if not problems:
+            return ok, text
+        detail = "; ".join(problems)
+        return False, f"{text}; {detail}" if text.startswith("NOK") else f"NOK - {detail}"
 
     def replication_stats(self) -> dict[str, Any] | None:
         if self.replication is None and self.shadow_files is None:
@@ -275,19 +306,25 @@ class NsqdService(MultiService):
         if self.shadow_files is not None:
             doc["shadows"] = self.shadow_files.stats()
             doc["adopted"] = self.adoption.stats()
+            doc["adoption"] = self.adoption.status()
+            doc["origins"] = self.shadow_factory.link_stats()
+            doc["store_error"] = self.shadow_factory.store_error
         return doc
 
-    def _adopt(self, state: Any) -> tuple[int, int]:
-        """Republish an adopted origin's unfinished messages here (see core.replication.adopt);
-        the new topics and channels are registered with nsqlookupd as any others."""
+    def _adopt(self, origin: int, state: Any, done: set[bytes]) -> tuple[int, int, defer.Deferred[Any] | None]:
+        """Republish an adopted origin's unfinished messages here (see core.replication.adopt),
+        skipping those in ``done`` (an earlier try's); the new topics and channels are
+        registered with nsqlookupd as any others.  The Deferred fires once this node's own
+        peers stored them (None: not replicated, or nothing adopted)."""
         from .core.replication import adopt
-        result = adopt(self.broker, state, self.reactor.seconds())
-        if self.replication is not None and result[0]:
-            self._replicate_adopted(state)
+        adopted, refused = adopt(self.broker, state, self.reactor.seconds(), done)
+        stored = None
+        if self.replication is not None and adopted and not refused:
+            stored = self._replicate_adopted(state)
         self.settle()
-        return result
+        return adopted, refused, stored
 
-    def _replicate_adopted(self, state: Any) -> None:
+    def _replicate_adopted(self, state: Any) -> defer.Deferred[Any]:
         """Onward replication: adopted messages go to this node's own peers before they are
         delivered here, as a new snapshot of everything outstanding (sent a window at a
         time, so a large adopted backlog is never one batch or in memory whole).  Every topic
@@ -307,15 +344,19 @@ class NsqdService(MultiService):
             target.pause()
             held.append(target)
 
-        def release(result: Any) -> None:
+        def release(result: Any) -> Any:
             if result is not None:
                 log.warn("REPLICATION: adopted messages delivered before the peers stored them: {why}",
                          why=result.getErrorMessage())
             for target in held:
                 target.unpause()
             self.settle()
+            return result
 
+        stored: defer.Deferred[Any] = defer.Deferred()
         d.addCallbacks(lambda _: release(None), release)
+        d.addCallbacks(stored.callback, stored.errback)
+        return stored
 
     def set_options(self, **changes: Any) -> None:
         self.options = self.options.replace(**changes)

@@ -7,10 +7,13 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
     [u32 size][u8 type][body: size - 1 bytes]
 
 ``HELLO``  u16 version, u16 node id, 16-byte instance token, u64 epoch, 16-byte adopted ID,
-           utf-8 name.  An origin sends its epoch (a number kept in its data path, renewed
-           when an adoption of its backlog was reported to it) and 16 zero bytes; a peer
-           answers with the highest message ID of that origin's epoch it adopted (16 zero
-           bytes: it did not adopt that epoch)
+           16-byte nonce, 32-byte proof, utf-8 name.  An origin sends its epoch (a number
+           kept in its data path, renewed when an adoption of its backlog was reported to it),
+           16 zero bytes and no proof (zeros); a peer answers with the highest message ID of
+           that origin's epoch it adopted (16 zero bytes: it did not adopt that epoch) and,
+           when it has a shared secret, its proof (:func:`proof`) of both nonces
+``AUTH``   the origin's proof of both nonces (empty without a secret): the handshake's last
+           frame; a peer takes no batch before it
 ``BATCH``  u64 sequence, u32 count, then count items, in the order they happened:
            ``[u8 kind][u16 length][topic][u16 length][channel][i64 due][u32 length][data]``
 
@@ -33,7 +36,18 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
            * ``SNAP_MSG``: messages held by exactly one channel (``channel``), or by the topic's
              own queue (``channel`` empty: the channels there are when it moves get it)
 ``ACK``    u64 sequence: every batch up to it is stored in the peer's shadow log
+``BEAT``   u64 counter: sent by either end of a link that sent nothing else for a second
+``HOLDS``  (peer to origin) the origins whose shadow this peer holds: ``[u16 node id][u8 state]``
+           each (:data:`HELD`, or :data:`ADOPTED` once it adopted that origin and its own
+           peers stored what it adopted)
 ``ERROR``  utf-8 text; the sender closes the link after it
+
+With a shared secret, every frame after the handshake is sealed: 16 bytes between the frame's
+type and its body, a keyed BLAKE2b (:func:`seal_tag`, keyed by :func:`session_key` of the
+secret and both nonces) of its type, its sequence (a BATCH's or ACK's, a BEAT's counter) and
+its length.  A receiver refuses a frame whose tag is wrong or whose sequence does not grow, so
+nobody without the secret can open a link, inject a batch or an acknowledgement into one, or
+replay one (the bodies' bytes are protected against a party on the path by TLS, not by the tag).
 
 :class:`LinkDecoder` turns received bytes into ``(type, body)`` pairs and refuses a peer
 that speaks anything else (:class:`LinkError`).  The shadow log (a peer's per-origin file,
@@ -42,30 +56,42 @@ that speaks anything else (:class:`LinkError`).  The shadow log (a peer's per-or
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from typing import TypeVar, cast
 
 __all__ = [
-    "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "MAX_FRAME",
+    "MAGIC", "VERSION", "HELLO", "BATCH", "ACK", "ERROR", "AUTH", "BEAT", "HOLDS", "HELD", "ADOPTED",
+    "MAX_FRAME", "HANDSHAKE_FRAME", "TAG_SIZE", "new_nonce", "proof", "session_key", "seal_tag", "Sealer",
+    "encode_auth", "encode_holds", "decode_holds",
     "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
     "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "NO_ID", "epoch_data", "fin_data", "fin_ids",
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "encode_batch_parts", "decode_batch",
-    "encode_ack", "decode_ack", "encode_error",
+    "encode_ack", "decode_ack", "encode_error", "encode_beat",
     "shadow_record", "shadow_record_head", "read_shadow_records", "shadow_records_at", "shadow_records_placed",
     "shadow_pad",
     "SHADOW_PAD", "split_frames",
 ]
 
 MAGIC = b"  NSQTWR1"
-VERSION = 2
+VERSION = 3
 
 HELLO = 1
 BATCH = 2
 ACK = 3
 ERROR = 4
-_TYPES = frozenset((HELLO, BATCH, ACK, ERROR))
+AUTH = 5
+BEAT = 6
+HOLDS = 7
+_TYPES = frozenset((HELLO, BATCH, ACK, ERROR, AUTH, BEAT, HOLDS))
+
+#: the states of a HOLDS item
+HELD = 0
+ADOPTED = 1
 
 # the kinds of BATCH items
 MSG = 0
@@ -86,11 +112,18 @@ _KINDS = frozenset(range(MSG, SNAP_MSG + 1))
 #: the adopted ID of a HELLO that reports no adoption
 NO_ID = bytes(16)
 
-#: the largest frame a link accepts (a batch is cut well below it by the sender)
-MAX_FRAME = 256 * 1024 * 1024
+#: the largest frame a link accepts by default: a batch is cut at about 4 MiB by the sender
+#: (:data:`~nsqtw.nsqd.core.replication.SNAPSHOT_BATCH_BYTES`), plus one publish of up to
+#: ``--max-body-size`` that may end it; a peer sets its own limit from its options
+MAX_FRAME = 16 * 1024 * 1024
+#: the largest frame before the handshake is done (a HELLO, an AUTH, an ERROR)
+HANDSHAKE_FRAME = 4096
+#: bytes of a sealed frame's tag
+TAG_SIZE = 16
 
 _HEAD = struct.Struct(">IB")
-_HELLO = struct.Struct(">HH16sQ16s")
+_HELLO = struct.Struct(">HH16sQ16s16s32s")
+_NO_PROOF = bytes(32)
 _SEQ = struct.Struct(">Q")
 _BATCH_HEAD = struct.Struct(">QI")
 #: a BATCH frame's head and the batch's (sequence, item count)
@@ -111,10 +144,11 @@ class LinkError(ValueError):
 class Hello:
     """Who is at the other end of a link."""
 
-    __slots__ = ("version", "node_id", "instance", "name", "epoch", "adopted")
+    __slots__ = ("version", "node_id", "instance", "name", "epoch", "adopted", "nonce", "proof")
 
     def __init__(self, version: int, node_id: int, instance: bytes, name: str,
-                 epoch: int = 0, adopted: bytes = NO_ID) -> None:
+                 epoch: int = 0, adopted: bytes = NO_ID, nonce: bytes = bytes(16),
+                 proof: bytes = _NO_PROOF) -> None:
         self.version = version
         self.node_id = node_id
         self.instance = instance
@@ -122,6 +156,88 @@ class Hello:
         self.epoch = epoch
         #: (a peer's answer) the highest ID of the origin's epoch it adopted; NO_ID: none
         self.adopted = adopted
+        #: the sender's fresh random bytes for this link
+        self.nonce = nonce
+        #: (a peer's answer) its proof of the secret (zeros: it has none)
+        self.proof = proof
+
+    @property
+    def proves(self) -> bool:
+        """It carries a proof (its sender has a secret)."""
+        return self.proof != _NO_PROOF
+
+
+def new_nonce() -> bytes:
+    return os.urandom(16)
+
+
+def proof(secret: bytes, role: bytes, origin_nonce: bytes, peer_nonce: bytes, origin_id: int, peer_id: int) -> bytes:
+    """HMAC-SHA256 of both nonces and node ids, by ``role`` (``b"origin"`` or ``b"peer"``): what
+    one end sends to show the other it holds the shared secret (each side's proof differs, and
+    both nonces are fresh per link, so neither can be replayed)."""
+    msg = b"nsqtw-replication " + role + origin_nonce + peer_nonce + struct.pack(">HH", origin_id, peer_id)
+    return hmac.digest(secret, msg, "sha256")
+
+
+def session_key(secret: bytes, origin_nonce: bytes, peer_nonce: bytes) -> bytes:
+    """The key a link's frames are sealed with (:func:`seal_tag`): of the secret and this
+    link's nonces, so a tag made on one link is worth nothing on another."""
+    return hmac.digest(secret, b"nsqtw-replication key" + origin_nonce + peer_nonce, "sha256")
+
+
+_TAG_INPUT = struct.Struct(">BQI")
+
+
+def seal_tag(key: bytes, kind: int, seq: int, length: int) -> bytes:
+    """A sealed frame's tag: a keyed BLAKE2b of its type, sequence and body length."""
+    return hashlib.blake2b(_TAG_INPUT.pack(kind, seq, length), key=key, digest_size=TAG_SIZE).digest()
+
+
+class Sealer:
+    """One end of a sealed link: tags the frames it sends (:meth:`head`) and checks those it
+    receives (:meth:`check`), each direction's sequences growing."""
+
+    __slots__ = ("_mac", "last_in", "beats")
+
+    def __init__(self, key: bytes) -> None:
+        self._mac = hashlib.blake2b(key=key, digest_size=TAG_SIZE)
+        #: the highest sequence received per type (a frame must grow it)
+        self.last_in: dict[int, int] = {}
+        #: BEATs sent (their counter)
+        self.beats = 0
+
+    def tag(self, kind: int, seq: int, length: int) -> bytes:
+        mac = self._mac.copy()
+        mac.update(_TAG_INPUT.pack(kind, seq, length))
+        return mac.digest()
+
+    def head(self, kind: int, seq: int, length: int) -> bytes:
+        """A sealed frame's head (size, type, tag) for a body of ``length`` bytes."""
+        return _HEAD.pack(length + 1 + TAG_SIZE, kind) + self.tag(kind, seq, length)
+
+    def seal(self, frame: bytes | memoryview) -> list[bytes | memoryview]:
+        """A plain frame (:func:`encode_batch`, :func:`encode_ack`...) as the parts of the same
+        frame sealed: a new head, then the body uncopied."""
+        view = memoryview(frame)
+        kind = view[4]
+        body = view[_HEAD.size:]
+        seq = _SEQ.unpack_from(body)[0] if kind != HOLDS and len(body) >= 8 else 0
+        return [self.head(kind, seq, len(body)), body]
+
+    def check(self, kind: int, tagged: bytes | memoryview) -> bytes | memoryview:
+        """The body of a received sealed frame (``tagged``: its tag, then its body); raises
+        :class:`LinkError` when the tag is wrong or its sequence does not grow."""
+        if len(tagged) < TAG_SIZE:
+            raise LinkError("sealed frame too short")
+        body = tagged[TAG_SIZE:]
+        seq = _SEQ.unpack_from(body)[0] if kind != HOLDS and len(body) >= 8 else 0
+        if not hmac.compare_digest(self.tag(kind, seq, len(body)), bytes(tagged[:TAG_SIZE])):
+            raise LinkError(f"bad seal on a frame of type {kind}")
+        if kind != HOLDS and kind != ERROR:
+            if seq <= self.last_in.get(kind, -1):
+                raise LinkError(f"replayed frame of type {kind} (sequence {seq})")
+            self.last_in[kind] = seq
+        return body
 
 
 #: one BATCH item: (kind, topic, channel, due in ns since the epoch or 0, data)
@@ -187,21 +303,45 @@ def epoch_data(epoch: int) -> bytes:
     return _SEQ.pack(epoch)
 
 
-def encode_hello(node_id: int, instance: bytes, name: str, epoch: int = 0, adopted: bytes = NO_ID) -> bytes:
-    return encode_frame(HELLO, _HELLO.pack(VERSION, node_id, instance, epoch, adopted) + name.encode())
+def encode_hello(node_id: int, instance: bytes, name: str, epoch: int = 0, adopted: bytes = NO_ID,
+                 nonce: bytes = bytes(16), proof: bytes = _NO_PROOF) -> bytes:
+    return encode_frame(HELLO, _HELLO.pack(VERSION, node_id, instance, epoch, adopted, nonce, proof)
+                        + name.encode()[:1024])
 
 
-def decode_hello(body: bytes) -> Hello:
+def decode_hello(body: bytes | memoryview) -> Hello:
     if len(body) >= 2 and _U16.unpack_from(body)[0] != VERSION:
-        raise LinkError(f"unsupported replication protocol version {_U16.unpack_from(body)[0]}")
+        raise LinkError(f"unsupported replication protocol version {_U16.unpack_from(body)[0]} "
+                        f"(this node speaks {VERSION}: run the same nsqtw release on both)")
     if len(body) < _HELLO.size:
         raise LinkError("short HELLO")
-    version, node_id, instance, epoch, adopted = _HELLO.unpack_from(body)
+    version, node_id, instance, epoch, adopted, nonce, proof_ = _HELLO.unpack_from(body)
     try:
-        name = body[_HELLO.size:].decode()
+        name = bytes(body[_HELLO.size:]).decode()
     except UnicodeDecodeError:
         raise LinkError("HELLO name is not utf-8") from None
-    return Hello(version, node_id, instance, name, epoch, adopted)
+    return Hello(version, node_id, instance, name, epoch, adopted, nonce, proof_)
+
+
+def encode_auth(proof_: bytes) -> bytes:
+    return encode_frame(AUTH, proof_)
+
+
+def encode_beat(counter: int) -> bytes:
+    return encode_frame(BEAT, _SEQ.pack(counter))
+
+
+_HOLD = struct.Struct(">HB")
+
+
+def encode_holds(holds: dict[int, int]) -> bytes:
+    return encode_frame(HOLDS, b"".join(_HOLD.pack(o, st) for o, st in sorted(holds.items())))
+
+
+def decode_holds(body: bytes | memoryview) -> dict[int, int]:
+    if len(body) % _HOLD.size:
+        raise LinkError("malformed HOLDS")
+    return {o: st for o, st in _HOLD.iter_unpack(body)}
 
 
 #: (kind, topic, channel) -> the entry head's bytes before its due time (a replicated
@@ -337,39 +477,64 @@ def split_frames(frames: bytes) -> Iterator[bytes]:
 
 
 class LinkDecoder:
-    """Bytes in, ``(type, body)`` frames out; optionally expecting :data:`MAGIC` first."""
+    """Bytes in, ``(type, body)`` frames out; optionally expecting :data:`MAGIC` first.
 
-    __slots__ = ("_buf", "_want_magic")
+    A frame larger than :attr:`max_frame` is refused as soon as its head is read.  Bytes of a
+    frame not complete yet are gathered in one growing buffer (appended to, never copied
+    whole at every read), and cut once per read that completes frames."""
 
-    def __init__(self, expect_magic: bool = False) -> None:
-        self._buf = b""
+    __slots__ = ("_buf", "_want_magic", "max_frame")
+
+    def __init__(self, expect_magic: bool = False, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
         self._want_magic = expect_magic
+        self.max_frame = max_frame
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self._buf + data if self._buf else data
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet part of a whole frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes, max_frames: int = 1 << 62) -> list[tuple[int, bytes]]:
+        """The whole frames received so far (at most ``max_frames``: the rest stays buffered,
+        for a link whose limit changes after a frame: the handshake's last)."""
+        buf = self._buf
+        if buf:
+            buf += data
+            data = buf  # type: ignore[assignment]  # a bytearray, read through the same calls
         if self._want_magic:
-            if len(buf) < len(MAGIC):
-                if not MAGIC.startswith(buf):
+            if len(data) < len(MAGIC):
+                if not MAGIC.startswith(bytes(data)):
                     raise LinkError("bad magic")
-                self._buf = buf
+                if not buf:
+                    buf += data
                 return []
-            if not buf.startswith(MAGIC):
+            if data[:len(MAGIC)] != MAGIC:
                 raise LinkError("bad magic")
-            buf = buf[len(MAGIC):]
             self._want_magic = False
+            data = data[len(MAGIC):]
+            buf.clear()
         out: list[tuple[int, bytes]] = []
         pos = 0
-        end = len(buf)
+        end = len(data)
+        limit = self.max_frame
         while end - pos >= _HEAD.size:
-            size, kind = _HEAD.unpack_from(buf, pos)
-            if size < 1 or size > MAX_FRAME or kind not in _TYPES:
-                raise LinkError(f"not a replication frame (size {size}, type {kind})")
+            size, kind = _HEAD.unpack_from(data, pos)
+            if size < 1 or size > limit or kind not in _TYPES:
+                raise LinkError(f"not a replication frame (size {size}, type {kind})"
+                                if size <= limit or kind not in _TYPES else
+                                f"frame of {size} bytes is over this link's limit of {limit}")
             stop = pos + 4 + size
             if stop > end:
                 break
-            out.append((kind, buf[pos + 5:stop]))
+            out.append((kind, bytes(data[pos + 5:stop])))
             pos = stop
-        self._buf = buf[pos:] if pos < end else b""
+            if len(out) == max_frames:
+                break
+        if data is buf:
+            del buf[:pos]
+        elif pos < end:
+            buf += data[pos:]
         return out
 
     def one(self, data: bytes, kind: int) -> memoryview | None:
@@ -379,16 +544,17 @@ class LinkDecoder:
         if self._buf or self._want_magic or len(data) <= _HEAD.size or data[4] != kind:
             return None
         size = _U32.unpack_from(data)[0]
-        if size + 4 != len(data) or size > MAX_FRAME:
+        if size + 4 != len(data) or size > self.max_frame:
             return None
         return memoryview(data)[_HEAD.size:]
 
-    def ack(self, data: bytes) -> int | None:
-        """The sequence of ``data`` when it is exactly one ACK frame and nothing is buffered
-        (the commonest read of an origin's link), else None: then :meth:`feed` it."""
-        if self._buf or self._want_magic or len(data) != ACK_FRAME_SIZE or not data.startswith(ACK_HEAD):
+    def ack(self, data: bytes, size: int = _HEAD.size + _SEQ.size) -> int | None:
+        """The sequence of ``data`` when it is exactly one ACK frame of ``size`` bytes (a sealed
+        one is :data:`TAG_SIZE` longer) and nothing is buffered (the commonest read of an
+        origin's link), else None: then :meth:`feed` it."""
+        if self._buf or self._want_magic or len(data) != size or data[4] != ACK:
             return None
-        return int.from_bytes(data[_HEAD.size:], "big")
+        return int.from_bytes(data[size - 8:], "big")
 
 
 # --- the shadow log: a peer's per-origin file of batches ------------------------------

@@ -25,9 +25,9 @@ async def until(predicate, seconds: float = 10.0) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_replication_panel_is_live_and_follows_the_peer(start_admin, browser) -> None:
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0")
     address = f"127.0.0.1:{peer._service.replication_port}"
-    origin = await start_nsqd(node_id=1, replica_peers=[address], replication_degraded="accept")
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[address], replication_degraded="accept")
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         admin = await start_admin(nsqd_http_addresses=[f"127.0.0.1:{origin.http_port}"],

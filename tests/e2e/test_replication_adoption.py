@@ -25,9 +25,9 @@ pytestmark = pytest.mark.e2e
 @pytest_twisted.ensureDeferred
 async def test_the_peer_delivers_what_the_dead_origin_had_not_finished():
     lookupd = await start_nsqlookupd()
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.5,
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.5,
                             lookupd_tcp_addresses=[lookupd.tcp_address])
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         c = await connect_raw(origin.tcp_port)
@@ -82,8 +82,8 @@ async def test_the_peer_delivers_what_the_dead_origin_had_not_finished():
 
 @pytest_twisted.ensureDeferred
 async def test_an_origin_that_comes_back_in_time_is_not_adopted():
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=1.0)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=1.0)
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         r = await treq.post(f"http://127.0.0.1:{origin.http_port}/pub?topic=t", b"x")
@@ -103,14 +103,14 @@ async def test_an_origin_that_comes_back_in_time_is_not_adopted():
 async def test_a_restarted_peer_adopts_the_shadow_it_kept_on_disk(tmp_path):
     data = str(tmp_path / "peer")
     os.mkdir(data)
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=data)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=data)
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     await until(lambda: origin._service.replication.origin.in_sync() == 1)
     r = await treq.post(f"http://127.0.0.1:{origin.http_port}/mpub?topic=t", b"a\nb")
     assert r.code == 200
     await origin.stop()
     await peer.stop()
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3, data_path=data)
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3, data_path=data)
     try:
         await until(lambda: peer._service.adoption.adopted, 5)
         s = await connect_raw(peer.tcp_port)

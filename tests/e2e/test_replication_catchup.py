@@ -46,9 +46,9 @@ async def test_a_restarted_peer_catches_up_and_adopts_what_was_published_while_i
     peer_data, origin_data = str(tmp_path / "peer"), str(tmp_path / "origin")
     os.mkdir(peer_data)
     os.mkdir(origin_data)
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=peer_data)
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=peer_data)
     port = peer._service.replication_port
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{port}"], data_path=origin_data,
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{port}"], data_path=origin_data,
                               replication_degraded="accept")
     rep = origin._service.replication.origin
     seen_states = []
@@ -96,7 +96,7 @@ async def test_a_restarted_peer_catches_up_and_adopts_what_was_published_while_i
         await until(lambda: rep.in_sync() == 0)
         await sleep(0.1)
         down = len(acknowledged)
-        peer = await start_nsqd(node_id=2, replication_address=f"127.0.0.1:{port}", adopt_after=60,
+        peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address=f"127.0.0.1:{port}", adopt_after=60,
                                 data_path=peer_data)
         await until(lambda: rep.in_sync() == 1)
         await sleep(0.05)
@@ -133,8 +133,8 @@ async def _adopted_pair(tmp_path):
     peer_data, origin_data = str(tmp_path / "peer"), str(tmp_path / "origin")
     os.mkdir(peer_data)
     os.mkdir(origin_data)
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3, data_path=peer_data)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3, data_path=peer_data)
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
                               data_path=origin_data)
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
@@ -161,7 +161,7 @@ async def test_an_origin_coming_back_drops_the_backlog_its_peer_adopted(tmp_path
         await until(lambda: peer._service.adoption.adopted)
         assert (1, epoch) in peer._service.shadow_files.adopted  # the adopted epoch, kept on disk
         assert os.path.exists(os.path.join(peer._service.data_path, f"nsqtw-adopted.1.{epoch}"))
-        origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
+        origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
                                   data_path=origin_data)
         assert origin._service.broker.topics["t"].channels["c"].depth() == 5  # its backlog, reloaded
         rep = origin._service.replication
@@ -183,7 +183,7 @@ async def test_an_origin_that_cannot_ask_delivers_its_backlog(tmp_path):
     peer, origin_data, _ = await _adopted_pair(tmp_path)
     await until(lambda: peer._service.adoption.adopted)
     await peer.stop()  # no peer reachable: the origin cannot tell, so it delivers (duplicates, never loss)
-    origin = await start_nsqd(node_id=1, replica_peers=["127.0.0.1:1"], data_path=origin_data,
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=["127.0.0.1:1"], data_path=origin_data,
                               replication_degraded="accept")
     try:
         assert sorted(await drain(origin, "t", "c", 5)) == [b"m%d" % i for i in range(5)]
@@ -197,15 +197,15 @@ async def test_an_origin_back_before_adoption_keeps_its_backlog(tmp_path):
     peer_data, origin_data = str(tmp_path / "peer"), str(tmp_path / "origin")
     os.mkdir(peer_data)
     os.mkdir(origin_data)
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=peer_data)
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=60, data_path=peer_data)
     address = f"127.0.0.1:{peer._service.replication_port}"
-    origin = await start_nsqd(node_id=1, replica_peers=[address], data_path=origin_data)
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[address], data_path=origin_data)
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         r = await treq.post(f"http://127.0.0.1:{origin.http_port}/mpub?topic=t", b"x\ny")
         assert r.code == 200
         await origin.stop()
-        origin = await start_nsqd(node_id=1, replica_peers=[address], data_path=origin_data)
+        origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[address], data_path=origin_data)
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         assert origin._service.replication.adoptions_reported == []  # the peer did not adopt it
         assert not peer._service.adoption.adopted
@@ -260,7 +260,7 @@ async def test_a_consumer_of_a_returning_origin_gets_nothing_its_peer_adopted(tm
     proxy, open_gate, held = _gated_proxy(peer._service.replication_port)
     try:
         await until(lambda: peer._service.adoption.adopted)
-        origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{proxy.getHost().port}"],
+        origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{proxy.getHost().port}"],
                                   data_path=origin_data)
         rep = origin._service.replication
         await until(lambda: held)  # the peer answered; the answer is held back
@@ -299,7 +299,7 @@ async def test_a_returning_origin_whose_peer_does_not_answer_delivers_after_the_
     await until(lambda: peer._service.adoption.adopted)
     await peer.stop()
     mute = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{mute.getHost().port}"],
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{mute.getHost().port}"],
                               data_path=origin_data, replication_timeout=2.0, replication_degraded="accept")
     try:
         assert origin._service.broker.delivery_held
@@ -324,7 +324,7 @@ async def test_a_peer_catches_up_with_a_backlog_larger_than_the_lag_limit(tmp_pa
 
     monkeypatch.setattr(service_module, "outstanding", partial(real_outstanding, entry_bytes=2000))
     peer_port = free_port()
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer_port}"],
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer_port}"],
                               data_path=str(tmp_path), replication_degraded="accept", mem_queue_size=1000)
     rep = origin._service.replication.origin
     rep.max_lag = 100
@@ -347,7 +347,7 @@ async def test_a_peer_catches_up_with_a_backlog_larger_than_the_lag_limit(tmp_pa
         for k in range(30):
             p2.send(mpub_command("t", [b"m%04d" % (k * 100 + i) for i in range(100)]))
             assert await p2.response() == b"OK"
-        peer = await start_nsqd(node_id=2, replication_address=f"127.0.0.1:{peer_port}", adopt_after=60,
+        peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address=f"127.0.0.1:{peer_port}", adopt_after=60,
                                 data_path=str(tmp_path / "peer"))
         await until(lambda: rep.in_sync() == 1)
         (lag, behind, sent), = at_link

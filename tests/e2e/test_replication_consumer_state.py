@@ -22,8 +22,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest_twisted.async_yield_fixture
 async def pair():
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0")
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     await until(lambda: origin._service.replication.origin.in_sync() == 1)
     yield origin, peer
     await origin.stop()
@@ -103,7 +103,7 @@ async def test_a_peer_linked_late_learns_the_topology(pair):
     assert (await treq.post(f"{http}/channel/create?topic=old&channel=c")).code == 200
     await peer.stop()
     await until(lambda: origin._service.replication.origin.in_sync() == 0)
-    peer2 = await start_nsqd(node_id=3, replication_address=f"127.0.0.1:{port}")
+    peer2 = await start_nsqd(replication_insecure=True, node_id=3, replication_address=f"127.0.0.1:{port}")
     try:
         await until(lambda: 1 in peer2._service.shadow_files.states
                     and peer2._service.shadow_files.states[1].topics.get("old") == {"c"}, 10)

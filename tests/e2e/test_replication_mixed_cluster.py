@@ -99,9 +99,9 @@ async def go_pub(http: str, body: bytes) -> None:
 @pytest_twisted.ensureDeferred
 async def test_a_lookupd_consumer_gets_go_and_nsqtw_messages_then_the_adopted_ones(cluster):
     lhttp, ltcp, gtcp, ghttp = cluster
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.5,
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.5,
                             broadcast_address="127.0.0.1", lookupd_tcp_addresses=[ltcp])
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"],
                               broadcast_address="127.0.0.1", lookupd_tcp_addresses=[ltcp])
     consumer = None
     try:

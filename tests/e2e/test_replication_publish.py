@@ -39,8 +39,8 @@ def shadow(peer, origin_id: int) -> list[tuple[str, int, bytes]]:
 
 @pytest_twisted.async_yield_fixture
 async def pair():
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0")
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     await until(lambda: origin._service.replication.origin.in_sync() == 1)
     yield origin, peer
     await origin.stop()
@@ -120,7 +120,7 @@ async def test_peer_gone_refuses_publishes_and_ping_says_so(pair):
 
 @pytest_twisted.ensureDeferred
 async def test_degraded_accept_publishes_without_peers():
-    origin = await start_nsqd(node_id=1, replica_peers=["127.0.0.1:1"], replication_degraded="accept")
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=["127.0.0.1:1"], replication_degraded="accept")
     try:
         c = await connect_raw(origin.tcp_port)
         c.send(body_command("PUB", "t", body=b"x"))
@@ -138,7 +138,7 @@ async def test_peer_coming_back_is_in_sync_again(pair):
     port = peer._service.replication_port
     await peer.stop()
     await until(lambda: origin._service.replication.origin.in_sync() == 0)
-    peer2 = await start_nsqd(node_id=3, replication_address=f"127.0.0.1:{port}")
+    peer2 = await start_nsqd(replication_insecure=True, node_id=3, replication_address=f"127.0.0.1:{port}")
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1, 10)
         c = await connect_raw(origin.tcp_port)
@@ -168,7 +168,7 @@ async def _serve(proto_class):
 async def test_stalled_peer_and_wrong_protocol_are_out_of_sync():
     silent = await _serve(_Silent)
     wrong = await _serve(_WrongProtocol)
-    origin = await start_nsqd(node_id=1, replication_timeout=0.3, replication_min_acks=1,
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replication_timeout=0.3, replication_min_acks=1,
                               replica_peers=[f"127.0.0.1:{silent.getHost().port}",
                                              f"127.0.0.1:{wrong.getHost().port}"])
     try:
@@ -207,7 +207,7 @@ async def test_a_peer_that_stalls_after_a_batch_fails_the_held_publish():
                     self.transport.write(wire.encode_ack(int.from_bytes(body[:8], "big")))
 
     port = await _serve(_NoAck)
-    origin = await start_nsqd(node_id=1, replication_timeout=0.3,
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replication_timeout=0.3,
                               replica_peers=[f"127.0.0.1:{port.getHost().port}"])
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
@@ -222,8 +222,8 @@ async def test_a_peer_that_stalls_after_a_batch_fails_the_held_publish():
 
 @pytest_twisted.ensureDeferred
 async def test_same_node_id_is_refused():
-    peer = await start_nsqd(node_id=5, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=5, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(replication_insecure=True, node_id=5, replication_address="127.0.0.1:0")
+    origin = await start_nsqd(replication_insecure=True, node_id=5, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
         rep = origin._service.replication.origin
         await until(lambda: next(iter(rep.peers.values())).reason != "")
@@ -245,7 +245,8 @@ def test_peer_list_naming_the_node_itself_is_one_fatal_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "nsqtw.cli", "--tcp-address=127.0.0.1:0", "--http-address=", "--https-address=",
          f"--data-path={tmp_path}", f"--replication-address=0.0.0.0:{port}",
-         f"--replica-peer=127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+         f"--replica-peer=127.0.0.1:{port}", "--node-id=1", "--replication-insecure"], capture_output=True,
+        text=True, timeout=60)
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "FATAL" in lines[0] and "--replica-peer" in lines[0] and "itself" in lines[0]
@@ -255,8 +256,8 @@ def test_peer_list_naming_the_node_itself_is_one_fatal_line(tmp_path):
 async def test_with_sync_every_1_the_ok_waits_for_both_and_a_refusal_names_replication():
     """--sync-every=1 and replication share the one barrier: OK once both are done; a refusal
     from the replication side still reads E_PUB_FAILED with its reason."""
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(node_id=1, sync_every=1,
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0")
+    origin = await start_nsqd(replication_insecure=True, node_id=1, sync_every=1,
                               replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.e2e
 @pytest_twisted.ensureDeferred
 async def test_b_replicates_what_it_adopted_from_a_to_c_before_delivering_it():
     a_port = free_port()
-    c = await start_nsqd(node_id=3, replication_address="127.0.0.1:0", adopt_after=60,
+    c = await start_nsqd(replication_insecure=True, node_id=3, replication_address="127.0.0.1:0", adopt_after=60,
                          replica_peers=[f"127.0.0.1:{a_port}"], replication_degraded="accept")
-    b = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3,
+    b = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3,
                          replica_peers=[f"127.0.0.1:{c._service.replication_port}"])
-    a = await start_nsqd(node_id=1, replication_address=f"127.0.0.1:{a_port}", adopt_after=60,
+    a = await start_nsqd(replication_insecure=True, node_id=1, replication_address=f"127.0.0.1:{a_port}", adopt_after=60,
                          replica_peers=[f"127.0.0.1:{b._service.replication_port}"])
     nodes = [a, b, c]
     try:

@@ -49,8 +49,8 @@ class MeteredReactor:
 @pytest_twisted.ensureDeferred
 async def test_a_peer_spins_longer_and_both_count_messages_as_their_work():
     pr, orr = MeteredReactor(), MeteredReactor()
-    peer = await start_nsqd(pr, node_id=2, replication_address="127.0.0.1:0")
-    origin = await start_nsqd(orr, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(pr, replication_insecure=True, node_id=2, replication_address="127.0.0.1:0")
+    origin = await start_nsqd(orr, replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)
         assert pr.spin == [PEER_SPIN_SECONDS] and PEER_SPIN_SECONDS > 5e-5

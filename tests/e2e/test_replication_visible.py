@@ -36,9 +36,9 @@ def metric_lines(body: bytes) -> set[str]:
 
 @pytest_twisted.ensureDeferred
 async def test_stats_metrics_and_nsqadmin_show_peers_lag_and_adoption():
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3)
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3)
     address = f"127.0.0.1:{peer._service.replication_port}"
-    origin = await start_nsqd(node_id=1, replica_peers=[address], replication_degraded="accept")
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[address], replication_degraded="accept")
     admin = await start_nsqadmin(nsqd_http_addresses=[f"127.0.0.1:{origin.http_port}",
                                                       f"127.0.0.1:{peer.http_port}"])
     try:
@@ -92,8 +92,8 @@ async def test_stats_metrics_and_nsqadmin_show_peers_lag_and_adoption():
 
 @pytest_twisted.ensureDeferred
 async def test_the_adopter_shows_the_origins_it_adopted():
-    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3)
-    origin = await start_nsqd(node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
+    peer = await start_nsqd(replication_insecure=True, node_id=2, replication_address="127.0.0.1:0", adopt_after=0.3)
+    origin = await start_nsqd(replication_insecure=True, node_id=1, replica_peers=[f"127.0.0.1:{peer._service.replication_port}"])
     admin = await start_nsqadmin(nsqd_http_addresses=[f"127.0.0.1:{peer.http_port}"])
     try:
         await until(lambda: origin._service.replication.origin.in_sync() == 1)

@@ -275,11 +275,11 @@ def test_hello_carries_the_epoch_and_the_adopted_answer():
     recv = ShadowReceiver(2, b"p" * 16, "peer", lambda o, b: None, adopted)
     answer = recv.feed(link.start())
     assert asked == [(1, 1234)]
-    hello, _ = link.feed(answer)
+    hello = link.feed(answer).hello
     assert hello is not None and hello.adopted == mid(99)
     # a peer that adopted nothing answers NO_ID
     plain = ShadowReceiver(2, b"p" * 16, "peer", lambda o, b: None)
-    hello2, _ = OriginLink(1, b"o" * 16, "origin", 5).feed(plain.feed(OriginLink(1, b"o" * 16, "origin", 5).start()))
+    hello2 = OriginLink(1, b"o" * 16, "origin", 5).feed(plain.feed(OriginLink(1, b"o" * 16, "origin", 5).start())).hello
     assert hello2 is not None and hello2.adopted == wire.NO_ID
     # a version 1 HELLO is refused by name
     v1 = wire.encode_frame(wire.HELLO, struct.pack(">HH16s", 1, 1, b"o" * 16) + b"old")

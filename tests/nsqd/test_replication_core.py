@@ -127,15 +127,26 @@ def test_stalled_links_and_unanswered_hello_are_overdue():
     assert o.overdue(6.0, 5.0) == ["a", "b"]
 
 
+def handshake(recv: ShadowReceiver, link: OriginLink | None = None) -> OriginLink:
+    """HELLO, HELLO, AUTH between an origin's end and a peer's."""
+    link = link or OriginLink(1, b"o" * 16, "origin")
+    ev = link.feed(recv.feed(link.start()))
+    assert ev.hello is not None and ev.out
+    assert recv.feed(ev.out) == b"" and recv.origin is not None
+    return link
+
+
 def test_link_ends_check_who_is_at_the_other_end():
     stored = []
     recv = ShadowReceiver(2, b"p" * 16, "peer", lambda origin, rec: stored.append((origin, rec)))
     link = OriginLink(1, b"o" * 16, "origin")
-    answer = recv.feed(link.start())
-    hello, acks = link.feed(answer)
-    assert hello is not None and hello.node_id == 2 and acks == []
+    ev = link.feed(recv.feed(link.start()))
+    assert ev.hello is not None and ev.hello.node_id == 2 and ev.acks == []
+    assert recv.origin is None  # not linked before the AUTH
+    recv.feed(ev.out)
+    assert recv.origin is not None and recv.origin.node_id == 1
     out = recv.feed(wire.encode_batch(1, [wire.message_entry("t", 0, b"x")]) + wire.encode_batch(2, [wire.message_entry("t", 0, b"y")]))
-    assert link.feed(out) == (None, [2])  # one ACK for both batches of the read
+    assert link.feed(out).acks == [2]  # one ACK for both batches of the read
     assert [o for o, _ in stored] == [1, 1]
     # same node id, the node itself, a V2 client, a full disk
     same = ShadowReceiver(1, b"p" * 16, "peer", lambda o, r: None)
@@ -148,7 +159,7 @@ def test_link_ends_check_who_is_at_the_other_end():
     def full(o, r):
         raise OSError(28, "No space left on device")
     disk = ShadowReceiver(2, b"p" * 16, "peer", full)
-    disk.feed(link.start())
+    handshake(disk)
     assert b"E_STORE_FAILED" in disk.feed(wire.encode_batch(1, [wire.message_entry("t", 0, b"x")])) and disk.closed
     with pytest.raises(wire.LinkError, match="E_STORE_FAILED"):
         OriginLink(1, b"o" * 16, "origin").feed(wire.encode_hello(2, b"p" * 16, "peer")
@@ -163,35 +174,34 @@ def test_one_batch_or_one_ack_per_read_takes_the_short_way_with_the_same_answers
     are those of the walk: a batch cut in parts, a short batch, a frame of another kind."""
     stored = []
     recv = ShadowReceiver(2, b"p" * 16, "peer", lambda origin, rec: stored.append((origin, rec)))
-    link = OriginLink(1, b"o" * 16, "origin")
-    link.feed(recv.feed(link.start()))
+    link = handshake(recv)
     walks = []
     real = wire.LinkDecoder.feed
 
-    def counted(self, data):
+    def counted(self, data, *rest):
         walks.append(len(data))
-        return real(self, data)
+        return real(self, data, *rest)
 
     monkeypatch.setattr(wire.LinkDecoder, "feed", counted)
     batch = wire.encode_batch(7, [wire.message_entry("t", 0, b"x")])
     ack = recv.feed(batch)
     assert ack == wire.encode_ack(7) and stored == [(1, batch[5:])]
-    assert link.feed(ack) == (None, [7])
+    assert link.ack(ack) == 7
     assert walks == []  # neither end walked its frames
     ack = recv.feed(batch[:9]) + recv.feed(batch[9:])  # in parts: the walk, same answer
     assert ack == wire.encode_ack(7) and len(stored) == 2 and walks
-    assert link.feed(ack[:3]) == (None, []) and link.feed(ack[3:]) == (None, [7])
+    assert link.feed(ack[:3]).acks == [] and link.feed(ack[3:]).acks == [7]
     short = wire.encode_frame(wire.BATCH, b"1234")  # under a sequence number: refused
     assert b"E_BAD_PROTOCOL malformed BATCH" in recv.feed(short) and recv.closed
     other = ShadowReceiver(2, b"p" * 16, "peer", lambda o, r: None)
-    other.feed(link.start())
+    handshake(other)
     assert b"E_BAD_PROTOCOL unexpected frame type" in other.feed(wire.encode_ack(3))
 
 
 def test_replicated_broker_records_stored_frames_but_not_ephemeral_topics():
     clock = task.Clock()
     clock.advance(1000)
-    opts = NsqdOptions(node_id=1, replica_peers=["127.0.0.1:9"])
+    opts = NsqdOptions(replication_insecure=True, node_id=1, replica_peers=["127.0.0.1:9"])
     got: list[tuple] = []
     fins: list[tuple] = []
     b = ReplicatedBroker(opts, clock.seconds(), hooks=StoreHooks(record=lambda *a: got.append(a),
@@ -213,7 +223,7 @@ def test_an_adopted_message_goes_through_the_brokers_store_path_and_is_not_recor
     clock = task.Clock()
     clock.advance(1000)
     got: list[tuple] = []
-    b = ReplicatedBroker(NsqdOptions(node_id=1, replica_peers=["127.0.0.1:9"]), clock.seconds(),
+    b = ReplicatedBroker(NsqdOptions(replication_insecure=True, node_id=1, replica_peers=["127.0.0.1:9"]), clock.seconds(),
                          hooks=StoreHooks(record=lambda *a: got.append(a), fin=lambda *a: None, req=lambda *a: None))
     other = Broker(NsqdOptions(node_id=2), clock.seconds())
     run, _ = other.make_run([b"adopted"], clock.seconds())
@@ -226,14 +236,34 @@ def test_an_adopted_message_goes_through_the_brokers_store_path_and_is_not_recor
 
 def test_options_refuse_bad_replication_settings():
     with pytest.raises(OptionError, match="names this node itself"):
-        NsqdOptions(replication_address="0.0.0.0:4153", replica_peers=["localhost:4153"])
+        NsqdOptions(node_id=1, replication_insecure=True, replication_address="0.0.0.0:4153", replica_peers=["localhost:4153"])
     with pytest.raises(OptionError, match="--replication-min-acks must be \\[1,1\\]"):
-        NsqdOptions(replica_peers=["10.0.0.2:4153"], replication_min_acks=2)
+        NsqdOptions(node_id=1, replication_insecure=True, replica_peers=["10.0.0.2:4153"], replication_min_acks=2)
     with pytest.raises(OptionError, match="--replication-degraded must be refuse or accept"):
         NsqdOptions(replication_degraded="maybe")
     with pytest.raises(OptionError, match="same peer twice"):
-        NsqdOptions(replica_peers=["10.0.0.2:4153", "10.0.0.2:4153"])
-    NsqdOptions(replication_address="127.0.0.1:4153", replica_peers=["127.0.0.1:4154"])  # a pair on one host
+        NsqdOptions(node_id=1, replication_insecure=True, replica_peers=["10.0.0.2:4153", "10.0.0.2:4153"])
+    NsqdOptions(node_id=1, replication_insecure=True, replication_address="127.0.0.1:4153", replica_peers=["127.0.0.1:4154"])  # a pair on one host
+
+
+def test_replication_is_refused_at_start_without_a_node_id_or_a_secret():
+    """Misconfiguration is found at start, in one line naming the flag: the default --node-id
+    (a hash of the host name, the same for two nodes on one host), no secret and no explicit
+    --replication-insecure, both at once, a bad allow-list."""
+    with pytest.raises(OptionError, match="need an explicit --node-id"):
+        NsqdOptions(replication_insecure=True, replica_peers=["10.0.0.2:4153"])
+    with pytest.raises(OptionError, match="need an explicit --node-id"):
+        NsqdOptions(replication_insecure=True, replication_address="127.0.0.1:4153")
+    with pytest.raises(OptionError, match="replication needs --replication-secret-file"):
+        NsqdOptions(node_id=3, replica_peers=["10.0.0.2:4153"])
+    with pytest.raises(OptionError, match="exclude each other"):
+        NsqdOptions(node_id=3, replica_peers=["10.0.0.2:4153"], replication_insecure=True,
+                    replication_secret_file="/etc/secret")
+    with pytest.raises(OptionError, match="--replication-allow-node must be"):
+        NsqdOptions(node_id=3, replication_address="127.0.0.1:4153", replication_insecure=True,
+                    replication_allow=["x"])
+    assert NsqdOptions().node_id == NsqdOptions(node_id=int(NsqdOptions().node_id)).node_id  # unreplicated: as NSQ
+    NsqdOptions(node_id=3, replica_peers=["10.0.0.2:4153"], replication_secret_file="/etc/secret")
 
 
 def test_a_batch_of_one_item_is_encoded_as_any_batch_is():

@@ -124,6 +124,9 @@ class _Link:
     def write(self, data: bytes) -> None:
         self.sent.append(data)
 
+    send = write
+    send_parts = writev
+
 
 def test_a_big_publish_goes_to_the_peers_at_once_and_small_ones_at_the_end_of_the_turn(tmp_path):
     """Two MPUBs read in one poll: the first is on its way to the peer before the second is
@@ -134,7 +137,7 @@ def test_a_big_publish_goes_to_the_peers_at_once_and_small_ones_at_the_end_of_th
     from nsqtw.options import NsqdOptions
 
     turn = _Turn()
-    service = ReplicationService(NsqdOptions(replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
+    service = ReplicationService(NsqdOptions(node_id=1, replication_insecure=True, replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
                                  name="n", turn=turn, data_path=str(tmp_path))
     service.origin.linked("127.0.0.1:1", 2, 0.0)
     link = service.links["127.0.0.1:1"] = _Link()  # type: ignore[assignment]  # a stand-in link
@@ -161,7 +164,7 @@ def test_a_held_publish_is_answered_by_a_plain_call_not_a_deferred(tmp_path):
     from nsqtw.options import NsqdOptions
 
     turn = _Turn()
-    service = ReplicationService(NsqdOptions(replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
+    service = ReplicationService(NsqdOptions(node_id=1, replication_insecure=True, replica_peers=["127.0.0.1:1"]), Clock(), instance=b"i" * 16,
                                  name="n", turn=turn, data_path=str(tmp_path))
     answers: list[str | None] = []
     service.hold(answers.append)  # no peer in sync: refused at once, with the reason

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ....protocol import replication as wire
 from ..broker import Broker
 from .shadow import ShadowState
 
-__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt"]
+__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "choose", "ADOPT", "STAND_BY", "FORGET"]
 
 
 class AdoptionPolicy(Protocol):
@@ -81,3 +82,32 @@ def adopt(broker: Broker, state: ShadowState, now: float, done: set[bytes] | Non
         elif (c := t.channels.get(channel_name)) is not None:
             c.pause()
     return adopted, refused
+
+
+#: what :func:`choose` decides for an origin that is due
+ADOPT = "adopt"
+STAND_BY = "stand_by"
+FORGET = "forget"
+
+
+def choose(node_id: int, holders: list[tuple[int, int]]) -> tuple[str, int | None]:
+    """Who adopts an origin that is due, among the survivors that hold its shadow: this node
+    (``node_id``) and its live peers ``holders`` (``(node id, HELD or ADOPTED)`` of each that
+    said it holds the origin's shadow).
+
+    * a peer says it adopted the origin (and its peers stored what it adopted): ``FORGET``
+      this node's shadow, naming that peer;
+    * a peer with a lower node id holds the shadow too: ``STAND_BY`` for it (it adopts; this
+      node adopts after all if that peer is lost before it says it is done);
+    * else ``ADOPT``.
+
+    Every survivor runs the same rule on what its own links tell it, so exactly one adopts
+    while they can see each other; survivors that cannot (a partition between them) may both
+    adopt: duplicates, never loss."""
+    done = [n for n, state in holders if state == wire.ADOPTED]
+    if done:
+        return FORGET, min(done)
+    lower = [n for n, state in holders if state == wire.HELD and n < node_id]
+    if lower:
+        return STAND_BY, min(lower)
+    return ADOPT, None

@@ -1,8 +1,24 @@
 """
-Both ends of one replication link (sans-IO): :class:`OriginLink` is the origin's end (HELLO,
-then ACKs back); :class:`ShadowReceiver` is the peer's end: it checks the origin is another
-node, hands each batch to the origin's shadow (through an injected ``store``) and acknowledges
-it.  Bytes in, bytes out; nothing here imports a reactor.
+Both ends of one replication link (sans-IO): :class:`OriginLink` is the origin's end,
+:class:`ShadowReceiver` the peer's.  Bytes in, bytes out; nothing here imports a reactor.
+
+The handshake, with a shared secret (``--replication-secret-file``)::
+
+    origin -> peer   MAGIC, HELLO (its id, epoch, a fresh nonce)
+    peer -> origin   HELLO (its id, what it adopted of that epoch, its nonce, its proof)
+    origin -> peer   AUTH (the origin's proof)
+
+Each proof is an HMAC-SHA256 of both nonces and both ids (:func:`~wire.proof`): the origin
+stores nothing on a peer that cannot prove the secret, and the peer takes no batch, counts no
+link (for adoption) and replaces no older link before the origin proved it.  From then on every
+frame is sealed (:class:`~wire.Sealer`).  Without a secret (``--replication-insecure``) the
+proofs are empty and frames are not sealed; a link between a node with a secret and one
+without is refused, saying which.
+
+After the handshake: the origin sends BATCHes (the peer stores each and ACKs), the peer sends
+HOLDS (the shadows it holds, see :mod:`.adoption`), and either end sends a BEAT when it sent
+nothing else for a while: a link silent for ``--replication-timeout`` is dead, whatever TCP
+says (a frozen process, a silent partition, a host gone without a FIN).
 """
 
 from __future__ import annotations
@@ -11,77 +27,167 @@ from collections.abc import Callable
 
 from ....protocol import replication as wire
 
-__all__ = ["OriginLink", "ShadowReceiver"]
+__all__ = ["OriginLink", "ShadowReceiver", "LinkEvents"]
+
+#: the largest frame an origin takes from a peer (HELLO, ACK, HOLDS, BEAT, ERROR)
+ORIGIN_MAX_FRAME = 64 * 1024
+
+_ACK_PLAIN = 5 + 8
+_ACK_SEALED = 5 + wire.TAG_SIZE + 8
+
+
+class LinkEvents:
+    """What one read of an origin's link brought: the peer's HELLO (once), the sequences it
+    acknowledged, its HOLDS (the last of the read), and the bytes to send it back (the AUTH)."""
+
+    __slots__ = ("hello", "acks", "holds", "out")
+
+    def __init__(self) -> None:
+        self.hello: wire.Hello | None = None
+        self.acks: list[int] = []
+        self.holds: dict[int, int] | None = None
+        self.out = b""
 
 
 class OriginLink:
-    """The origin's end of one link: send MAGIC and HELLO, read the peer's HELLO, then ACKs."""
+    """The origin's end of one link: MAGIC and HELLO out, the peer's HELLO (and proof) in,
+    AUTH out, then ACKs, HOLDS and BEATs in."""
 
-    def __init__(self, node_id: int, instance: bytes, name: str, epoch: int = 0) -> None:
+    def __init__(self, node_id: int, instance: bytes, name: str, epoch: int = 0,
+                 secret: bytes | None = None) -> None:
         self.node_id = node_id
         self.instance = instance
-        self._decoder = wire.LinkDecoder()
+        self.secret = secret
+        self._decoder = wire.LinkDecoder(max_frame=ORIGIN_MAX_FRAME)
         self.hello: wire.Hello | None = None
-        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name, epoch)
+        self._nonce = wire.new_nonce()
+        self._greeting = wire.MAGIC + wire.encode_hello(node_id, instance, name, epoch, nonce=self._nonce)
+        #: seals this link's frames once the handshake is done (None: no secret)
+        self.sealer: wire.Sealer | None = None
+        self._ack_size = _ACK_PLAIN
 
     def start(self) -> bytes:
         return self._greeting
 
     def ack(self, data: bytes) -> int | None:
-        """The sequence ``data`` acknowledges when it is exactly one ACK after the HELLO (the
-        commonest read of a link), else None: then :meth:`feed` it."""
-        return self._decoder.ack(data) if self.hello is not None else None
+        """The sequence ``data`` acknowledges when it is exactly one ACK after the handshake
+        (the commonest read of a link), else None: then :meth:`feed` it."""
+        if self.hello is None:
+            return None
+        if self.sealer is None:
+            return self._decoder.ack(data)
+        if self._decoder.ack(data, _ACK_SEALED) is None:
+            return None
+        body = self.sealer.check(wire.ACK, memoryview(data)[5:])
+        return int.from_bytes(body, "big")
 
-    def feed(self, data: bytes) -> tuple[wire.Hello | None, list[int]]:
-        """The peer's HELLO if it came in this read, and the ACKed sequences; raises
-        :class:`~nsqtw.protocol.replication.LinkError` for a peer speaking something else,
-        refusing us (ERROR), or being this very node."""
-        hello = None
+    def seal(self, frame: bytes) -> list[bytes | memoryview]:
+        """``frame`` (a batch, as :class:`ReplicationOrigin` makes it for every peer) as this
+        link sends it: sealed when the link has a secret."""
+        return [frame] if self.sealer is None else self.sealer.seal(frame)
+
+    def seal_parts(self, parts: list[bytes]) -> list[bytes | memoryview]:
+        """:meth:`seal` of a frame given as parts (its head first, as ``encode_batch_parts``)."""
+        if self.sealer is None:
+            return list(parts)
+        body_len = sum(map(len, parts)) - 5
+        seq = int.from_bytes(parts[1][:8], "big")
+        return [self.sealer.head(wire.BATCH, seq, body_len), *parts[1:]]
+
+    def beat(self) -> list[bytes | memoryview]:
+        """A BEAT to send on an idle link."""
+        if self.sealer is None:
+            return [wire.encode_beat(0)]
+        self.sealer.beats += 1
+        return self.sealer.seal(wire.encode_beat(self.sealer.beats))
+
+    def feed(self, data: bytes) -> LinkEvents:
+        """What ``data`` brought; raises :class:`~nsqtw.protocol.replication.LinkError` for a
+        peer speaking something else, refusing us (ERROR), failing to prove the secret (or
+        having one when this node has none), or being this very node."""
+        ev = LinkEvents()
         if self.hello is not None:
-            seq = self._decoder.ack(data)
+            seq = self.ack(data)
             if seq is not None:
-                return None, [seq]
-        acks: list[int] = []
+                ev.acks.append(seq)
+                return ev
         for kind, body in self._decoder.feed(data):
             if kind == wire.ERROR:
                 raise wire.LinkError("peer refused: " + body.decode(errors="replace"))
             if self.hello is None:
                 if kind != wire.HELLO:
                     raise wire.LinkError("peer did not answer HELLO")
-                hello = self.hello = wire.decode_hello(body)
-                if hello.instance == self.instance:
-                    raise wire.LinkError("the peer is this node itself")
-                if hello.node_id == self.node_id:
-                    raise wire.LinkError(f"the peer has the same --node-id ({hello.node_id}); "
-                                         "replicated nodes need distinct --node-id values")
-            elif kind == wire.ACK:
-                acks.append(wire.decode_ack(body))
-            else:
+                ev.hello = self.hello = hello = wire.decode_hello(body)
+                ev.out = self._authenticate(hello)
+                continue
+            if self.sealer is not None:
+                body = bytes(self.sealer.check(kind, body))
+            if kind == wire.ACK:
+                ev.acks.append(wire.decode_ack(body))
+            elif kind == wire.HOLDS:
+                ev.holds = wire.decode_holds(body)
+            elif kind != wire.BEAT:
                 raise wire.LinkError(f"unexpected frame type {kind}")
-        return hello, acks
+        return ev
+
+    def _authenticate(self, hello: wire.Hello) -> bytes:
+        if hello.instance == self.instance:
+            raise wire.LinkError("the peer is this node itself")
+        if hello.node_id == self.node_id:
+            raise wire.LinkError(f"the peer has the same --node-id ({hello.node_id}); "
+                                 "replicated nodes need distinct --node-id values")
+        if self.secret is None:
+            if hello.proves:
+                raise wire.LinkError("the peer has a --replication-secret-file and this node has none")
+            return wire.encode_auth(b"")
+        if not hello.proves:
+            raise wire.LinkError("the peer has no --replication-secret-file (it runs --replication-insecure)")
+        want = wire.proof(self.secret, b"peer", self._nonce, hello.nonce, self.node_id, hello.node_id)
+        if want != hello.proof:
+            raise wire.LinkError("the peer could not prove the shared secret (a different "
+                                 "--replication-secret-file?)")
+        self.sealer = wire.Sealer(wire.session_key(self.secret, self._nonce, hello.nonce))
+        return wire.encode_auth(wire.proof(self.secret, b"origin", self._nonce, hello.nonce,
+                                           self.node_id, hello.node_id))
 
 
 class ShadowReceiver:
-    """The peer's end of one link: the origin's HELLO, then batches to store and acknowledge.
+    """The peer's end of one link: the origin's HELLO and AUTH, then batches to store and
+    acknowledge.
 
     ``store(origin_node_id, batch_body)`` keeps one batch in that origin's shadow (raising
     ``OSError`` when the disk refuses it); ``adopted(origin_node_id, epoch)`` is the highest
     message ID this node adopted of that origin's epoch (:data:`~wire.NO_ID`: none), the
-    answer its HELLO carries."""
+    answer its HELLO carries; ``allowed(origin_node_id)`` says whether this node takes links
+    from that node id at all.  :attr:`origin` is set once the origin proved itself (the link
+    counts from then on)."""
 
     def __init__(self, node_id: int, instance: bytes, name: str,
                  store: Callable[[int, bytes | memoryview], None],
-                 adopted: Callable[[int, int], bytes] = lambda origin, epoch: wire.NO_ID) -> None:
+                 adopted: Callable[[int, int], bytes] = lambda origin, epoch: wire.NO_ID, *,
+                 secret: bytes | None = None, allowed: Callable[[int], bool] = lambda origin: True,
+                 max_frame: int = wire.MAX_FRAME) -> None:
         self.adopted = adopted
         self.node_id = node_id
         self.instance = instance
         self.name = name
         self.store = store
+        self.secret = secret
+        self.allowed = allowed
+        self.max_frame = max_frame
+        #: the origin, once it proved itself
         self.origin: wire.Hello | None = None
+        self._hello: wire.Hello | None = None
+        self._nonce = wire.new_nonce()
+        self.sealer: wire.Sealer | None = None
         self.closed = False
         self.batches = 0
         self.last_seq = 0
-        self._decoder = wire.LinkDecoder(expect_magic=True)
+        self._decoder = wire.LinkDecoder(expect_magic=True, max_frame=wire.HANDSHAKE_FRAME)
+
+    @property
+    def buffered(self) -> int:
+        return self._decoder.buffered
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to answer; :attr:`closed` once the link must close (after the answer)."""
@@ -92,6 +198,8 @@ class ShadowReceiver:
             view = self._decoder.one(data, wire.BATCH)
             if view is not None and len(view) >= 8:  # one whole batch: store it, ACK it
                 try:
+                    if self.sealer is not None:
+                        view = self.sealer.check(wire.BATCH, view)  # type: ignore[assignment]  # a view of a view
                     self.store(origin.node_id, view)
                 except OSError as e:
                     return self._refuse(f"E_STORE_FAILED {e}")
@@ -99,45 +207,100 @@ class ShadowReceiver:
                     return self._refuse(f"E_BAD_PROTOCOL {e}")
                 self.batches += 1
                 self.last_seq = seq = int.from_bytes(view[:8], "big")
-                return wire.encode_ack(seq)
-        out = []
+                return self._ack(seq)
+        out: list[bytes] = []
         try:
+            while self.origin is None:  # the handshake, a frame at a time (its limit is lower)
+                frames = self._decoder.feed(data, 1)
+                data = b""
+                if not frames:
+                    return b"".join(out)
+                out.append(self._handshake(*frames[0]))
+                if self.closed:
+                    return b"".join(out)
             frames = self._decoder.feed(data)
         except wire.LinkError as e:
-            return self._refuse(f"E_BAD_PROTOCOL {e}")
+            return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
         acked = 0
+        origin = self.origin
         for kind, body in frames:
-            if self.origin is None:
-                if kind != wire.HELLO:
-                    return self._refuse("E_BAD_PROTOCOL expected HELLO")
+            if self.sealer is not None:
                 try:
-                    hello = wire.decode_hello(body)
+                    body = bytes(self.sealer.check(kind, body))
                 except wire.LinkError as e:
-                    return self._refuse(f"E_BAD_PROTOCOL {e}")
-                if hello.instance == self.instance:
-                    return self._refuse("E_SAME_NODE this is the node itself")
-                if hello.node_id == self.node_id:
-                    return self._refuse(f"E_SAME_NODE_ID both nodes have --node-id={self.node_id}")
-                self.origin = hello
-                out.append(wire.encode_hello(self.node_id, self.instance, self.name, 0,
-                                             self.adopted(hello.node_id, hello.epoch)))
-            elif kind == wire.BATCH:
+                    return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
+            if kind == wire.BATCH:
                 if len(body) < 8:
                     return b"".join(out) + self._refuse("E_BAD_PROTOCOL malformed BATCH")
                 seq = int.from_bytes(body[:8], "big")
                 try:
-                    self.store(self.origin.node_id, body)
+                    self.store(origin.node_id, body)
                 except OSError as e:
                     return b"".join(out) + self._refuse(f"E_STORE_FAILED {e}")
                 except wire.LinkError as e:
                     return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
                 self.batches += 1
                 self.last_seq = acked = seq
-            else:
+            elif kind != wire.BEAT:
                 return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL unexpected frame type {kind}")
         if acked:
-            out.append(wire.encode_ack(acked))  # one ACK covers every batch of this read
+            out.append(self._ack(acked))  # one ACK covers every batch of this read
         return b"".join(out)
+
+    def _handshake(self, kind: int, body: bytes) -> bytes:
+        hello = self._hello
+        if hello is None:
+            if kind != wire.HELLO:
+                return self._refuse("E_BAD_PROTOCOL expected HELLO")
+            try:
+                hello = wire.decode_hello(body)
+            except wire.LinkError as e:
+                return self._refuse(f"E_BAD_PROTOCOL {e}")
+            if hello.instance == self.instance:
+                return self._refuse("E_SAME_NODE this is the node itself")
+            if hello.node_id == self.node_id:
+                return self._refuse(f"E_SAME_NODE_ID both nodes have --node-id={self.node_id}")
+            if not self.allowed(hello.node_id):
+                return self._refuse(f"E_UNKNOWN_NODE node {hello.node_id} is not one this node replicates for")
+            self._hello = hello
+            proof = (wire.proof(self.secret, b"peer", hello.nonce, self._nonce, hello.node_id, self.node_id)
+                     if self.secret is not None else bytes(32))
+            return wire.encode_hello(self.node_id, self.instance, self.name, 0,
+                                     self.adopted(hello.node_id, hello.epoch), self._nonce, proof)
+        if kind != wire.AUTH:
+            return self._refuse("E_BAD_PROTOCOL expected AUTH")
+        if self.secret is None:
+            if body:
+                return self._refuse("E_AUTH_FAILED this node has no --replication-secret-file "
+                                    "(it runs --replication-insecure)")
+        else:
+            if not body:
+                return self._refuse("E_AUTH_FAILED this node requires the shared secret "
+                                    "(--replication-secret-file)")
+            want = wire.proof(self.secret, b"origin", hello.nonce, self._nonce, hello.node_id, self.node_id)
+            if body != want:
+                return self._refuse("E_AUTH_FAILED the origin could not prove the shared secret")
+            self.sealer = wire.Sealer(wire.session_key(self.secret, hello.nonce, self._nonce))
+        self.origin = hello
+        self._decoder.max_frame = self.max_frame
+        return b""
+
+    def _ack(self, seq: int) -> bytes:
+        if self.sealer is None:
+            return wire.encode_ack(seq)
+        return self.sealer.head(wire.ACK, seq, 8) + seq.to_bytes(8, "big")
+
+    def beat(self) -> bytes:
+        """A BEAT to send on an idle link (after the handshake)."""
+        if self.sealer is None:
+            return wire.encode_beat(0)
+        self.sealer.beats += 1
+        return b"".join(self.sealer.seal(wire.encode_beat(self.sealer.beats)))
+
+    def holds(self, holds: dict[int, int]) -> bytes:
+        """A HOLDS frame to send (after the handshake)."""
+        frame = wire.encode_holds(holds)
+        return frame if self.sealer is None else b"".join(self.sealer.seal(frame))
 
     def _refuse(self, text: str) -> bytes:
         self.closed = True
