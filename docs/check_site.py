@@ -6,8 +6,8 @@ Three things Sphinx's own ``-W`` does not catch:
   as plain text into "–flag", which fails when copied into a shell; a flag belongs in a literal.
 * **public API**: every name a public module exports (``__all__``), and every public method and
   property of the classes among them, has a docstring of its own and an entry in the built
-  reference (``objects.inv``); every option of the options classes (flag or not) is in the options
-  page.
+  reference (``objects.inv``), and so has every public attribute the testing fixtures set in
+  ``__init__``; every option of the options classes (flag or not) is in the options page.
 * **HTTP API**: every route of nsqd, nsqlookupd and nsqadmin (read from their klein apps' source) is
   named in the HTTP API reference, written as NSQ's docs write it (``/config/:opt``).
 
@@ -104,6 +104,26 @@ def _own_members(cls: type) -> list[tuple[str, Any]]:
     return out
 
 
+def _instance_attributes(cls: type) -> list[str]:
+    """The public attributes ``__init__`` assigns (``self.name = ...``), read from its source."""
+    init = cls.__dict__.get("__init__")
+    if not inspect.isfunction(init):
+        return []
+    try:
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                        and not t.attr.startswith("_") and t.attr not in names):
+                    names.append(t.attr)
+    return names
+
+
 def check_public_api(site: Path) -> list[str]:
     """Every exported name and every public method/property of exported classes: a docstring of its
     own and an entry in the reference."""
@@ -130,6 +150,10 @@ def check_public_api(site: Path) -> list[str]:
                         problems.append(f"{module_name}.{name}.{member}: no docstring")
                     elif not _documented(inventory, f"{obj.__name__}.{member}"):
                         problems.append(f"{module_name}.{name}.{member}: not in the API reference")
+                if module_name.startswith("nsqtw.testing"):  # the fixtures' attributes are their API
+                    for attribute in _instance_attributes(obj):
+                        if not _documented(inventory, f"{obj.__name__}.{attribute}"):
+                            problems.append(f"{module_name}.{name}.{attribute}: attribute not in the API reference")
     import attr
 
     options_page = TAG.sub("", (site / "api" / "options.html").read_text(encoding="utf-8"))
