@@ -156,7 +156,7 @@ def check_public_api(site: Path) -> list[str]:
                             problems.append(f"{module_name}.{name}.{attribute}: attribute not in the API reference")
     import attr
 
-    options_page = TAG.sub("", (site / "api" / "options.html").read_text(encoding="utf-8"))
+    options_page = TAG.sub(" ", (site / "api" / "options.html").read_text(encoding="utf-8"))
     for path in OPTIONS_CLASSES:
         for field in attr.fields(_load(path)):
             if field.name not in options_page:
@@ -180,7 +180,7 @@ def check_http_reference(site: Path) -> list[str]:
     page = site / HTTP_PAGE
     if not page.exists():
         return [f"{HTTP_PAGE}: missing (the HTTP API reference)"]
-    text = html.unescape(TAG.sub("", page.read_text(encoding="utf-8")))
+    text = html.unescape(TAG.sub(" ", page.read_text(encoding="utf-8")))
     problems = []
     for source in ROUTE_SOURCES:
         for path in routes(ROOT / source):
