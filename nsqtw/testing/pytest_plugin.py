@@ -68,7 +68,7 @@ __all__ = [
 T = TypeVar("T")
 
 _SKIP_NO_PT = ("nsqtw's fixtures run nsqd inside pytest-twisted's reactor: "
-               "install pytest-twisted (pip install pytest-twisted)")
+               "install pytest-twisted (pip install 'nsqtw[pytest]')")
 _SKIP_INACTIVE = ("nsqtw's fixtures need pytest-twisted's reactor, but the plugin is not active "
                   "(was it disabled with -p no:twisted?)")
 
