@@ -99,10 +99,13 @@ lint: venv
 		echo "a type: ignore needs a reason comment after it"; status=1; fi; \
 	exit $$status
 
-# the Sphinx site (API reference and README.rst's sections as guides), warnings as errors
+# the Sphinx site (API reference and README.rst's sections as guides), warnings as errors, then the
+# checks Sphinx does not make (docs/check_site.py: no en dash for a flag's "--", every public member
+# documented, every HTTP endpoint in the HTTP API reference)
 docs: venv
 	$(PIP) install --quiet ".[docs,test]"  # autodoc imports the pytest plugin
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	$(PY) docs/check_site.py docs/_build/html
 
 # while editing: skip the slow soak/fault runs
 quick: install-test

@@ -7,10 +7,11 @@ What replication costs a publisher: Go's bench tools against a replicated pair o
     RUNFOR=10s python bench/bench_replication.py
     ROUNDS=3 python bench/bench_replication.py        # medians of 3 rounds (the figures to report)
 
-Workloads as ../shared/bench/perf-vs-go's: ``pub_mem`` (Go's bench_writer, MPUB batches of 200,
+Workloads as NSQ's own bench tools run them: ``pub_mem`` (Go's bench_writer, MPUB batches of 200,
 200-byte bodies, --mem-queue-size=10000000) and ``pub_one`` (Go's bench_pub, one PUB per round
-trip).  Prints msg/s and the ratio replicated / unreplicated (the issue's target: at least 0.5;
-printed, not asserted).  Needs ../shared/anchors/go-nsq-1.3.0 (GO_NSQ to override).
+trip).  Prints msg/s and the ratio replicated / unreplicated (printed, not asserted).  Needs NSQ
+1.3.0's nsqd and its bench tools (``bench_writer``, ``bench_pub``) built from NSQ's sources, in
+the directory ``GO_NSQ`` names.
 Beside them two floors, pairs that make the same hops as nsqtw's pair and do no other work, against
 unreplicated nsqtw: ``bench/replication_floor.py`` (a Python relay and peer on raw epoll: what no
 Python implementation of a peer-acknowledged publish can beat on this machine) and the same

@@ -1,5 +1,5 @@
 """
-A test suite's view of nsqtw: a real nsqd in the test, no Go binary (``pip install nsqtw pytest-twisted``).
+A test suite's view of nsqtw: a real nsqd in the test, no Go binary (``pip install "nsqtw[pytest]"``).
 
 Run it with ``pytest examples/test_with_nsqtw.py`` (the ``nsqtw_*`` fixtures
 come from nsqtw's pytest plugin, loaded automatically once nsqtw is installed;

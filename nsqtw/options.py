@@ -625,13 +625,24 @@ class NsqdOptions:
                              help="[nsqtw] with a --replication-address: once every link from an origin has "
                                   "been down this long, deliver its unfinished messages from here")
     # internal knobs NSQ does not expose as flags ------------------------------------
-    #: bytes kept free in --data-path for the final flush (nsqd.reserve, deleted at the stop)
-    disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT)
-    client_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
-    queue_scan_interval: float = opt(default=0.1, flag=None, kind=DURATION)
-    queue_scan_refresh_interval: float = opt(default=5.0, flag=None, kind=DURATION)
-    queue_scan_dirty_percent: float = opt(default=0.25, flag=None, kind=STR)
-    magic_timeout: float = opt(default=60.0, flag=None, kind=DURATION)
+    #: bytes kept free in ``--data-path`` for the final flush (nsqd.reserve, deleted at the stop)
+    disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT,
+                                  help="bytes kept free in the data path (the file nsqd.reserve) for the final "
+                                       "flush at stop")
+    client_timeout: float = opt(default=60.0, flag=None, kind=DURATION,
+                                help="NSQ's ClientTimeout: a client's default heartbeat interval is half of it")
+    queue_scan_interval: float = opt(default=0.1, flag=None, kind=DURATION,
+                                     help="NSQ's QueueScanInterval: how often in-flight and deferred messages "
+                                          "are scanned for timeouts")
+    queue_scan_refresh_interval: float = opt(default=5.0, flag=None, kind=DURATION,
+                                             help="NSQ's QueueScanRefreshInterval: how often the set of "
+                                                  "channels the scan samples from is refreshed")
+    queue_scan_dirty_percent: float = opt(default=0.25, flag=None, kind=STR,
+                                          help="NSQ's QueueScanDirtyPercent: the share of sampled channels with "
+                                               "work above which the scan runs again at once")
+    magic_timeout: float = opt(default=60.0, flag=None, kind=DURATION,
+                               help="how long a new TCP connection may take to send the protocol's magic "
+                                    "(``  V2``) before it is closed")
 
     def __attrs_post_init__(self) -> None:
         self.validate()
@@ -750,4 +761,5 @@ class NsqdOptions:
         return self.client_timeout / 2
 
     def replace(self, **changes: Any) -> NsqdOptions:
+        """A copy with ``changes`` (attribute names) applied, validated again."""
         return evolve(self, **changes)

@@ -32,3 +32,10 @@ def test_inprocess_bus_example():
     proc = _run("examples/inprocess_bus.py")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
+
+
+def test_embedded_example_passes_mypy_strict():
+    """The embedding guide says its example is typed: ``mypy --strict examples/embedded.py`` passes."""
+    pytest.importorskip("mypy", reason="mypy is installed by `make lint` (the lint extra)")
+    proc = _run("-m", "mypy", "--strict", "--no-incremental", "examples/embedded.py", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

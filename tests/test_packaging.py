@@ -121,3 +121,15 @@ def test_declared_entry_points_are_importable():
             if target.startswith("nsqtw") and importlib.util.find_spec(target) is None:
                 missing.append(f"{group}: {target}")
     assert missing == []
+
+
+def test_pytest_extra_installs_what_the_fixtures_need() -> None:
+    """``pip install "nsqtw[pytest]"`` brings pytest and pytest-twisted, which the fixtures run on (the
+    testing guide and the README say to install it that way)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extra = [line.strip() for line in cfg["options.extras_require"]["pytest"].splitlines() if line.strip()]
+    names = {line.split(">")[0].split("=")[0].split("<")[0].strip().lower() for line in extra}
+    assert names == {"pytest", "pytest-twisted"}
+    for doc in ("README.rst", "docs/guide/testing.rst"):
+        assert "nsqtw[pytest]" in (ROOT / doc).read_text(), doc

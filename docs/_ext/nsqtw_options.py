@@ -5,6 +5,7 @@ name), the default as NSQ prints it, and the help text.  The tables cannot drift
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 import attr
@@ -38,8 +39,17 @@ def _default(field: attr.Attribute[Any]) -> str:
     return str(value)
 
 
+#: a flag named in a help text, outside a literal: ``--log-level`` (smart quotes would make it "–log-level")
+_FLAG = re.compile(r"(?<![\w`-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
 def _cell(text: str) -> str:
     return text.replace("\n", " ").replace("|", "\\|") or " "
+
+
+def _help(text: str) -> str:
+    """A help text for a table cell, every flag it names as a literal (copied, it works in a shell)."""
+    return _FLAG.sub(r"``\1``", _cell(text))
 
 
 def _literal(text: str) -> str:
@@ -65,14 +75,12 @@ class OptionsTable(SphinxDirective):
                 name = f"``{field.name}``"
                 doc = meta.get("doc", "")
             else:
-                if not meta.get("flag"):
-                    continue
-                name = f"``--{meta['flag']}``"
+                name = f"``--{meta['flag']}``" if meta.get("flag") else "(no flag: embedding only)"
                 doc = meta.get("help", "")
                 if meta.get("unsupported"):
                     doc = f"{doc} (refused: {meta['unsupported']})"
             rows += [f"   * - ``{field.name}``", f"     - {name}", f"     - {_literal(_default(field))}",
-                     f"     - {_cell(doc)}"]
+                     f"     - {_help(doc)}"]
         container = nodes.container()
         self.state.nested_parse(StringList(rows, source=self.arguments[0]), self.content_offset, container)
         return container.children

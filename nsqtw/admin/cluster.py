@@ -900,7 +900,9 @@ class ClusterInfo:
                                 include_clients: bool = False
                                 ) -> tuple[list[TopicStats], dict[str, ChannelStats], list[str], list[str]]:
         """:meth:`nsqd_stats`, plus the HTTP addresses of the producers that did not answer."""
-        params: dict[str, str] = {"format": "json"}
+        # include_oldest_message_ts: nsqtw's nsqd adds each channel's oldest queued message (the
+        # Oldest column); Go's nsqd ignores the argument
+        params: dict[str, str] = {"format": "json", "include_oldest_message_ts": "true"}
         if topic:
             params["topic"] = topic
             if channel:

@@ -44,18 +44,22 @@ class AdminHandle:
 
     @property
     def options(self) -> AdminOptions:
+        """The options the nsqadmin runs with (the embedding defaults applied)."""
         return self._service.options
 
     @property
     def http_port(self) -> int:
+        """The port the UI listens on (the one the OS chose for port 0)."""
         return cast(int, self._service.http_port)  # bound: a handle is made once its service listens
 
     @property
     def host(self) -> str:
+        """The host the UI listens on."""
         return self._service.http_listener.bound_host
 
     @property
     def http_address(self) -> str:
+        """``host:port`` of the UI."""
         return f"{self.host}:{self.http_port}"
 
     @property

@@ -181,7 +181,10 @@ class AdminOptions:
 
     @property
     def lookupd_mode(self) -> bool:
+        """Whether nsqadmin finds nsqd through nsqlookupd (``--lookupd-http-address`` given) rather than
+        from ``--nsqd-http-address``."""
         return bool(self.lookupd_http_addresses)
 
     def replace(self, **changes: Any) -> AdminOptions:
+        """A copy with ``changes`` (attribute names) applied, validated again."""
         return evolve(self, **changes)

@@ -76,6 +76,8 @@ class BackoffStrategy:
     """
 
     def calculate(self, attempt: int, multiplier: float, rng: random.Random) -> float:
+        """The backoff, in seconds, after ``attempt`` consecutive failures (``rng`` for strategies that
+        jitter)."""
         raise NotImplementedError
 
 
@@ -85,6 +87,8 @@ class ExponentialStrategy(BackoffStrategy):
     name = "exponential"
 
     def calculate(self, attempt: int, multiplier: float, rng: random.Random) -> float:
+        """``multiplier * 2 ** attempt`` seconds (go-nsq's ``ExponentialStrategy``; capped by
+        ``max_backoff_duration``)."""
         return multiplier * (2.0 ** attempt)
 
     def __repr__(self) -> str:
@@ -97,6 +101,8 @@ class FullJitterStrategy(BackoffStrategy):
     name = "full_jitter"
 
     def calculate(self, attempt: int, multiplier: float, rng: random.Random) -> float:
+        """A random duration between 0 and ``multiplier * 2 ** attempt`` seconds (go-nsq's
+        ``FullJitterStrategy``)."""
         ceiling = multiplier * (2.0 ** attempt)
         if ceiling <= 0:
             return 0.0
@@ -437,6 +443,8 @@ class Config:
         return min(self.default_requeue_delay * attempts, self.max_requeue_delay)
 
     def backoff_duration(self, attempt: int, rng: random.Random) -> float:
+        """How long to back off after ``attempt`` consecutive failures: the backoff strategy's answer for
+        ``backoff_multiplier``."""
         return float(self.backoff_strategy.calculate(attempt, self.backoff_multiplier, rng))
 
     def identify_body(self) -> dict[str, Any]:

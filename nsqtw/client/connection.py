@@ -127,17 +127,21 @@ class NSQConnection(Protocol):
 
     @property
     def max_rdy_count(self) -> int:
+        """nsqd's ``max_rdy_count`` from the IDENTIFY response."""
         return self.core.max_rdy_count
 
     @property
     def identify_response(self) -> dict[str, Any] | None:
+        """nsqd's IDENTIFY response (a dict), or None before it came or when nsqd sent ``OK``."""
         return self.core.identify_response
 
     @property
     def msg_timeout(self) -> float | None:
+        """nsqd's message timeout for this connection, in seconds, from the IDENTIFY response."""
         return self.core.msg_timeout
 
     def is_closing(self) -> bool:
+        """Whether the connection is closing or closed."""
         return self.closing or self.lost
 
     @property
@@ -146,11 +150,13 @@ class NSQConnection(Protocol):
         return self._open
 
     def write_rdy(self, count: int) -> None:
+        """Send ``RDY count``."""
         self.send(commands.rdy(count))
 
     # --- lifecycle -------------------------------------------------------------------
 
     def connectionMade(self) -> None:
+        """Twisted: connected; sends the magic and IDENTIFY and arms the read timeout."""
         self._open = True
         now = self.clock.seconds()
         self._last_read = now
@@ -175,6 +181,8 @@ class NSQConnection(Protocol):
         self.transport.write(self.core.start())
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        """Twisted: the connection is gone; pending commands fail and the delegate's ``on_close`` is
+        called."""
         if reason is None:
             reason = Failure(ierror.ConnectionDone())
         self._open = False
@@ -292,15 +300,18 @@ class NSQConnection(Protocol):
     # --- the transport's producer hooks: a stalled write is the write timeout ------------
 
     def pauseProducing(self) -> None:
+        """Twisted (IPushProducer): the transport's buffer is full; the write timeout starts."""
         if self._write_stall is None and self._open:
             self._write_stall = self.clock.callLater(self.config.write_timeout, self._write_timed_out)
 
     def resumeProducing(self) -> None:
+        """Twisted (IPushProducer): the buffer drained; the write timeout is cancelled."""
         call, self._write_stall = self._write_stall, None
         if call is not None and call.active():
             call.cancel()
 
     def stopProducing(self) -> None:
+        """Twisted (IPushProducer): the transport stops; as :meth:`resumeProducing`."""
         self.resumeProducing()
 
     def _write_timed_out(self) -> None:
@@ -330,6 +341,7 @@ class NSQConnection(Protocol):
     # --- reading ---------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
+        """Twisted: bytes from nsqd; frames are decoded and dispatched, answers written once per read."""
         self._last_read = self.clock.seconds()
         if not self.ready or self._batch is not None:
             self._dispatch(data)  # the handshake writes as it goes (upgrades change the encoding)
@@ -443,11 +455,13 @@ class NSQConnection(Protocol):
             self._write(data)
 
     def on_message_finish(self, msg: Message) -> None:
+        """Message callback: send FIN for ``msg``."""
         self.delegate.on_message_finished(self, msg)
         self._write_answer(commands.fin(msg.id))
         self._answered()
 
     def on_message_requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
+        """Message callback: send REQ for ``msg`` (``delay`` None: the config's requeue delay)."""
         if delay is None or delay < 0:
             delay = self.config.requeue_delay(msg.attempts)
         self.delegate.on_message_requeued(self, msg, backoff)
@@ -455,6 +469,7 @@ class NSQConnection(Protocol):
         self._answered()
 
     def on_message_touch(self, msg: Message) -> None:
+        """Message callback: send TOUCH for ``msg``."""
         self._write_answer(commands.touch(msg.id))
 
     def __repr__(self) -> str:

@@ -134,6 +134,7 @@ class Consumer(ConnectionDelegate):
         return self.rdy.conns
 
     def stats(self) -> ConsumerStats:
+        """The counts so far: messages received, finished and requeued, and open connections."""
         return ConsumerStats(self.messages_received, self.messages_finished,
                              self.messages_requeued, len(self.rdy.conns))
 
@@ -142,10 +143,12 @@ class Consumer(ConnectionDelegate):
         return self.rdy.is_starved()
 
     def in_backoff(self) -> bool:
+        """Whether the consumer is backing off (RDY 0 everywhere, or 1 while testing)."""
         return self.rdy.in_backoff()
 
     @property
     def max_in_flight(self) -> int:
+        """The current ``max_in_flight`` (see :meth:`change_max_in_flight`)."""
         return self.rdy.max_in_flight
 
     def change_max_in_flight(self, max_in_flight: int) -> None:
@@ -154,6 +157,7 @@ class Consumer(ConnectionDelegate):
 
     @property
     def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
         return self._stopping
 
     # --- nsqd -------------------------------------------------------------------------------
@@ -205,6 +209,7 @@ class Consumer(ConnectionDelegate):
         return subscribed
 
     def connect_to_nsqds(self, addresses: list[NsqdAddress]) -> defer.Deferred[list[NSQConnection]]:
+        """:meth:`connect_to_nsqd` for each address; fires with the connections once all are subscribed."""
         return defer.gatherResults([self.connect_to_nsqd(a) for a in addresses], consumeErrors=True)
 
     def disconnect_from_nsqd(self, address: NsqdAddress) -> None:
@@ -274,9 +279,12 @@ class Consumer(ConnectionDelegate):
         return d
 
     def connect_to_nsqlookupds(self, addresses: list[str]) -> defer.Deferred[list[None]]:
+        """:meth:`connect_to_nsqlookupd` for each address."""
         return defer.gatherResults([self.connect_to_nsqlookupd(a) for a in addresses], consumeErrors=True)
 
     def disconnect_from_nsqlookupd(self, address: str) -> None:
+        """Stop polling one nsqlookupd (raises ``NotConnected`` for an unknown one, ``ConfigError`` for
+        the last one)."""
         url = build_lookup_url(address, self.topic)
         if url not in self.lookupd_urls:
             raise NotConnected(f"not connected to {address}")
@@ -396,19 +404,23 @@ class Consumer(ConnectionDelegate):
     # --- ConnectionDelegate -------------------------------------------------------------------
 
     def on_message(self, conn: NSQConnection, msg: Message) -> None:
+        """Connection callback: a message arrived; it is queued for the handler."""
         self.messages_received += 1
         self._queue.append(msg)
         self._pump()
 
     def on_message_finished(self, conn: NSQConnection, msg: Message) -> None:
+        """Connection callback: a message was finished; RDY may grow again."""
         self.messages_finished += 1
         self.rdy.signal(RESUME)
 
     def on_message_requeued(self, conn: NSQConnection, msg: Message, backoff: bool) -> None:
+        """Connection callback: a message was requeued; with ``backoff`` the consumer backs off."""
         self.messages_requeued += 1
         self.rdy.signal(BACKOFF if backoff else CONTINUE)
 
     def on_response(self, conn: NSQConnection, data: bytes) -> None:
+        """Connection callback: a response frame (``CLOSE_WAIT`` after CLS closes the connection)."""
         if data == CLOSE_WAIT:
             # nsqd acknowledged CLS: no more messages; close once ours are answered
             conn.close()
@@ -416,9 +428,11 @@ class Consumer(ConnectionDelegate):
             log.info("({addr}) unexpected response {data!r}", addr=conn.address, data=data[:32])
 
     def on_error(self, conn: NSQConnection, err: NSQError) -> None:
+        """Connection callback: an error frame (the connection logs it and closes on a fatal one)."""
         pass  # logged by the connection; fatal ones close it
 
     def on_close(self, conn: NSQConnection, reason: Failure) -> None:
+        """Connection callback: a connection closed; it is reconnected unless the consumer is stopping."""
         key = conn.address
         subscribed = self.rdy.conns.get(key) is conn
         if subscribed:

@@ -49,6 +49,8 @@ class HTTPProducer:
         return self._http_client
 
     def publish(self, topic: str, body: Body) -> defer.Deferred[None]:
+        """POST one message to ``/pub?topic=``; fires once nsqd answered ``OK``, fails with the HTTP
+        error otherwise."""
         return self._post("/pub", {"topic": topic}, to_bytes(body))
 
     def deferred_publish(self, topic: str, delay: float, body: Body) -> defer.Deferred[None]:
@@ -56,6 +58,8 @@ class HTTPProducer:
         return self._post("/pub", {"topic": topic, "defer": str(ms(delay))}, to_bytes(body))
 
     def multi_publish(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> defer.Deferred[None]:
+        """POST a batch to ``/mpub?topic=`` (binary framing by default; ``binary=False`` sends one
+        message a line, which bodies containing a newline cannot use)."""
         data = [to_bytes(b) for b in bodies]
         if binary:
             payload = _I32(len(data)) + b"".join(_I32(len(b)) + b for b in data)

@@ -37,12 +37,15 @@ class Message:
 
     @property
     def auto_response(self) -> bool:
+        """Whether the consumer finishes or requeues this message from the handler's result."""
         return self._auto
 
     def is_auto_response_disabled(self) -> bool:
+        """Whether :meth:`disable_auto_response` was called (go-nsq's name)."""
         return not self._auto
 
     def has_responded(self) -> bool:
+        """Whether the message was finished or requeued already."""
         return self._responded
 
     def finish(self) -> None:

@@ -85,10 +85,12 @@ class Producer(ConnectionDelegate):
 
     @property
     def connected(self) -> bool:
+        """Whether the connection to nsqd is open and identified."""
         return self.conn is not None and self.conn.ready
 
     @property
     def stopped(self) -> bool:
+        """Whether :meth:`stop` was called (publishing then fails with ``Stopped``)."""
         return self._stopped
 
     def stop(self, timeout: float | None = None) -> defer.Deferred[None]:
@@ -182,14 +184,18 @@ class Producer(ConnectionDelegate):
     # --- ConnectionDelegate -------------------------------------------------------------------
 
     def on_response(self, conn: NSQConnection, data: bytes) -> None:
+        """Connection callback: a response frame nobody waited for; the connection is closed."""
         log.error("({addr}) unexpected response {data!r}; closing", addr=self.address, data=data[:32])
         conn.abort(NotConnected("unexpected response"))
 
     def on_error(self, conn: NSQConnection, err: Exception) -> None:
+        """Connection callback: an error frame; a fatal one is logged (the waiting publish fails with
+        it)."""
         if getattr(err, "fatal", True):
             log.error("({addr}) unexpected error {err}; closing", addr=self.address, err=err)
 
     def on_close(self, conn: NSQConnection, reason: Failure) -> None:
+        """Connection callback: the connection closed; the next publish connects again."""
         if self.conn is conn:
             self.conn = None
 

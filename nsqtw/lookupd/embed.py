@@ -46,6 +46,7 @@ class LookupdHandle:
 
     @classmethod
     def of(cls, service: LookupdService) -> LookupdHandle:
+        """The handle of a service that already listens (used by :func:`start_nsqlookupd`)."""
         # the ports are bound: a handle is made once its service listens
         return cls(service, cast(int, service.tcp_port), cast(int, service.http_port),
                    service.tcp_listener.bound_host, service.http_listener.bound_host)
@@ -56,14 +57,17 @@ class LookupdHandle:
 
     @property
     def options(self) -> LookupdOptions:
+        """The options the nsqlookupd runs with (the embedding defaults applied)."""
         return self._service.options
 
     @property
     def tcp_address(self) -> str:
+        """``host:port`` of the TCP listener, for nsqd's ``--lookupd-tcp-address``."""
         return f"{self.host}:{self.tcp_port}"
 
     @property
     def http_address(self) -> str:
+        """``host:port`` of the HTTP API, for consumers' and nsqadmin's ``--lookupd-http-address``."""
         return f"{self.http_host}:{self.http_port}"
 
     def stop(self) -> defer.Deferred[None]:

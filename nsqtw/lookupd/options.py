@@ -62,4 +62,5 @@ class LookupdOptions:
             raise OptionError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
 
     def replace(self, **changes: Any) -> LookupdOptions:
+        """A copy with ``changes`` (attribute names) applied, validated again."""
         return evolve(self, **changes)

@@ -295,9 +295,12 @@ class NsqdHTTPAPI:
         channel = first(params, "channel") or ""
         include_clients = _BOOL.get(first(params, "include_clients") or "", True)
         include_mem = _BOOL.get(first(params, "include_mem") or "", True)
+        # nsqtw addition, off unless asked (nsqadmin asks): each channel's oldest_message_ts
+        include_oldest = _BOOL.get(first(params, "include_oldest_message_ts") or "", False)
         now = self.node.now()
         doc = broker_stats(self._broker, now, topic=topic, channel=channel,
-                           include_clients=include_clients, include_mem=include_mem)
+                           include_clients=include_clients, include_mem=include_mem,
+                           include_oldest=include_oldest)
         replication = self.node.replication_stats()
         if replication is not None:
             doc["replication"] = replication  # nsqtw addition, only when --replica-peer is given

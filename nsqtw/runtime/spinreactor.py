@@ -15,16 +15,13 @@ event goes through ``EPollReactor``'s own ``_doReadOrWrite`` (errors and
 disconnections handled as there), called directly rather than inside
 ``twisted.python.log.callWithLogger``: that wrapper only sets the legacy log
 context (the ``system`` prefix of old-style ``log.msg`` lines, which nsqtw's
-Go-style log lines do not show) and cost about a tenth of each round trip.
+Go-style log lines do not show) and is a measurable share of a round trip.
 
 Spinning does not always pay.  When the machine has idle CPUs the peer that
 the broker answers runs on another one, and the spin saves a cross-CPU
-wake-up per round trip (on this project's 2-CPU virtual machine, with the
-broker and ``bench_pub`` pinned to different CPUs: 15,600 PUB/s without the
-spin, 26,500 with it).  When the CPUs are busy the kernel runs the woken
+wake-up per round trip.  When the CPUs are busy the kernel runs the woken
 peer on the broker's CPU and a broker that sleeps right after answering
-lets it run at once, while a spinning one holds the CPU the peer needs (the
-same machine under other work: 40,700 PUB/s without, 35,700 with).  So
+lets it run at once, while a spinning one holds the CPU the peer needs.  So
 while request/answer traffic lasts (over 2,000 a second), :class:`SpinPolicy`
 measures the work done per second in windows of 0.2 s, now and then tries the other
 way for one window, and keeps it if it did 5 % more than the
@@ -39,8 +36,7 @@ messages do not.  A window in which most spins found nothing before they gave up
 also ends the spinning, whatever its rate: the next event could not come within
 the spin, which only took CPU others needed.  A replication peer's next batch comes
 once its origin has answered a publisher and read the next PUB, often later than
-the default 50 µs (10-18% of a peer's spins found their batch, replicated pub_one
-on this project's 2-CPU machine), so nsqd asks for up to 200 µs there
+the default 50 µs, so nsqd asks for up to 200 µs there
 (``spin_at_least``; not when ``NSQTW_SPIN_US`` is set), a spin that yields the CPU
 between its polls (``sched_yield``): while the peer waits, the publisher and the origin
 may need its CPU, and a plain spin would hold it from them.  Below that rate (a trickle, or idle) it does not spin at all: a spin after

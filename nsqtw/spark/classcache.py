@@ -2,9 +2,8 @@
 
 Spark's JVM loads and verifies the same tens of thousands of classes (Spark's core, the SQL engine,
 the JSON reader, the Parquet writer, Jackson, Hadoop's file system) at every start.  JDK 13 and later
-can map them from an archive instead (``-XX:SharedArchiveFile``); on this project's machine a
-``nsqtw-stats`` run on 2.7 GB of snapshots starts its session in 2.3-2.5 s instead of 4.3-4.6 s and
-its first task several seconds sooner.
+can map them from an archive instead (``-XX:SharedArchiveFile``), so a ``nsqtw-stats`` run starts
+its session and its first task seconds sooner.
 
 The archive is never written by a user's job: a separate warm-up run builds it, a child process
 (``python -m nsqtw.spark warm-up``) that runs ``nsqtw-stats`` on a few generated snapshots, with

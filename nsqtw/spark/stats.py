@@ -471,7 +471,7 @@ def chart_marks(result: Any, limit: int = 200) -> dict[str, list[Any]]:
 def chart_data(result: Any, top: int = 8, summary_rows: Sequence[Any] | None = None,
                limit: int = 200) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[Any]]]:
     """:func:`chart_series` and :func:`chart_marks` in one query (one plan and one job over the cached
-    result instead of two: 2.6 -> 1.6 s on 2.7 GB of snapshots)."""
+    result instead of two)."""
     from pyspark.sql import functions as F
 
     if summary_rows is None:
@@ -615,8 +615,7 @@ LOCAL_DRIVER_MEMORY = "2g"
 #: later than by default (50,000 calls instead of 5,000; loops likewise).  The job's per-row code
 #: gets there in the first second anyway; the tens of thousands of methods of Spark's planner,
 #: code generator and task set-up that run a few thousand times each stay with the quick compiler
-#: (C1).  On 2.7 GB of snapshots (local[2], back to back): C2 23 -> 13 CPU-s, the job 92 -> 84 CPU-s
-#: (three times as high: C2 10 CPU-s, and the tasks slower by as much).
+#: (C1), which costs less CPU in all (the figures are in the changelog).
 LOCAL_JIT_OPTIONS = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
                      "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
 
@@ -848,8 +847,7 @@ def _local_coalesce(spark: Any, table: Any) -> Any:
     """On a local master, the table in one partition per core (``spark.default.parallelism``): the
     aggregation's tasks each take several of its shuffle's partitions in turn, and the summary, the
     charts and the output (one file per task and date) pass over a few partitions, not one per 128 MiB
-    of input.  On 2.7 GB of snapshots (local[2], back to back): 2 instead of 21 partitions, 43.5 and
-    45.9 s against 47.8 and 47.0 s, 77-81 against 83-84 CPU-s.  A cluster's partitions are left alone
+    of input.  A cluster's partitions are left alone
     (its parallelism can be small while executors are still being added)."""
     sc = spark.sparkContext
     if sc.master == "local" or sc.master.startswith("local["):

@@ -68,7 +68,7 @@ __all__ = [
 T = TypeVar("T")
 
 _SKIP_NO_PT = ("nsqtw's fixtures run nsqd inside pytest-twisted's reactor: "
-               "install pytest-twisted (pip install pytest-twisted)")
+               "install pytest-twisted (pip install 'nsqtw[pytest]')")
 _SKIP_INACTIVE = ("nsqtw's fixtures need pytest-twisted's reactor, but the plugin is not active "
                   "(was it disabled with -p no:twisted?)")
 
@@ -136,6 +136,7 @@ class NsqdFixture:
     The signatures say so, so ``await nsqtw_nsqd.depth("t")`` is a mypy error."""
 
     def __init__(self, handle: NsqdHandle, data_dir: str | None) -> None:
+        #: the embedded nsqd (:class:`nsqtw.embed.NsqdHandle`)
         self.handle = handle
         self._data_dir = data_dir
         self._producer: Producer | None = None
@@ -145,22 +146,27 @@ class NsqdFixture:
     # addresses
     @property
     def tcp_address(self) -> str:
+        """``127.0.0.1:PORT`` of nsqd's TCP listener (for a producer or consumer)."""
         return self.handle.tcp_address
 
     @property
     def http_address(self) -> str | None:
+        """``127.0.0.1:PORT`` of nsqd's HTTP API (None when HTTP is off)."""
         return self.handle.http_address
 
     @property
     def tcp_port(self) -> int:
+        """The TCP port (chosen by the OS)."""
         return self.handle.tcp_port
 
     @property
     def http_port(self) -> int | None:
+        """The HTTP port (None when HTTP is off)."""
         return self.handle.http_port
 
     @property
     def http_url(self) -> str:
+        """``http://127.0.0.1:PORT``, for treq or any HTTP client."""
         return f"http://{self.http_address}"
 
     @property
@@ -174,10 +180,12 @@ class NsqdFixture:
 
     @property
     def options(self) -> NsqdOptions:
+        """The options this nsqd runs with."""
         return self.handle.options
 
     @property
     def data_path(self) -> str:
+        """Its data directory (a fresh temporary one, removed after the test)."""
         return self.handle.options.data_path
 
     # helpers
@@ -368,18 +376,22 @@ class LookupdFixture:
     """A running in-process nsqlookupd."""
 
     def __init__(self, handle: LookupdHandle) -> None:
+        #: the embedded nsqlookupd (:class:`nsqtw.embed.LookupdHandle`)
         self.handle = handle
 
     @property
     def tcp_address(self) -> str:
+        """``127.0.0.1:PORT`` of nsqlookupd's TCP listener (nsqd's ``--lookupd-tcp-address``)."""
         return self.handle.tcp_address
 
     @property
     def http_address(self) -> str:
+        """``127.0.0.1:PORT`` of nsqlookupd's HTTP API (a consumer's ``connect_to_nsqlookupd``)."""
         return self.handle.http_address
 
     @property
     def http_url(self) -> str:
+        """``http://127.0.0.1:PORT``, for treq or any HTTP client."""
         return f"http://{self.http_address}"
 
     @property
@@ -442,19 +454,24 @@ class ClusterFixture:
     """An nsqlookupd and N nsqd registered with it."""
 
     def __init__(self, lookupd: LookupdFixture, nsqds: list[NsqdFixture]) -> None:
+        #: the nsqlookupd every nsqd of the cluster registers with
         self.lookupd = lookupd
+        #: the nsqd nodes (``@pytest.mark.nsqtw_cluster(nsqd=N)``; 2 by default), each registered
         self.nsqds = nsqds
 
     @property
     def nsqd_tcp_addresses(self) -> list[str]:
+        """Every nsqd's TCP address, in the order of :attr:`nsqds`."""
         return [n.tcp_address for n in self.nsqds]
 
     @property
     def nsqd_http_addresses(self) -> list[str]:
+        """Every nsqd's HTTP address, in the order of :attr:`nsqds`."""
         return [n.http_address or "" for n in self.nsqds]
 
     @property
     def lookupd_http_address(self) -> str:
+        """The nsqlookupd's HTTP address (what consumers and nsqadmin are given)."""
         return self.lookupd.http_address
 
     def stop(self) -> Deferred[None]:

@@ -43,19 +43,26 @@ def command(*parts: bytes | str | int) -> bytes:
 
 
 def body_command(name: str, *params: bytes | str | int, body: bytes) -> bytes:
+    """A command with a body: ``NAME params``, a newline, then the 4-byte size and ``body`` (PUB, MPUB, DPUB,
+    IDENTIFY, AUTH)."""
     return command(name, *params) + struct.pack(">i", len(body)) + body
 
 
 def identify_command(**fields: Any) -> bytes:
+    """IDENTIFY with ``fields`` as its JSON body (``identify_command(client_id="w1",
+    feature_negotiation=True)``)."""
     return body_command("IDENTIFY", body=json.dumps(fields).encode())
 
 
 def mpub_command(topic: str, bodies: list[bytes]) -> bytes:
+    """MPUB of ``bodies`` to ``topic``, framed as protocol V2 frames it."""
     payload = struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b for b in bodies)
     return body_command("MPUB", topic, body=payload)
 
 
 def decode_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """The whole frames in ``data`` as ``(frame type, body)`` pairs (a partial frame at the end is left
+    out)."""
     return FrameDecoder().feed(data)
 
 
@@ -69,17 +76,23 @@ class RawV2Client(protocol.Protocol):
         self._decoder = FrameDecoder()
         self._frames: deque[tuple[int, bytes]] = deque()
         self._waiters: deque[defer.Deferred] = deque()
+        #: fires (with None) once the connection is closed
         self.closed: defer.Deferred = defer.Deferred()
+        #: whether the connection is open
         self.connected_ = False
+        #: whether ``connectionMade`` sends the magic ``  V2`` (False: send your own first bytes)
         self.send_magic = send_magic
+        #: every byte received so far, frames already taken included
         self.received = b""
 
     def connectionMade(self) -> None:
+        """Twisted: connected; sends the magic ``  V2`` unless ``send_magic`` is false."""
         self.connected_ = True
         if self.send_magic:
             self.transport.write(MAGIC_V2)
 
     def dataReceived(self, data: bytes) -> None:
+        """Twisted: bytes in; each whole frame goes to the oldest waiter, or is kept for the next."""
         self.received += data
         for frame in self._decoder.feed(data):
             if self._waiters:
@@ -88,6 +101,7 @@ class RawV2Client(protocol.Protocol):
                 self._frames.append(frame)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        """Twisted: closed; every waiter fails with ``ConnectionError`` and :attr:`closed` fires."""
         self.connected_ = False
         while self._waiters:
             self._waiters.popleft().errback(ConnectionError("connection closed"))
@@ -95,6 +109,7 @@ class RawV2Client(protocol.Protocol):
             self.closed.callback(None)
 
     def send(self, data: bytes) -> None:
+        """Write raw bytes (build them with :func:`command`, :func:`body_command`...)."""
         self.transport.write(data)
 
     def next_frame(self, timeout: float = 5.0, clock: Clock = None) -> defer.Deferred[tuple[int, bytes]]:
@@ -117,18 +132,23 @@ class RawV2Client(protocol.Protocol):
             return ftype, data
 
     async def response(self, timeout: float = 5.0) -> bytes:
+        """The next frame, which must be a response (``OK``, ``_heartbeat_``, a JSON IDENTIFY answer):
+        its body."""
         ftype, data = await self.frame(timeout)
         if ftype != FRAME_RESPONSE:
             raise AssertionError(f"expected a response frame, got type {ftype}: {data!r}")
         return data
 
     async def error(self, timeout: float = 5.0) -> bytes:
+        """The next frame, which must be an error: its body (``E_BAD_TOPIC ...``)."""
         ftype, data = await self.frame(timeout)
         if ftype != FRAME_ERROR:
             raise AssertionError(f"expected an error frame, got type {ftype}: {data!r}")
         return data
 
     async def message(self, timeout: float = 5.0) -> Message:
+        """The next frame, which must be a message: decoded (``id``, ``attempts``, ``timestamp``,
+        ``body``)."""
         ftype, data = await self.frame(timeout)
         if ftype != FRAME_MESSAGE:
             raise AssertionError(f"expected a message frame, got type {ftype}: {data!r}")
@@ -141,6 +161,7 @@ class RawV2Client(protocol.Protocol):
         return out
 
     def close(self) -> defer.Deferred:
+        """Close the connection; fires once it is closed."""
         if self.connected_:
             self.transport.loseConnection()
         return self.closed

@@ -283,3 +283,18 @@ async def test_ping_static_gzip_and_unknown_routes(admin) -> None:
     body = await within(treq.content(response))
     assert response.headers.getRawHeaders(b"content-encoding") == [b"gzip"]
     assert b'"topics"' in gzip.decompress(body)
+
+
+@pytest_twisted.ensureDeferred
+async def test_channel_oldest_message_is_asked_for_and_shown(admin, nsqds) -> None:
+    """nsqadmin asks nsqd for ``include_oldest_message_ts`` (off by default, to keep Go's /stats), so a
+    channel holding messages still has its oldest message's time in nsqadmin's API."""
+    await create_channel(nsqds[0], "aging", "slow")
+    await publish(nsqds[0], "aging", [b"a", b"b"])
+    plain = await nsqd_stats(nsqds[0])
+    [chan] = [c for t in plain["topics"] if t["topic_name"] == "aging" for c in t["channels"]]
+    assert chan["depth"] == 2 and "oldest_message_ts" not in chan  # Go's document by default
+    code, doc, _ = await call("GET", admin.url + "api/topics/aging/slow")
+    assert code == 200, doc
+    assert doc["depth"] == 2
+    assert isinstance(doc["oldest_message_ts"], int) and doc["oldest_message_ts"] > 0

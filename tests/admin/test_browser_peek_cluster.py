@@ -52,7 +52,7 @@ async def go_nsqd(tmp_path):
     from twisted.internet import reactor
 
     if not os.access(GO_NSQD, os.X_OK):
-        pytest.skip(f"Go's nsqd 1.3.0 is not at {GO_NSQD} (../shared/anchors)")
+        pytest.skip(f"Go's nsqd 1.3.0 is not at {GO_NSQD} (a build of NSQ 1.3.0's nsqd, for the comparison)")
     tcp, http = _free_port(), _free_port()
     proto = _Quiet()
     argv = [str(GO_NSQD), f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",

@@ -106,7 +106,7 @@ def _go_answers(port: int, data: bytes) -> list[Any]:
 @pytest.fixture(scope="module")
 def go_nsqd() -> Any:
     if not os.access(GO_NSQD, os.X_OK):
-        pytest.skip(f"Go's nsqd 1.3.0 is not at {GO_NSQD} (../shared/anchors)")
+        pytest.skip(f"Go's nsqd 1.3.0 is not at {GO_NSQD} (a build of NSQ 1.3.0's nsqd, for the comparison)")
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]

@@ -58,7 +58,7 @@ async def spawn_go(binary: str, args: list[str], ping: str, tmp: Path) -> tuple[
 
 # skipped here, not in the fixture: a skip raised inside pytest-twisted's async fixture errors instead
 pytestmark = pytest.mark.skipif(not (os.access(GO / "nsqd", os.X_OK) and os.access(GO / "nsqlookupd", os.X_OK)),
-                                reason=f"Go's nsqd and nsqlookupd 1.3.0 are not in {GO} (../shared/anchors)")
+                                reason=f"Go's nsqd and nsqlookupd 1.3.0 are not in {GO} (builds of NSQ 1.3.0's daemons)")
 
 
 @pytest_twisted.async_yield_fixture(params=["nsqtw-lookupd", "go-lookupd"])

@@ -144,6 +144,25 @@ async def test_stats_topic_channel_filtered_matches_go_shape(nsqd):
     await cons.close()
 
 
+@pytest.mark.nsqd_options(**E2E)
+@pytest_twisted.ensureDeferred
+async def test_stats_json_of_a_channel_holding_messages_matches_go_shape(nsqd):
+    """A channel with queued messages and no consumer has Go's keys too: nsqtw's ``oldest_message_ts``
+    goes out only when asked (``include_oldest_message_ts=true``, which nsqadmin sends)."""
+    cons = await build_fixture_state(nsqd)
+    for body in (b"queued-1", b"queued-2"):
+        r = await raw_http(nsqd.http_port, "POST", "/pub?topic=events", body)
+        assert r.status == 200
+    await cons.close()  # its two in-flight messages go back to the queue: four held, none consumed
+    go = fixture("stats-topic-channel.txt")
+    path = "/stats?format=json&topic=events&channel=archive&include_clients=false&include_mem=false"
+    ours = await raw_http(nsqd.http_port, "GET", path)
+    assert ours.json().get("topics")[0].get("channels")[0].get("depth") > 0
+    assert shape_diff(ours.json(), go.json()) == []
+    asked = await raw_http(nsqd.http_port, "GET", path + "&include_oldest_message_ts=true")
+    assert isinstance(asked.json().get("topics")[0].get("channels")[0].get("oldest_message_ts"), int)
+
+
 def _text_patterns():
     num = r"\d+"
     dur = r"(?:\d+h)?(?:\d+m)?\d+(?:\.\d+)?(?:ns|µs|us|ms|s)"

@@ -79,10 +79,14 @@ async def test_stats_say_when_the_oldest_queued_message_was_published() -> None:
         await pub.close()
         after = int(reactor.seconds()) + 1
         await _post(nsqd, "/channel/empty?topic=t&channel=empty")
-        stats = await _get(nsqd, "/stats?format=json&topic=t")
+        stats = await _get(nsqd, "/stats?format=json&topic=t&include_oldest_message_ts=true")
         chans = {c["channel_name"]: c for c in stats["topics"][0]["channels"]}
         assert chans["c"]["depth"] == 5 and chans["c"]["backend_depth"] == 3
         assert before <= chans["c"]["oldest_message_ts"] <= after
         assert "oldest_message_ts" not in chans["empty"]  # nothing queued: Go's shape
+        # not asked: Go's document, without the field, although messages are queued
+        plain = await _get(nsqd, "/stats?format=json&topic=t")
+        assert plain["topics"][0]["channels"][0]["depth"] == 5
+        assert all("oldest_message_ts" not in c for c in plain["topics"][0]["channels"])
     finally:
         await nsqd.stop()

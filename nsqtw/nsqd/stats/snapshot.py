@@ -67,7 +67,8 @@ def client_stats(client: ClientState, topic_filter: str = "") -> dict[str, Any]:
     return out
 
 
-def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: float) -> dict[str, Any]:
+def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: float,
+                   include_oldest: bool = False) -> dict[str, Any]:
     out = {
         "channel_name": ch.name,
         "depth": ch.depth(),
@@ -88,9 +89,11 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
     held = ch.broker.backlog.held_count(ch)
     if held:
         out["held_count"] = held
-    # nsqtw only, and only while something is queued: when the oldest queued message was published
-    # (unix seconds; the memory queue's head or the disk queue's, whichever is older)
-    if out["depth"]:
+    # nsqtw only, only when asked (``include_oldest_message_ts=true``, which nsqadmin sends) and only
+    # while something is queued: when the oldest queued message was published (unix seconds; the
+    # memory queue's head or the disk queue's, whichever is older).  Never by default, so the
+    # document stays Go's byte for byte.
+    if include_oldest and out["depth"]:
         oldest = oldest_timestamp(ch.mem, ch.backend)
         if oldest is not None:
             out["oldest_message_ts"] = oldest // 1_000_000_000
@@ -129,8 +132,10 @@ def _topic_stats(topic: Topic, channels: list[dict[str, Any]], broker: Broker, n
 
 
 def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = "",
-                 include_clients: bool = True, include_mem: bool = True) -> dict[str, Any]:
-    """The ``/stats?format=json`` document."""
+                 include_clients: bool = True, include_mem: bool = True,
+                 include_oldest: bool = False) -> dict[str, Any]:
+    """The ``/stats?format=json`` document; ``include_oldest`` adds nsqtw's ``oldest_message_ts``
+    to each channel that holds messages (Go's document leaves it out)."""
     topics: list[dict[str, Any]] | None
     if topic:
         selected = [broker.topics[topic]] if topic in broker.topics else None
@@ -148,7 +153,7 @@ def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = 
             else:
                 chans = sorted(t.channels.values(), key=lambda c: c.name)
             topics.append(_topic_stats(
-                t, [_channel_stats(c, include_clients, topic, now) for c in chans], broker, now))
+                t, [_channel_stats(c, include_clients, topic, now, include_oldest) for c in chans], broker, now))
     doc: dict[str, Any] = {
         "version": NSQ_VERSION,
         "health": broker.health_status(),
