@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 
+from fulldisk_support import small_tmpfs  # noqa: F401  (a fixture every test may ask for by name)
+
 # no class-data-sharing archive of Spark's classes built in the background by the CLI jobs the tests
 # run (nor one from the user's cache used): the tests of nsqtw.spark.classcache turn it on themselves
 os.environ.setdefault("NSQTW_SPARK_CLASS_ARCHIVE", "off")

@@ -595,6 +595,9 @@ class ShadowFactory(Factory):
     def holds(self) -> dict[int, int]:
         """The origins whose shadow this node holds (or is adopting), and those it adopted."""
         out = {origin: wire.HELD for origin in self.files.states}
+        for p in self.protocols:  # a linked origin's shadow is here, or on its way (the snapshot)
+            if p.receiver.origin is not None:
+                out[p.receiver.origin.node_id] = wire.HELD
         if self.adoption is not None:
             out.update(self.adoption.holding)
         return out

@@ -10,13 +10,11 @@ stop of the ``nsqd`` command on a full disk exits 1 and says what it lost.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -28,44 +26,9 @@ from nsqtw.embed import start_nsqd
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE
 from nsqtw.testing import command, connect_raw, mpub_command
 
+from fulldisk_support import fill
+
 N = 200
-
-
-@pytest.fixture
-def small_tmpfs():
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    path = tempfile.mkdtemp(prefix="nsqtw-fulldisk-")
-    rc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", path],
-                        capture_output=True, text=True)
-    if rc.returncode != 0:
-        os.rmdir(path)
-        pytest.skip(f"cannot mount a tmpfs here: {rc.stderr.strip() or rc.returncode}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", path], capture_output=True)
-        os.rmdir(path)
-
-
-def fill(path: str) -> str:
-    """Write a file until the filesystem is full; its name."""
-    name = os.path.join(path, "filler")
-    chunk = b"\0" * 65536
-    with open(name, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(chunk)
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-    # the last partial chunk may have left a few bytes free: take them too
-    with open(name, "ab", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0")
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-    return name
 
 
 async def until(predicate, timeout: float = 10.0) -> None:
