@@ -211,3 +211,13 @@ def test_a_new_authenticated_link_from_an_origin_replaces_its_older_ones(tmp_pat
     proto.dataReceived(wire.encode_auth(b""))
     assert t.disconnecting and not links[1][1].disconnecting and adoption.up == [1, 1]
     factory.doStop()
+
+
+def test_a_peer_with_an_allow_list_refuses_other_node_ids_before_anything_else():
+    recv = ShadowReceiver(2, b"p" * 16, "peer", lambda o, b: None, secret=SECRET, allowed=lambda origin: origin == 7)
+    answer = recv.feed(OriginLink(1, b"o" * 16, "origin", secret=SECRET).start())
+    assert b"E_UNKNOWN_NODE node 1" in answer and recv.closed
+    allowed = ShadowReceiver(2, b"p" * 16, "peer", lambda o, b: None, secret=SECRET, allowed=lambda origin: origin == 7)
+    link = OriginLink(7, b"o" * 16, "origin", secret=SECRET)
+    allowed.feed(link.feed(allowed.feed(link.start())).out)
+    assert allowed.origin is not None and allowed.origin.node_id == 7

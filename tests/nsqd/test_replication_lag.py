@@ -96,6 +96,21 @@ def test_metrics_show_peers_and_adopted_origins():
     assert "nsq_replication" not in plain
 
 
+def test_metrics_show_failing_and_standing_by_adoptions_a_store_error_and_each_origins_last_heard():
+    rep = {"status": "ok", "min_acks": 1, "peers_in_sync": 1, "peers": [], "store_error": "E_STORE_FAILED full",
+           "origins": [{"origin_node_id": 1, "name": "a", "last_heard_seconds": 0.75, "batches": 3}],
+           "adoption": {"failing": [{"origin_node_id": 4, "error": "OSError: No space left on device",
+                                     "since_seconds": 3.0, "tries": 3, "adopted_so_far": 10}],
+                        "standing_by": [{"origin_node_id": 5, "for_node_id": 2}], "adopted_by_peer": []}}
+    lines = set(render_metrics({"version": "1.3.0", "health": "OK", "start_time": 1, "topics": [],
+                                "replication": rep}).decode().splitlines())
+    assert 'nsq_replication_origin_last_heard_seconds{origin_node_id="1"} 0.75' in lines
+    assert 'nsq_replication_adoption_failing{origin_node_id="4"} 1' in lines
+    assert 'nsq_replication_adoption_failed_tries{origin_node_id="4"} 3' in lines
+    assert 'nsq_replication_adoption_standing_by{origin_node_id="5"} 1' in lines
+    assert "nsq_replication_store_failing 1" in lines
+
+
 class _Turn:
     """The end-of-turn hook, run by hand."""
 

@@ -230,6 +230,25 @@ def _replication(fam: _Families, rep: Mapping[str, Any] | None) -> None:
                 "(what adopting it would republish).", ol, sh.get("unfinished_messages", 0))
         fam.add("nsq_replication_shadow_log_bytes", "gauge", "Size of an origin's shadow log.", ol,
                 sh.get("log_bytes", 0))
+    for o in rep.get("origins") or []:
+        ol = (("origin_node_id", str(o.get("origin_node_id", ""))),)
+        fam.add("nsq_replication_origin_last_heard_seconds", "gauge", "Seconds since a linked origin's last "
+                "batch or heartbeat (a link silent for --replication-timeout is dropped).", ol,
+                o.get("last_heard_seconds", 0.0))
+    adoption = rep.get("adoption") or {}
+    for f in adoption.get("failing") or []:
+        ol = (("origin_node_id", str(f.get("origin_node_id", ""))),)
+        fam.add("nsq_replication_adoption_failing", "gauge", "1 while adopting an origin fails (a full disk); "
+                "it is tried again every second.", ol, 1)
+        fam.add("nsq_replication_adoption_failed_tries", "gauge", "Failed tries of the adoption now failing.",
+                ol, f.get("tries", 0))
+    for sb in adoption.get("standing_by") or []:
+        ol = (("origin_node_id", str(sb.get("origin_node_id", ""))),)
+        fam.add("nsq_replication_adoption_standing_by", "gauge", "1 while this node stands by for a peer "
+                "with a lower --node-id that adopts the origin.", ol, 1)
+    if "store_error" in rep:
+        fam.add("nsq_replication_store_failing", "gauge", "1 while this node cannot store its origins' "
+                "batches (a full disk).", (), bool(rep.get("store_error")))
     totals: dict[str, list[int]] = {}
     for ad in rep.get("adopted") or []:
         key = str(ad.get("origin_node_id", ""))
