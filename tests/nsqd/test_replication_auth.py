@@ -167,7 +167,7 @@ def test_a_link_silent_for_the_timeout_is_dropped_and_an_idle_one_gets_beats(tmp
     t.clear()
     proto.dataReceived(ev.out)
     assert adoption.up == [1]
-    assert link.feed(t.value()).holds == {}  # told what this node holds
+    assert link.feed(t.value()).holds == {1: wire.HELD}  # told what this node holds (its own shadow)
     t.clear()
     for _ in range(4):  # the origin beats: the link lives on
         clock.advance(0.75)
