@@ -270,6 +270,9 @@ class AdminHTTPAPI:
             for t in st.topics:
                 by_topic.setdefault(t, []).append(st.address)
         doc: dict[str, Any] = {"topics": names, "message": warning_message(errors)}
+        alerts = self._ci.book.alerts()
+        if alerts:
+            doc["node_alerts"] = alerts
         if failing:
             doc["nodes_missing"] = self._missing_json(failing)
             doc["topics_missing_nodes"] = by_topic
@@ -438,7 +441,7 @@ class AdminHTTPAPI:
         async def build(ctx: pages.PageContext) -> pages.Page:
             doc = await self._topics_doc(False)
             return _flag(pages.topics_page(ctx, doc["topics"], self.node.history.overview(), doc["message"],
-                                           doc.get("topics_missing_nodes")), doc)
+                                           doc.get("topics_missing_nodes"), doc.get("node_alerts")), doc)
         return await self._render(request, build, "Topics", "topics", "/api/topics")
 
     @app.route("/topics/<topic>", methods=["GET"])

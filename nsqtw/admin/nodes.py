@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import attr
 
-__all__ = ["NodeState", "NodeBook", "OK", "UNREACHABLE", "GONE"]
+__all__ = ["NodeState", "NodeBook", "OK", "UNREACHABLE", "GONE", "node_alerts"]
 
 OK = "ok"
 UNREACHABLE = "unreachable"
@@ -49,6 +49,13 @@ class NodeState:
     #: the ``replication`` section of its last /stats (nsqtw with --replica-peer or
     #: --replication-address; None for any other nsqd)
     replication: dict[str, Any] | None = attr.ib(default=None)
+    #: its /stats ``health`` ("OK", or "NOK - ..." while its disk refuses writes)
+    health: str = attr.ib(default="OK")
+
+    @property
+    def alerts(self) -> list[dict[str, str]]:
+        """What an operator must see of it on every page (see :func:`node_alerts`)."""
+        return node_alerts(self.replication, self.health) if self.status == OK else []
 
     @property
     def status(self) -> str:
@@ -82,7 +89,41 @@ class NodeState:
         }
         if now is not None and self.start_time and self.status == OK:
             doc["uptime_seconds"] = max(0, int(now) - int(self.start_time))
+        alerts = self.alerts
+        if alerts:
+            doc["alerts"] = alerts
         return doc
+
+
+def node_alerts(rep: dict[str, Any] | None, health: str = "OK") -> list[dict[str, str]]:
+    """``{"label", "kind", "title"}`` of each thing wrong with an answering node that its
+    Reachability does not show: it refuses publishes (replication degraded under ``refuse``, a
+    disk refusing writes), it cannot store its origins' batches, an adoption fails; and that it
+    holds an adopted origin's backlog."""
+    out: list[dict[str, str]] = []
+    rep = rep or {}
+    status = rep.get("status")
+    if status == "degraded-refusing":
+        why = "; ".join(f"{p.get('address')}: {p.get('reason')}" for p in rep.get("peers") or []
+                        if p.get("sync_state") != "in_sync" and p.get("reason"))
+        out.append({"label": "refusing publishes", "kind": "danger",
+                    "title": f"{rep.get('peers_in_sync', 0)} of {len(rep.get('peers') or [])} replica peers in "
+                             f"sync, --replication-min-acks={rep.get('min_acks')}" + (f" ({why})" if why else "")})
+    elif status == "degraded-accepting":
+        out.append({"label": "unreplicated", "kind": "warn",
+                    "title": "too few replica peers in sync: publishes are accepted and stored on this node only"})
+    if health and health != "OK":
+        out.append({"label": "disk refusing writes", "kind": "danger", "title": health})
+    if rep.get("store_error"):
+        out.append({"label": "cannot store replicas", "kind": "danger", "title": str(rep["store_error"])})
+    for f in (rep.get("adoption") or {}).get("failing") or []:
+        out.append({"label": f"adopting node {f.get('origin_node_id')} failing", "kind": "danger",
+                    "title": f"{f.get('error')} ({f.get('tries')} tries; retried every second)"})
+    for ad in rep.get("adopted") or []:
+        out.append({"label": f"adopted node {ad.get('origin_node_id')}", "kind": "info",
+                    "title": f"{ad.get('messages', 0)} messages of node {ad.get('origin_node_id')} were "
+                             "republished here when it was lost"})
+    return out
 
 
 def stats_summary(doc: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int], int, int]:
@@ -120,6 +161,10 @@ class NodeBook:
 
     def _now(self) -> float:
         return float(self.clock.seconds())
+
+    def alerts(self) -> dict[str, list[dict[str, str]]]:
+        """Each answering node's alerts (:func:`node_alerts`), by address; nodes without any left out."""
+        return {address: found for address, state in sorted(self.nodes.items()) if (found := state.alerts)}
 
     def get(self, address: str) -> NodeState | None:
         return self.nodes.get(self.aliases.get(address, address))
@@ -166,6 +211,8 @@ class NodeBook:
             state.version = str(doc["version"])
         rep = doc.get("replication")
         state.replication = rep if isinstance(rep, dict) else None
+        if isinstance(doc.get("health"), str):
+            state.health = doc["health"]
         if full:
             state.topics, state.counts, state.depth, state.clients = stats_summary(doc)
             return

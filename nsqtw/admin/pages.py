@@ -331,8 +331,24 @@ def _current_cell(series: Any, field: str, fmt: Any = commafy) -> Markup:
     return el("td", "\u2013", class_="num", data_v=field, data_sort="-1")
 
 
+def _alert_badges(alerts: list[dict[str, str]] | None) -> list[Markup]:
+    return [el("span", a.get("label", ""), class_=f"badge {a.get('kind', 'warn')}", title=a.get("title"),
+               data_alert=a.get("label", "")) for a in alerts or []]
+
+
+def node_alerts_banner(ctx: PageContext, alerts: dict[str, list[dict[str, str]]] | None) -> Markup:
+    """One line per node that refuses publishes, cannot store replicas, fails an adoption or
+    holds an adopted backlog (the Topics page: producers publishing there are refused)."""
+    if not alerts:
+        return Markup("")
+    items = [el("li", el("a", node, href=ctx.url(f"/nodes/{q(node)}")), " ", *_alert_badges(found))
+             for node, found in sorted(alerts.items())]
+    return el("section", el("ul", *items), class_="node-alerts", role="status")
+
+
 def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], message: str,
-                missing_by_topic: dict[str, list[str]] | None = None) -> Page:
+                missing_by_topic: dict[str, list[str]] | None = None,
+                alerts: dict[str, list[dict[str, str]]] | None = None) -> Page:
     """Every topic, with its channel backlog, messages, rate and sparklines from the admin's history."""
     hist_topics = history.get("topics") or {}
     missing_by_topic = missing_by_topic or {}
@@ -386,6 +402,7 @@ def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], me
     content = join([
         el("header", el("h1", "Topics", " ", el("span", str(len(topics)), class_="count")), class_="page-head"),
         _warning(message),
+        node_alerts_banner(ctx, alerts),
         el("p", f"Numbers and graphs come from nsqadmin's own /stats history (one sample every "
                 f"{history.get('interval', 0):g}s). Click a column heading to sort.", class_="hint"),
         table,
@@ -833,7 +850,8 @@ def nodes_page(ctx: PageContext, nodes: list[dict[str, Any]], message: str,
                el("small", f"TCP {p.get('tcp_port', '')}", class_="muted block"), data_sort=addr),
             # no data-v: the live refresh never rewrites this cell (a change of status re-renders the row,
             # so the "since" and "last seen" times stay)
-            el("td", _status_badge(p), " " if status == "gone" and ctx.is_admin else "",
+            el("td", _status_badge(p), *[join([" ", b]) for b in _alert_badges(p.get("alerts"))],
+               " " if status == "gone" and ctx.is_admin else "",
                _button("Forget", "forget", "link red",
                        f"Forget node {addr}? nsqadmin stops listing it and stops calling totals partial because of "
                        "it (now, not after --history-retention). It comes back if nsqlookupd lists it again.",
@@ -1013,6 +1031,37 @@ def replication_panel(rep: dict[str, Any] | None) -> Markup:
                      "if down: how long it has been down"),
                   el("th", "Unacked batches", class_="num"))
         parts.append(_grid(el("thead", head), el("tbody", *rows)) if rows else _notice("No peers."))
+    origins = rep.get("origins") or []
+    if origins:
+        parts.append(el("h3", "Origins linked here"))
+        parts.append(_grid(
+            el("thead", el("tr", el("th", "Origin node ID"), el("th", "Name"),
+                           el("th", "Last heard", class_="num", title="age of its last batch or heartbeat: a link "
+                              "silent for --replication-timeout is dropped"),
+                           el("th", "Batches", class_="num"))),
+            el("tbody", *[el("tr", el("td", str(o.get("origin_node_id", ""))), el("td", str(o.get("name", ""))),
+                             el("td", f"{float(o.get('last_heard_seconds', 0.0)):.1f}s ago", class_="num",
+                                data_v="last_heard_text"),
+                             el("td", commafy(o.get("batches", 0)), class_="num"),
+                             data_row=f"origin:{o.get('origin_node_id', '')}") for o in origins])))
+    adoption = rep.get("adoption") or {}
+    notes: list[Any] = []
+    if rep.get("store_error"):
+        notes.append(el("li", el("span", "cannot store replicas", class_="badge danger"), " ",
+                        str(rep["store_error"])))
+    for f in adoption.get("failing") or []:
+        notes.append(el("li", el("span", f"adopting node {f.get('origin_node_id')} failing", class_="badge danger"),
+                        f" {f.get('error')}: {f.get('tries')} tries, {commafy(f.get('adopted_so_far', 0))} "
+                        "messages republished so far; retried every second", data_row=f"failing:{f.get('origin_node_id')}"))
+    for sb in adoption.get("standing_by") or []:
+        notes.append(el("li", el("span", f"standing by for node {sb.get('for_node_id')}", class_="badge info"),
+                        f" node {sb.get('origin_node_id')} is down; node {sb.get('for_node_id')} (a lower "
+                        "--node-id that holds its shadow) adopts it"))
+    for ab in adoption.get("adopted_by_peer") or []:
+        notes.append(el("li", el("span", f"node {ab.get('origin_node_id')} adopted by node {ab.get('peer_node_id')}",
+                                 class_="badge info"), " its shadow here was dropped ", _ts(ab.get("at"))))
+    if notes:
+        parts.append(el("ul", *notes, class_="replication-notes"))
     shadows = rep.get("shadows") or []
     if shadows:
         parts.append(el("h3", "Shadows kept here"))
