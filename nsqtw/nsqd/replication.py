@@ -543,13 +543,17 @@ class ShadowFactory(Factory):
         self.store_error = ""
         #: connections closed because too many were unauthenticated
         self.turned_away = 0
+        #: seconds between ticks, and when the last one ran
+        self.interval = min(1.0, timeout / 4)
+        self._ticked = 0.0
         self._loop: task.LoopingCall | None = None
 
     def doStart(self) -> None:
         if self.reactor is not None and self._loop is None:
+            self._ticked = self.reactor.seconds()
             self._loop = task.LoopingCall(self.tick)
             self._loop.clock = self.reactor
-            self._loop.start(min(1.0, self.timeout / 4), now=False)
+            self._loop.start(self.interval, now=False)
 
     def doStop(self) -> None:
         if self._loop is not None and self._loop.running:
@@ -616,8 +620,10 @@ class ShadowFactory(Factory):
         """Every second or so: drop a link whose handshake did not finish, or that has been
         silent, within ``--replication-timeout``; send a BEAT on a link that sent nothing."""
         now = self.reactor.seconds()
+        late = now - self._ticked > 2 * self.interval  # this node was busy: what it did not read is no silence
+        self._ticked = now
         for p in list(self.protocols):
-            if p.reads != p.seen_reads:
+            if p.reads != p.seen_reads or late:
                 p.seen_reads = p.reads
                 p.heard = now
             receiver = p.receiver
@@ -939,6 +945,8 @@ class ReplicationService(Service):
         self._flush = self.flush
         #: the origin's last batch sequence at the previous check (a link idle since gets a BEAT)
         self._sent_at_check = 0
+        #: when the last check ran (a check that comes late judges no link silent)
+        self._checked = reactor.seconds()
         #: peers not yet heard from since the start while delivery is held (see _hold)
         self._unanswered: set[str] = set()
         self._hold_call: Any = None
@@ -1283,8 +1291,10 @@ class ReplicationService(Service):
             reasons[address] = f"fell behind: over {self.origin.max_lag} messages unacknowledged"
         idle = self.origin.last_sent == self._sent_at_check
         self._sent_at_check = self.origin.last_sent
+        late = now - self._checked > 2 * min(1.0, timeout / 4)  # this node was busy: no silence to judge
+        self._checked = now
         for address, link in list(self.links.items()):
-            if link.reads != link.seen_reads:
+            if link.reads != link.seen_reads or late:
                 link.seen_reads = link.reads
                 link.heard = now
             if not link.up or address in reasons:

@@ -221,3 +221,20 @@ def test_a_peer_with_an_allow_list_refuses_other_node_ids_before_anything_else()
     link = OriginLink(7, b"o" * 16, "origin", secret=SECRET)
     allowed.feed(link.feed(allowed.feed(link.start())).out)
     assert allowed.origin is not None and allowed.origin.node_id == 7
+
+
+def test_a_tick_that_comes_late_judges_no_link_silent(tmp_path):
+    """A node busy for longer than the timeout (a long adoption) did not read what its origins
+    sent meanwhile: that is no silence of theirs; silence after it is."""
+    clock = task.Clock()
+    factory, _ = _factory(tmp_path, clock)
+    proto, t = _connect(factory)
+    link = OriginLink(1, b"o" * 16, "origin", secret=SECRET)
+    proto.dataReceived(link.start())
+    proto.dataReceived(link.feed(t.value()).out)
+    clock.advance(10.0)  # one late tick
+    assert not t.disconnecting
+    for _ in range(5):
+        clock.advance(0.75)
+    assert t.disconnecting
+    factory.doStop()
