@@ -133,3 +133,17 @@ def test_pytest_extra_installs_what_the_fixtures_need() -> None:
     assert names == {"pytest", "pytest-twisted"}
     for doc in ("README.rst", "docs/guide/testing.rst"):
         assert "nsqtw[pytest]" in (ROOT / doc).read_text(), doc
+
+
+def test_setup_cfg_lists_every_package_of_the_tree() -> None:
+    """setup.cfg names its packages one by one: a new subpackage left out of the list is left out
+    of the install (and a stale module of the same name from an older build is installed instead)."""
+    import configparser
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg")
+    listed = set(cfg["options"]["packages"].split())
+    tree = {".".join(p.parent.relative_to(root).parts) for p in (root / "nsqtw").rglob("__init__.py")}
+    assert tree <= listed, sorted(tree - listed)
