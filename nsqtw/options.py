@@ -616,6 +616,10 @@ class NsqdOptions:
                                      help="[nsqtw] replicate without a --replication-secret-file: anyone who "
                                           "reaches --replication-address can feed or wipe its shadows (only "
                                           "on a private network)")
+    replication_tls: bool = opt(default=False, flag="replication-tls", kind=BOOL,
+                                help="[nsqtw] encrypt the replication links with TLS, this node's --tls-cert and "
+                                     "--tls-key on both ends (mutual TLS, both certificates signed by "
+                                     "--tls-root-ca-file, when it is given)")
     replication_allow: list[str] = opt(flag="replication-allow-node", cfg="replication_allow_nodes", kind=STRLIST,
                                        factory=list,
                                        help="[nsqtw] with a --replication-address: the --node-id of an origin "
@@ -729,10 +733,14 @@ class NsqdOptions:
                               "for nodes sharing a host name)")
         if self.replication_secret_file and self.replication_insecure:
             raise OptionError("--replication-secret-file and --replication-insecure exclude each other")
-        if replicated and not (self.replication_secret_file or self.replication_insecure):
+        if replicated and not (self.replication_secret_file or self.replication_insecure
+                               or (self.replication_tls and self.tls_root_ca_file)):
             raise OptionError("replication needs --replication-secret-file=PATH (a secret shared by the "
-                              "nodes), or --replication-insecure on a private network where nobody else "
-                              "reaches --replication-address")
+                              "nodes), or --replication-tls with --tls-root-ca-file (mutual TLS), or "
+                              "--replication-insecure on a private network where nobody else reaches "
+                              "--replication-address")
+        if self.replication_tls and not (self.tls_cert and self.tls_key):
+            raise OptionError("--replication-tls needs --tls-cert and --tls-key")
         for n in self.replication_allow:
             if not n.isdigit() or not 0 <= int(n) < 1024:
                 raise OptionError(f"--replication-allow-node must be a --node-id in [0,1024), not {n!r}")

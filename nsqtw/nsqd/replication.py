@@ -462,6 +462,18 @@ def tune_link_socket(transport: Any, timeout: float) -> None:
 MAX_UNAUTHENTICATED = 32
 
 
+def check_interval(timeout: float) -> float:
+    """Seconds between the checks of a link's silence (on both ends): a link silent for
+    ``--replication-timeout`` is dropped at most this much later."""
+    return min(0.25, timeout / 8)
+
+
+def beat_interval(timeout: float) -> float:
+    """A link end that sent nothing for this long sends a BEAT: every second, or three times
+    within a shorter ``--replication-timeout``."""
+    return min(1.0, timeout / 3)
+
+
 class _ShadowProtocol(Protocol):
     #: the reactor's TCP transport
     transport: Any
@@ -471,13 +483,15 @@ class _ShadowProtocol(Protocol):
         self.receiver = receiver
         self._seam: seam.SocketSeam | None = None
         self._write: Callable[[bytes], None] = lambda data: None
-        #: reads and writes so far, and when the link was last heard (see ShadowFactory.tick)
-        self.reads = self.writes = 0
-        self.seen_reads = self.seen_writes = 0
-        self.heard = self.started = now
+        #: when the link was last heard, and last written to (see ShadowFactory.tick)
+        self.heard = self.wrote = self.started = now
+        self.writes = self.seen_writes = 0
+        self._seconds: Callable[[], float] = lambda: self.heard
 
     def connectionMade(self) -> None:
         self.factory.protocols.add(self)
+        if self.factory.reactor is not None:
+            self._seconds = self.factory.reactor.seconds
         tune_link_socket(self.transport, self.factory.timeout)
         # the ACK goes out at once (an eager send), before the batch is applied in memory
         self._seam = seam.attach(self.transport, self, self.dataReceived)
@@ -497,7 +511,7 @@ class _ShadowProtocol(Protocol):
         self._write(data)
 
     def dataReceived(self, data: bytes) -> None:
-        self.reads += 1
+        self.heard = self._seconds()
         receiver = self.receiver
         was = receiver.origin
         out = receiver.feed(data)
@@ -543,8 +557,9 @@ class ShadowFactory(Factory):
         self.store_error = ""
         #: connections closed because too many were unauthenticated
         self.turned_away = 0
-        #: seconds between ticks, and when the last one ran
-        self.interval = min(1.0, timeout / 4)
+        #: seconds between ticks (a silent link is dropped at most this late), and when the
+        #: last one ran
+        self.interval = check_interval(timeout)
         self._ticked = 0.0
         self._loop: task.LoopingCall | None = None
 
@@ -622,9 +637,9 @@ class ShadowFactory(Factory):
         now = self.reactor.seconds()
         late = now - self._ticked > 2 * self.interval  # this node was busy: what it did not read is no silence
         self._ticked = now
+        beat = beat_interval(self.timeout)
         for p in list(self.protocols):
-            if p.reads != p.seen_reads or late:
-                p.seen_reads = p.reads
+            if late:
                 p.heard = now
             receiver = p.receiver
             if receiver.origin is None:
@@ -638,9 +653,13 @@ class ShadowFactory(Factory):
                          "(--replication-timeout)", id=receiver.origin.node_id, t=round(now - p.heard, 1))
                 p.transport.abortConnection()
                 continue
-            if p.writes == p.seen_writes and not receiver.closed:
+            if p.writes != p.seen_writes:
+                p.seen_writes = p.writes
+                p.wrote = now
+            elif now - p.wrote >= beat and not receiver.closed:
                 p.send(receiver.beat())
-            p.seen_writes = p.writes
+                p.seen_writes = p.writes
+                p.wrote = now
 
     def link_stats(self) -> list[dict[str, Any]]:
         """Per linked origin: its node id, peer address, and how long ago it was last heard."""
@@ -833,9 +852,9 @@ class _PeerLink(Protocol):
         self.up = False
         #: what the peer last said it holds (HOLDS): origin node id -> HELD or ADOPTED
         self.holds: dict[int, int] = {}
-        #: reads so far, and when the peer was last heard (see ReplicationService._check_stalled)
-        self.reads = self.seen_reads = 0
-        self.heard = service.reactor.seconds()
+        #: when the peer was last heard (see ReplicationService._check_stalled)
+        self._seconds = service.reactor.seconds
+        self.heard = self._seconds()
         self._seam: seam.SocketSeam | None = None
         self.write: Callable[[bytes], None] = lambda data: None
         self.writev: Callable[[list[Any]], None] = lambda parts: None
@@ -867,7 +886,7 @@ class _PeerLink(Protocol):
         self.writev(self.link.beat())
 
     def dataReceived(self, data: bytes) -> None:
-        self.reads += 1
+        self.heard = self._seconds()
         try:
             seq = self.link.ack(data)
             if seq is not None:  # one ACK: the commonest read
@@ -914,8 +933,10 @@ class ReplicationService(Service):
     """The origin's links to its peers and its publish barrier."""
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, instance: bytes, name: str,
-                 turn: Any, data_path: str, secret: bytes | None = None) -> None:
+                 turn: Any, data_path: str, secret: bytes | None = None, tls: Any = None) -> None:
         self.setName("replication")
+        #: the client TLS context of the links (--replication-tls), or None
+        self.tls = tls
         #: the shared secret links prove (None: --replication-insecure)
         self.secret = secret
         #: the broker it replicates (:meth:`attach`)
@@ -945,8 +966,9 @@ class ReplicationService(Service):
         self._flush = self.flush
         #: the origin's last batch sequence at the previous check (a link idle since gets a BEAT)
         self._sent_at_check = 0
-        #: when the last check ran (a check that comes late judges no link silent)
-        self._checked = reactor.seconds()
+        #: when the last check ran (a check that comes late judges no link silent), and when a
+        #: batch or a BEAT last went out
+        self._checked = self._sent_at = reactor.seconds()
         #: peers not yet heard from since the start while delivery is held (see _hold)
         self._unanswered: set[str] = set()
         self._hold_call: Any = None
@@ -1114,7 +1136,7 @@ class ReplicationService(Service):
         timeout = self.options.replication_timeout
         self._loop = task.LoopingCall(self._check_stalled)
         self._loop.clock = self.reactor
-        self._loop.start(min(1.0, timeout / 4), now=False)
+        self._loop.start(check_interval(timeout), now=False)
         self._state_loop = task.LoopingCall(self._consumer_state)
         self._state_loop.clock = self.reactor
         self._state_loop.start(CONSUMER_STATE_INTERVAL, now=False)
@@ -1180,11 +1202,16 @@ class ReplicationService(Service):
         host, port = split_host_port(address, "replica-peer")
         self.origin.connecting(address, self.reactor.seconds())
         endpoint = HostnameEndpoint(self.reactor, host, port, timeout=self.options.replication_timeout)
-        d = endpoint.connect(_LinkFactory(self, address))
+        factory: Any = _LinkFactory(self, address)
+        if self.tls is not None:
+            from twisted.protocols.tls import TLSMemoryBIOFactory
+            factory = TLSMemoryBIOFactory(self.tls, True, factory)
+        d = endpoint.connect(factory)
         self._connecting[address] = d
 
-        def connected(link: _PeerLink) -> None:
+        def connected(proto: Any) -> None:
             self._connecting.pop(address, None)
+            link = getattr(proto, "wrappedProtocol", proto)  # under TLS: the link inside it
             self.links[address] = link
 
         def failed(f: Failure) -> None:
@@ -1289,13 +1316,16 @@ class ReplicationService(Service):
             reasons[address] = "stalled: no answer within --replication-timeout"
         for address in behind:
             reasons[address] = f"fell behind: over {self.origin.max_lag} messages unacknowledged"
-        idle = self.origin.last_sent == self._sent_at_check
-        self._sent_at_check = self.origin.last_sent
-        late = now - self._checked > 2 * min(1.0, timeout / 4)  # this node was busy: no silence to judge
+        if self.origin.last_sent != self._sent_at_check:
+            self._sent_at_check = self.origin.last_sent
+            self._sent_at = now
+        idle = now - self._sent_at >= beat_interval(timeout)
+        if idle:
+            self._sent_at = now
+        late = now - self._checked > 2 * check_interval(timeout)  # this node was busy: no silence to judge
         self._checked = now
         for address, link in list(self.links.items()):
-            if link.reads != link.seen_reads or late:
-                link.seen_reads = link.reads
+            if late:
                 link.heard = now
             if not link.up or address in reasons:
                 continue

@@ -89,12 +89,19 @@ class NsqdService(MultiService):
         if options.replication_secret_file:
             from .replication import read_secret
             self.replication_secret = read_secret(options.replication_secret_file)
+        from ..runtime.tls import replication_contexts
+        try:
+            #: (server, client) TLS contexts of the replication links (--replication-tls), or None
+            replication_tls = replication_contexts(options)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
         if options.replica_peers:
             from .core.replication import ReplicatedBroker
             from .replication import ReplicationService
             self.replication = ReplicationService(options, reactor, instance=self.instance,
                                                   name=options.broadcast_address, turn=self.turn,
-                                                  data_path=self.data_path, secret=self.replication_secret)
+                                                  data_path=self.data_path, secret=self.replication_secret,
+                                                  tls=replication_tls[1] if replication_tls else None)
             self.broker = ReplicatedBroker(options, reactor.seconds(), hooks=self.replication.hooks,
                                            backend_factory=factory, rng=self.rng)
             self.replication.attach(self.broker)
@@ -147,7 +154,11 @@ class NsqdService(MultiService):
                 allowed=(lambda origin: origin in allow) if allow else (lambda origin: True),
                 # a batch is cut at about 4 MiB, plus the one publish that ends it
                 max_frame=SNAPSHOT_BATCH_BYTES + max(options.max_body_size, options.max_msg_size) + 64 * 1024)
-            self.replication_listener = ListeningService(reactor, options.replication_address, shadow,
+            listener: Any = shadow
+            if replication_tls is not None:
+                from twisted.protocols.tls import TLSMemoryBIOFactory
+                listener = TLSMemoryBIOFactory(replication_tls[0], False, shadow)
+            self.replication_listener = ListeningService(reactor, options.replication_address, listener,
                                                          "REPLICATION", "replication-address")
             self.replication_listener.setServiceParent(self)
             from .core.replication import AdoptAfterTimeout
@@ -155,7 +166,7 @@ class NsqdService(MultiService):
             replication = self.replication
             self.adoption = AdoptionService(
                 self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor, self._adopt,
-                interval=min(1.0, options.adopt_after / 4), node_id=options.node_id,
+                interval=min(0.25, options.adopt_after / 4), node_id=options.node_id,
                 peers_holding=replication.peers_holding if replication is not None else (lambda origin: []),
                 announce=shadow.announce, health=lambda: self.broker.health)
             shadow.adoption = self.adoption
@@ -485,7 +496,7 @@ class NsqdService(MultiService):
         broker = self.broker
         broker.close()
         if self.replication_listener is not None:
-            self.replication_listener.factory.close_links()
+            self.shadow_factory.close_links()
         for proto in list(self.tcp_factory.protocols):
             proto._stop_timers()
             proto.transport.loseConnection()

@@ -17,7 +17,7 @@ from twisted.internet.ssl import TLSVersion
 
 from ..options import NsqdOptions
 
-__all__ = ["server_context", "tls_details"]
+__all__ = ["server_context", "tls_details", "replication_contexts"]
 
 _VERSIONS = {0x0301: TLSVersion.TLSv1_0, 0x0302: TLSVersion.TLSv1_1, 0x0303: TLSVersion.TLSv1_2,
              0x0304: TLSVersion.TLSv1_3}
@@ -86,3 +86,31 @@ def tls_details(transport: Any) -> tuple[str, str, str]:
         return version, cipher, cn
     except Exception:
         return "", "", ""
+
+
+def replication_contexts(options: NsqdOptions) -> tuple[Any, Any] | None:
+    """With ``--replication-tls``: ``(server, client)`` context factories for the replication
+    links, both holding this node's ``--tls-cert``/``--tls-key`` (a node is the server of its
+    origins' links and the client of its peers'), at least TLS 1.2.  With ``--tls-root-ca-file``
+    the TLS is mutual: each end requires the other's certificate, signed by that CA (nodes are
+    named by address, so the CA is the trust anchor, not a host name).  None without
+    ``--replication-tls``; ``ValueError`` naming the flag for a missing or unreadable file."""
+    if not options.replication_tls:
+        return None
+    if not (options.tls_cert and options.tls_key):
+        raise ValueError("--replication-tls needs --tls-cert and --tls-key")
+    try:
+        pair = ssl.PrivateCertificate.loadPEM(_read(options.tls_cert, "--tls-cert") + b"\n"
+                                              + _read(options.tls_key, "--tls-key"))
+        ca = (ssl.Certificate.loadPEM(_read(options.tls_root_ca_file, "--tls-root-ca-file"))
+              if options.tls_root_ca_file else None)
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"failed to build the replication TLS config - {e}") from None
+    kwargs: dict = dict(privateKey=pair.privateKey.original.to_cryptography_key(),
+                        certificate=pair.original.to_cryptography(), raiseMinimumTo=TLSVersion.TLSv1_2)
+    if ca is None:
+        return ssl.CertificateOptions(**kwargs), ssl.CertificateOptions(**kwargs)
+    mutual: dict = dict(verify=True, caCerts=[ca.original], requireCertificate=True, **kwargs)
+    return ssl.CertificateOptions(**mutual), ssl.CertificateOptions(**mutual)

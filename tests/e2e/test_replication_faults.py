@@ -261,3 +261,40 @@ async def test_three_nodes_losing_one_keep_publishing_and_exactly_one_survivor_a
     finally:
         for n in (two, three):
             await n.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_links_over_mutual_tls_replicate_and_refuse_a_node_without_a_certificate(tmp_path):
+    """--replication-tls with --tls-root-ca-file: the links are TLS, each end requires the other's
+    certificate signed by the CA (no secret needed); a plain connection, or a node whose
+    certificate the CA did not sign, never gets a link."""
+    from nsqtw.testing.certs import make_certificates
+
+    certs = make_certificates(data_dir(tmp_path, "certs"))
+    other = make_certificates(data_dir(tmp_path, "other"))  # another CA's certificates
+    tls = dict(replication_tls=True, tls_cert=certs["server"], tls_key=certs["server_key"],
+               tls_root_ca_file=certs["ca"], replication_timeout=TIMEOUT, adopt_after=ADOPT_AFTER)
+    peer = await start_nsqd(node_id=2, replication_address="127.0.0.1:0", data_path=data_dir(tmp_path, "peer"),
+                            **tls)
+    address = f"127.0.0.1:{peer._service.replication_port}"
+    stranger = await start_nsqd(node_id=3, replica_peers=[address], data_path=data_dir(tmp_path, "stranger"),
+                                **dict(tls, tls_cert=other["server"], tls_key=other["server_key"],
+                                       tls_root_ca_file=other["ca"]))
+    origin = await start_nsqd(node_id=1, replica_peers=[address], data_path=data_dir(tmp_path, "origin"), **tls)
+    try:
+        await until(lambda: origin._service.replication.origin.in_sync() == 1)
+        acknowledged = await publish(origin.tcp_port, "t", b"tls", 20)
+        await until(lambda: peer._service.shadow_files.states[1].count() == 20)
+        plain = await connect_raw(peer._service.replication_port, send_magic=False)
+        plain.send(wire.MAGIC + wire.encode_hello(1, b"x" * 16, "plain", nonce=b"n" * 16))
+        await sleep(0.5)
+        assert stranger._service.replication.origin.in_sync() == 0
+        assert 3 not in peer._service.shadow_files.states and peer._service.adoption.links.get(1) == 1
+        await plain.close()
+        await origin.stop()
+        await until(lambda: peer._service.adoption.adopted, ADOPT_AFTER + TIMEOUT + 10)
+        delivered = await drain(peer.tcp_port, "t", "c", set(acknowledged))
+        assert count(acknowledged, delivered) == (0, 0)
+    finally:
+        await stranger.stop()
+        await peer.stop()

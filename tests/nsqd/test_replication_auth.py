@@ -149,6 +149,12 @@ def _factory(tmp_path: Any, clock: task.Clock) -> tuple[ShadowFactory, _Adoption
     return factory, adoption
 
 
+def run(clock: task.Clock, seconds: float, step: float = 0.25) -> None:
+    """Advance the clock as a reactor that is not busy would: a tick at a time."""
+    for _ in range(round(seconds / step)):
+        clock.advance(step)
+
+
 def _connect(factory: ShadowFactory) -> tuple[Any, StringTransport]:
     proto = factory.buildProtocol(None)
     assert proto is not None
@@ -170,13 +176,14 @@ def test_a_link_silent_for_the_timeout_is_dropped_and_an_idle_one_gets_beats(tmp
     assert link.feed(t.value()).holds == {1: wire.HELD}  # told what this node holds (its own shadow)
     t.clear()
     for _ in range(4):  # the origin beats: the link lives on
-        clock.advance(0.75)
+        run(clock, 0.75)
         proto.dataReceived(b"".join(link.beat()))
     assert not t.disconnecting
     assert t.value()  # and this end beat back while it had nothing else to send
     link.feed(t.value())  # sealed BEATs the origin takes
-    for _ in range(5):  # then nothing arrives (a frozen origin, a silent partition)
-        clock.advance(0.75)
+    run(clock, 2.75)  # then nothing arrives (a frozen origin, a silent partition)...
+    assert not t.disconnecting
+    run(clock, 0.25)  # ...for --replication-timeout: dropped within a tick
     assert t.disconnecting
     factory.doStop()
 
@@ -187,8 +194,7 @@ def test_a_handshake_not_finished_in_time_is_dropped_and_unauthenticated_ones_ar
     protos = [_connect(factory) for _ in range(MAX_UNAUTHENTICATED)]
     assert factory.buildProtocol(None) is None and factory.turned_away == 1
     protos[0][0].dataReceived(wire.MAGIC[:4])  # a slow-loris
-    for _ in range(4):
-        clock.advance(1.0)
+    run(clock, 3.25)
     assert all(t.disconnecting for _, t in protos)
     factory.doStop()
 
@@ -234,7 +240,6 @@ def test_a_tick_that_comes_late_judges_no_link_silent(tmp_path):
     proto.dataReceived(link.feed(t.value()).out)
     clock.advance(10.0)  # one late tick
     assert not t.disconnecting
-    for _ in range(5):
-        clock.advance(0.75)
+    run(clock, 3.25)
     assert t.disconnecting
     factory.doStop()
