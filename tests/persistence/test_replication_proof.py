@@ -51,7 +51,7 @@ def test_losing_the_origin_loses_no_acknowledged_message(tmp_path, record_proper
     totals = {"acknowledged": 0, "lost": 0, "duplicates": 0, "delivered_by_survivor": 0}
     for i in range(20):
         row = proof.cycle(str(tmp_path), rng, True, seq, client)
-        print(f"cycle {i + 1}: {row}")
+        print(f"cycle {i + 1}: {proof.show(row)}")
         assert row["lost"] == 0, row
         for k in totals:
             totals[k] += row[k]
