@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """
 What replication costs a publisher: Go's bench tools against a replicated pair of nsqtw nsqd
-(``--replica-peer``, ``--replication-min-acks=1``), the same nsqd unreplicated, and Go's nsqd.
+(``--replica-peer``, ``--replication-min-acks=1``, ``--node-id`` 1 and 2, an authenticated link:
+``--replication-secret-file``, so the handshake and the sealed frames are in the figures), the
+same nsqd unreplicated, and Go's nsqd.
 
     python bench/bench_replication.py                 # 5 s per workload
     RUNFOR=10s python bench/bench_replication.py
@@ -69,27 +71,41 @@ def accepting(port: int) -> bool:
 def start(cmd: list[str], data: str, memq: int, *flags: str) -> tuple[subprocess.Popen, int]:
     tcp = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([*cmd, f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{free_port()}",
-                             f"--data-path={data}", f"--mem-queue-size={memq}", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    for _ in range(3000):
-        if accepting(tcp):
-            break
-        time.sleep(0.01)
+    with tempfile.TemporaryFile("w+") as log:  # its log, read if it cannot start (the child keeps its own handle)
+        proc = subprocess.Popen([*cmd, f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{free_port()}",
+                                 f"--data-path={data}", f"--mem-queue-size={memq}", *flags],
+                                stdout=subprocess.DEVNULL, stderr=log, env=env)
+        for _ in range(3000):
+            if accepting(tcp):
+                break
+            if proc.poll() is not None:  # refused to start (its FATAL line says why)
+                log.seek(0)
+                raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {log.read().strip()[-2000:]}")
+            time.sleep(0.01)
     return proc, tcp
+
+
+def write_secret(work: str) -> str:
+    """The pair's --replication-secret-file (32 random bytes, hex, mode 600) in ``work``."""
+    path = f"{work}/secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    return path
 
 
 def start_pair(work: str, memq: int, procs: list[subprocess.Popen], origin_cmd: list[str] | None = None) -> int:
     """A replicated pair of nsqtw nsqd (the peer first, then the origin naming it, run as
-    ``origin_cmd`` when given), their processes added to ``procs``; returns the origin's TCP
-    port once the link is up."""
+    ``origin_cmd`` when given; node ids 2 and 1, a secret file in ``work``), their processes
+    added to ``procs``; returns the origin's TCP port once the link is up."""
     rport = free_port()
     os.mkdir(f"{work}/peer")
     os.mkdir(f"{work}/origin")
-    peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}")
+    secret = f"--replication-secret-file={write_secret(work)}"
+    peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}", secret)
     procs.append(peer)
     origin, tcp = start(origin_cmd or NSQTW, f"{work}/origin", memq, "--node-id=1",
-                        f"--replica-peer=127.0.0.1:{rport}")
+                        f"--replica-peer=127.0.0.1:{rport}", secret)
     procs.append(origin)
     time.sleep(1.5)  # the link comes up
     return tcp

@@ -2,8 +2,8 @@
 """
 Where a replicated origin's time goes per PUB, section by section, under Go's ``bench_pub``.
 
-Starts a replicated pair as ``bench/bench_replication.py`` does (or, with ``--unreplicated``,
-one nsqd), the origin in this script's ``--as-origin`` mode: nsqtw's ``nsqd`` with the four
+Starts a replicated pair as ``bench/bench_replication.py`` does (node ids 1 and 2, a link
+authenticated with a secret file; or, with ``--unreplicated``, one nsqd), the origin in this script's ``--as-origin`` mode: nsqtw's ``nsqd`` with the four
 places a PUB's work happens wrapped in ``perf_counter`` accumulators (a client's read, the
 replication link's read, the end-of-turn batch flush, and ``epoll``'s poll itself).  After a
 second of ``bench_pub`` the counts are reset, after four more they are written out, and the

@@ -1,9 +1,12 @@
-"""The replication proof (issue 26): two replicated nsqd processes, a publisher (plain protocol
-V2, or a stock client library in its own process: nsqtw's Producer, pynsq's Writer, go-nsq's
-Producer where Go and go-nsq's module are to be had), SIGKILL of the origin and deletion of
-its data directory, 20 times: every publish that got OK is delivered by the origin's consumer
-before the crash or by the survivor after it (duplicates counted, not failed).  The same run
-without replication loses messages, which shows the check can fail.  The code is bench/replication_proof.py's."""
+"""The replication proof (issues 26 and 44): two replicated nsqd processes (a secret file, node
+ids 1 and 2), a publisher (plain protocol V2, or a stock client library in its own process:
+nsqtw's Producer, pynsq's Writer, go-nsq's Producer where Go and go-nsq's module are to be had),
+SIGKILL of the origin and deletion of its data directory, 20 times: every publish that got OK
+is delivered by the origin's consumer before the crash or by the survivor after it (duplicates
+counted, not failed).  The same run without replication loses messages, which shows the check
+can fail.  The other faults, a few cycles each: the origin SIGSTOPped for good (a hung host), a
+silent partition of the link (a blackhole proxy) healed before the origin is killed, and the
+peer's disk full when it adopts (a tmpfs: root only).  The code is bench/replication_proof.py's."""
 
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def test_losing_the_origin_loses_no_acknowledged_message(tmp_path, record_proper
     totals = {"acknowledged": 0, "lost": 0, "duplicates": 0, "delivered_by_survivor": 0}
     for i in range(20):
         row = proof.cycle(str(tmp_path), rng, True, seq, client)
-        print(f"cycle {i + 1}: {row}")
+        print(f"cycle {i + 1}: {proof.show(row)}")
         assert row["lost"] == 0, row
         for k in totals:
             totals[k] += row[k]
@@ -67,6 +70,39 @@ def test_without_replication_the_same_run_loses_messages(tmp_path, client):
     row = proof.cycle(str(tmp_path), random.Random(1), False, [0], client)
     print(f"\nwithout replication: {row}")
     assert row["lost"] > 0 and row["delivered_by_survivor"] == 0
+
+
+#: the faults other than kill, and their cycles (each cycle takes 5 to 15 s)
+FAULT_CYCLES = {"pause": 5, "partition": 5, "disk": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("fault", list(FAULT_CYCLES))
+def test_a_silent_or_degraded_fault_loses_no_acknowledged_message(tmp_path, record_property, fault):
+    proof = _proof()
+    if fault == "disk":
+        why = proof.disk_fault_unavailable()
+        if why is not None:
+            pytest.skip(why)
+    rng = random.Random(20261128)
+    seq = [0]
+    totals = {"acknowledged": 0, "lost": 0, "duplicates": 0, "delivered_by_survivor": 0}
+    for i in range(FAULT_CYCLES[fault]):
+        row = proof.cycle(str(tmp_path), rng, True, seq, "raw", fault)
+        print(f"{fault} cycle {i + 1}: {proof.show(row)}")
+        assert row["lost"] == 0, row
+        assert row["adopt_seconds"] >= 0, row  # the peer adopted the origin (not within a bound: no wall clock here)
+        if fault == "partition":
+            assert row["partition_seen_by_origin"] == 1, row  # the blackhole was noticed, not slept through
+        if fault == "disk":
+            assert row["adoption_failing_seen"] == 1, row  # the adoption did hit the full disk
+        for k in totals:
+            totals[k] += row[k]
+    for k, v in totals.items():
+        record_property(k, v)
+    print(f"\n{FAULT_CYCLES[fault]} cycles of {fault}: {totals}")
+    assert totals["acknowledged"] > 0 and totals["delivered_by_survivor"] > 0
 
 
 def test_the_go_publisher_says_why_it_cannot_be_built(tmp_path, monkeypatch):
