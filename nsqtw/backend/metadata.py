@@ -441,7 +441,10 @@ class MetadataWriter:
             now = self._clock.seconds()
             self._not_before = now + min(MAX_GAP, GAP_FACTOR * max(0.0, now - self._started_at))
         if isinstance(result, Failure):
-            log.failure("failed to persist metadata", result)
+            if result.check(OSError):  # a full or failing disk: an error the node lives through, as Go's says
+                log.error("failed to persist metadata - {err}", err=result.getErrorMessage())
+            else:
+                log.failure("failed to persist metadata", result)
         for d in waiters:
             if isinstance(result, Failure):
                 d.errback(result)

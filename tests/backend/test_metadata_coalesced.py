@@ -220,3 +220,25 @@ def test_the_channel_list_grows_in_place_and_is_rebuilt_after_a_deletion():
     assert broker.channels() == [b]
     broker.delete_topic("u")
     assert broker.channels() == []
+
+
+def test_a_full_disk_is_logged_as_an_error_the_node_lives_through_not_a_fatal_traceback(tmp_path):
+    """Go's nsqd logs ``ERROR: failed to persist metadata - <err>`` and goes on; so does nsqtw
+    (a critical event would be printed FATAL, with a traceback, by a node that is not dying)."""
+    from twisted.logger import LogLevel, globalLogPublisher
+
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        worker = ManualWorker()
+
+        def write(snap: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        w = MetadataWriter(lambda: None, write, worker.submit)
+        w.request().addErrback(lambda f: None)
+        worker.run_one()
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    [e] = [e for e in events if "persist metadata" in e.get("log_format", "")]
+    assert e["log_level"] == LogLevel.error and "No space left" in e["err"]
