@@ -13,8 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from collections import Counter
+
 from twisted.internet import defer, reactor
 from twisted.internet.protocol import ClientFactory, Factory, ProcessProtocol, Protocol
+
+from nsqtw.testing import body_command, command, connect_raw, mpub_command
 
 
 async def sleep(seconds: float) -> None:
@@ -175,3 +179,76 @@ class BlackholeProxy(Factory):
                 p.transport.abortConnection()
         if self.port is not None:
             await self.port.stopListening()
+
+
+# --- counting as Jepsen does: what was acknowledged, what was delivered -----------------
+
+
+async def publish(port: int, topic: str, prefix: bytes, n: int) -> list[bytes]:
+    """``n`` bodies as PUBs and MPUBs of 5; the bodies whose OK came back (a refused publish,
+    E_PUB_FAILED or E_MPUB_FAILED, closes the connection as in NSQ: the next goes on a new one)."""
+    conn = [await connect_raw(port)]
+    acknowledged: list[bytes] = []
+
+    async def sent(data: bytes) -> bool:
+        conn[0].send(data)
+        try:
+            return await conn[0].response() == b"OK"
+        except AssertionError as e:  # an error frame
+            assert "PUB_FAILED" in str(e), e
+            await conn[0].close()
+            conn[0] = await connect_raw(port)
+            return False
+
+    try:
+        i = 0
+        while i < n:
+            if i % 10 < 5:
+                body = prefix + b"%d" % i
+                if await sent(body_command("PUB", topic, body=body)):
+                    acknowledged.append(body)
+                i += 1
+            else:
+                bodies = [prefix + b"%d" % j for j in range(i, min(i + 5, n))]
+                if await sent(mpub_command(topic, bodies)):
+                    acknowledged.extend(bodies)
+                i += len(bodies)
+    finally:
+        await conn[0].close()
+    return acknowledged
+
+
+async def drain(port: int, topic: str, channel: str, want: set[bytes], seconds: float = 10.0) -> list[bytes]:
+    """Every body a stock consumer of ``topic``/``channel`` gets (FIN each) until ``want`` is
+    all in, or nothing more comes."""
+    c = await connect_raw(port)
+    got: list[bytes] = []
+    try:
+        c.send(command("SUB", topic, channel))
+        assert await c.response() == b"OK"
+        c.send(command("RDY", 100))
+        waited = 0.0
+        while not want <= set(got) and waited < seconds:
+            try:
+                m = await c.message(timeout=0.5)
+            except Exception:
+                waited += 0.5
+                continue
+            got.append(m.body)
+            c.send(command("FIN", text_id(m.id)))
+    finally:
+        await c.close()
+    return got
+
+
+def count(acknowledged: list[bytes], delivered: list[bytes]) -> tuple[int, int]:
+    """(lost, duplicated) of the acknowledged bodies among those delivered."""
+    seen = Counter(delivered)
+    lost = sum(1 for b in acknowledged if not seen[b])
+    return lost, sum(n - 1 for n in seen.values() if n > 1)
+
+
+def data_dir(tmp_path: Path, name: str) -> str:
+    path = tmp_path / name
+    path.mkdir(exist_ok=True)
+    return str(path)

@@ -7,7 +7,6 @@ three losing one node under load.  The origin is a child process where the fault
 from __future__ import annotations
 
 import signal
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,84 +15,16 @@ import pytest_twisted
 
 from nsqtw.embed import start_nsqd
 from nsqtw.protocol import replication as wire
-from nsqtw.testing import body_command, command, connect_raw, mpub_command
+from nsqtw.testing import connect_raw
 
-from replication_support import BlackholeProxy, ChildNsqd, free_port, secret_file, sleep, text_id, until
+from replication_support import (
+    BlackholeProxy, ChildNsqd, count, data_dir, drain, free_port, publish, secret_file, sleep, until,
+)
 
 pytestmark = pytest.mark.e2e
 
 TIMEOUT = 1.0
 ADOPT_AFTER = 1.0
-
-
-async def publish(port: int, topic: str, prefix: bytes, n: int) -> list[bytes]:
-    """``n`` bodies as PUBs and MPUBs of 5; the bodies whose OK came back (a refused publish,
-    E_PUB_FAILED or E_MPUB_FAILED, closes the connection as in NSQ: the next goes on a new one)."""
-    conn = [await connect_raw(port)]
-    acknowledged: list[bytes] = []
-
-    async def sent(data: bytes) -> bool:
-        conn[0].send(data)
-        try:
-            return await conn[0].response() == b"OK"
-        except AssertionError as e:  # an error frame
-            assert "PUB_FAILED" in str(e), e
-            await conn[0].close()
-            conn[0] = await connect_raw(port)
-            return False
-
-    try:
-        i = 0
-        while i < n:
-            if i % 10 < 5:
-                body = prefix + b"%d" % i
-                if await sent(body_command("PUB", topic, body=body)):
-                    acknowledged.append(body)
-                i += 1
-            else:
-                bodies = [prefix + b"%d" % j for j in range(i, min(i + 5, n))]
-                if await sent(mpub_command(topic, bodies)):
-                    acknowledged.extend(bodies)
-                i += len(bodies)
-    finally:
-        await conn[0].close()
-    return acknowledged
-
-
-async def drain(port: int, topic: str, channel: str, want: set[bytes], seconds: float = 10.0) -> list[bytes]:
-    """Every body a stock consumer of ``topic``/``channel`` gets (FIN each) until ``want`` is
-    all in, or nothing more comes."""
-    c = await connect_raw(port)
-    got: list[bytes] = []
-    try:
-        c.send(command("SUB", topic, channel))
-        assert await c.response() == b"OK"
-        c.send(command("RDY", 100))
-        waited = 0.0
-        while not want <= set(got) and waited < seconds:
-            try:
-                m = await c.message(timeout=0.5)
-            except Exception:
-                waited += 0.5
-                continue
-            got.append(m.body)
-            c.send(command("FIN", text_id(m.id)))
-    finally:
-        await c.close()
-    return got
-
-
-def count(acknowledged: list[bytes], delivered: list[bytes]) -> tuple[int, int]:
-    """(lost, duplicated) of the acknowledged bodies among those delivered."""
-    seen = Counter(delivered)
-    lost = sum(1 for b in acknowledged if not seen[b])
-    return lost, sum(n - 1 for n in seen.values() if n > 1)
-
-
-def data_dir(tmp_path: Path, name: str) -> str:
-    path = tmp_path / name
-    path.mkdir(exist_ok=True)
-    return str(path)
 
 
 async def secured_peer(tmp_path: Path, **options: Any) -> Any:

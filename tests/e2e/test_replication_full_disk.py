@@ -14,8 +14,7 @@ import treq
 from fulldisk_support import fill
 from nsqtw.embed import start_nsqd
 
-from replication_support import secret_file, until
-from test_replication_faults import count, data_dir, drain, publish
+from replication_support import count, data_dir, drain, publish, secret_file, until
 
 pytestmark = pytest.mark.e2e
 
