@@ -118,7 +118,7 @@ def node_alerts(rep: dict[str, Any] | None, health: str = "OK") -> list[dict[str
         out.append({"label": "cannot store replicas", "kind": "danger", "title": str(rep["store_error"])})
     for f in (rep.get("adoption") or {}).get("failing") or []:
         out.append({"label": f"adopting node {f.get('origin_node_id')} failing", "kind": "danger",
-                    "title": f"{f.get('error')} ({f.get('tries')} tries; retried every second)"})
+                    "title": f"{f.get('error')} ({f.get('tries')} tries; retried until it succeeds)"})
     for ad in rep.get("adopted") or []:
         out.append({"label": f"adopted node {ad.get('origin_node_id')}", "kind": "info",
                     "title": f"{ad.get('messages', 0)} messages of node {ad.get('origin_node_id')} were "

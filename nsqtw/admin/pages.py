@@ -1052,7 +1052,7 @@ def replication_panel(rep: dict[str, Any] | None) -> Markup:
     for f in adoption.get("failing") or []:
         notes.append(el("li", el("span", f"adopting node {f.get('origin_node_id')} failing", class_="badge danger"),
                         f" {f.get('error')}: {f.get('tries')} tries, {commafy(f.get('adopted_so_far', 0))} "
-                        "messages republished so far; retried every second", data_row=f"failing:{f.get('origin_node_id')}"))
+                        "messages republished so far; retried until it succeeds", data_row=f"failing:{f.get('origin_node_id')}"))
     for sb in adoption.get("standing_by") or []:
         notes.append(el("li", el("span", f"standing by for node {sb.get('for_node_id')}", class_="badge info"),
                         f" node {sb.get('origin_node_id')} is down; node {sb.get('for_node_id')} (a lower "

@@ -239,7 +239,7 @@ def _replication(fam: _Families, rep: Mapping[str, Any] | None) -> None:
     for f in adoption.get("failing") or []:
         ol = (("origin_node_id", str(f.get("origin_node_id", ""))),)
         fam.add("nsq_replication_adoption_failing", "gauge", "1 while adopting an origin fails (a full disk); "
-                "it is tried again every second.", ol, 1)
+                "it is tried again until it succeeds.", ol, 1)
         fam.add("nsq_replication_adoption_failed_tries", "gauge", "Failed tries of the adoption now failing.",
                 ol, f.get("tries", 0))
     for sb in adoption.get("standing_by") or []:
