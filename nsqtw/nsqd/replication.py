@@ -678,8 +678,8 @@ class AdoptionService(Service):
     """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so and :func:`choose`
     picks this node among the survivors: every unfinished message is republished into this
     node's queues (``adopt``), and the shadow retired once all of it is stored.  An adoption
-    that fails (a full disk) is logged, shown in /stats, and tried again at each check (four times a second) for
-    what is left; other origins are adopted meanwhile.
+    that fails (a full disk) is logged, shown in /stats, and tried again at each check (four
+    times a second) for what is left; other origins are adopted meanwhile.
 
     ``adopt(origin, state, done)`` republishes (see :func:`~nsqtw.nsqd.core.replication.adopt`)
     and returns ``(adopted, refused, stored)``: ``stored`` fires once this node's own peers
