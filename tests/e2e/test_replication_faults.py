@@ -129,8 +129,19 @@ async def test_an_outsider_without_the_secret_cannot_inject_wipe_or_hold_off_ado
         await outsider(wire.encode_auth(b""), wipe)
         await outsider(wire.encode_auth(b"\0" * 32), inject)
         holder = await outsider()  # HELLO only, then held open
+        # a frame announcing 256 MiB is refused on its head; a slow-loris is closed at the deadline
+        huge = await connect_raw(port, send_magic=False)
+        huge.send(wire.MAGIC + (256 * 1024 * 1024).to_bytes(4, "big") + bytes([wire.HELLO]) + b"x" * 100)
+        loris = await connect_raw(port, send_magic=False)
+        loris.send(wire.MAGIC[:5])
+        outsiders.extend((huge, loris))
+        await until(lambda: not huge.transport.connected)
+        more = await publish(origin.tcp_port, "payments", b"q", 10)  # the origin publishes as before
+        assert len(more) == 10
+        acknowledged += more
+        await until(lambda: not loris.transport.connected, TIMEOUT + 5)
         await sleep(0.3)
-        assert peer._service.shadow_files.states[1].count() == 20
+        assert peer._service.shadow_files.states[1].count() == 30
         assert peer._service.adoption.links.get(1) == 1  # the real origin's link only
         await origin.stop()
         await until(lambda: peer._service.adoption.adopted, ADOPT_AFTER + TIMEOUT + 10)
