@@ -230,7 +230,7 @@ async def test_same_node_id_is_refused():
         assert "--node-id" in next(iter(rep.peers.values())).reason
         assert rep.in_sync() == 0
         ok, text = origin._service.replication_health()  # /ping says why, not only that it refuses
-        assert not ok and "same --node-id (5)" in text and "publishes refused" in text
+        assert not ok and "--node-id=5" in text and "publishes refused" in text
     finally:
         await origin.stop()
         await peer.stop()
