@@ -419,13 +419,13 @@ class NsqdFixture:
                 self._full_disk = None
             await self._stop_clients()
             old = self.handle
-            await old.stop()  # the data directory stays: only the fixture's stop() removes it
-            same_ports: dict[str, Any] = {"tcp_address": old.tcp_address}
+            same_ports: dict[str, Any] = {"tcp_address": old.tcp_address}  # read while bound
             if old.http_address is not None:
                 same_ports["http_address"] = old.http_address
             if old.replication_address is not None:
                 same_ports["replication_address"] = old.replication_address
             options = old.options.replace(**same_ports)
+            await old.stop()  # the data directory stays: only the fixture's stop() removes it
             service = _build_service(options, self.reactor, self._data_dir is not None, self.traffic)
             self.handle = NsqdHandle(service)
             await service.ready()
