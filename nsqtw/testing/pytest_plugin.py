@@ -69,6 +69,7 @@ __all__ = [
     "start_nsqd_fixture",
     "start_lookupd_fixture",
     "start_cluster_fixture",
+    "replication_security_options",
     "fast_data_dir",
 ]
 
@@ -84,7 +85,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Declare the markers (never fails: a broken plugin must not break someone's run)."""
     try:
         config.addinivalue_line("markers", "nsqtw_options(**kwargs): NsqdOptions for the nsqtw_nsqd fixture")
-        config.addinivalue_line("markers", "nsqtw_cluster(nsqd=2, **kwargs): size and nsqd options of nsqtw_cluster")
+        config.addinivalue_line("markers", "nsqtw_cluster(nsqd=2, nodes=None, **kwargs): size and nsqd options "
+                                           "of nsqtw_cluster (nodes: one dict of options per nsqd)")
     except Exception:  # pragma: no cover
         pass
 
@@ -661,12 +663,31 @@ def nsqtw_lookupd(request: pytest.FixtureRequest) -> Iterator[LookupdFixture]:
 # --- a cluster ---------------------------------------------------------------------------------
 
 
-class ClusterFixture:
-    """An nsqlookupd and N nsqd registered with it."""
+#: a node's key in ``nodes=[...]`` that is not an nsqd option: the indexes of the nodes it
+#: replicates to (their replication addresses become its ``replica_peers``)
+REPLICATE_TO = "replicate_to"
 
-    def __init__(self, lookupd: LookupdFixture, nsqds: list[NsqdFixture]) -> None:
+
+def replication_security_options(secret_file: str) -> dict[str, Any]:
+    """The options every replicated node of a cluster fixture gets, given the cluster's
+    secret file (a fresh random secret, written for each cluster in its own directory).
+
+    The one place a cluster fixture says how its nodes authenticate each other: none today
+    (``{}``); once nsqd takes a shared secret, this returns the option naming the file."""
+    return {}
+
+
+class ClusterFixture:
+    """An nsqlookupd and N nsqd registered with it (optionally replicating to each other)."""
+
+    def __init__(self, lookupd: LookupdFixture, nsqds: list[NsqdFixture], *,
+                 secret_file: str | None = None, tempdir: str | None = None) -> None:
         self.lookupd = lookupd
         self.nsqds = nsqds
+        #: a file holding a random secret made for this cluster (see
+        #: :func:`replication_security_options`); deleted with the cluster
+        self.secret_file = secret_file
+        self._tempdir = tempdir
 
     @property
     def nsqd_tcp_addresses(self) -> list[str]:
@@ -680,31 +701,117 @@ class ClusterFixture:
     def lookupd_http_address(self) -> str:
         return self.lookupd.http_address
 
+    @property
+    def replication_addresses(self) -> list[str | None]:
+        """Each node's replication address (None for a node without one)."""
+        return [n.replication_address for n in self.nsqds]
+
+    def links_in_sync(self) -> bool:
+        """True when every replication link of every running node is in sync (read from each
+        node's /stats replication section).  Answers at once: not a Deferred (do not
+        ``await`` it)."""
+        for n in self.nsqds:
+            if n._stopped:
+                continue
+            doc = n._service.replication_stats() or {}
+            if any(peer.get("state") != "in_sync" for peer in doc.get("peers", ())):
+                return False
+        return True
+
+    def wait_in_sync(self, timeout: float | None = 5.0) -> Deferred[None]:
+        """A Deferred (await it): fires once every replication link is in sync; fails with
+        TimeoutError after ``timeout`` seconds."""
+        return _wait_until(self.links_in_sync, timeout, "every replication link in sync")
+
+    def kill(self, index: int) -> Deferred[None]:
+        """Take node ``index`` away (its listeners, connections and replication links close;
+        its data is deleted): a node that keeps its shadow adopts its unfinished messages
+        after ``adopt_after``. A Deferred (await it)."""
+        return self.nsqds[index].stop()
+
     def stop(self) -> Deferred[None]:
         """Stop every nsqd, then nsqlookupd. A Deferred (await it); the fixture calls it itself."""
         from twisted.internet import defer
 
         d: Deferred[Any] = defer.DeferredList([n.stop() for n in self.nsqds], consumeErrors=True)
-        return d.addBoth(lambda _: self.lookupd.stop())
+
+        def cleanup(_: object) -> Deferred[None]:
+            if self._tempdir:
+                shutil.rmtree(self._tempdir, ignore_errors=True)
+            return self.lookupd.stop()
+
+        return d.addBoth(cleanup)
 
     def __repr__(self) -> str:
         return f"<nsqtw cluster lookupd={self.lookupd.http_address} nsqd={self.nsqd_tcp_addresses}>"
 
 
-def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any) -> Deferred[ClusterFixture]:
-    """Start nsqlookupd, then ``n`` nsqd pointed at it. A Deferred (await it): fires with the
-    :class:`ClusterFixture` once all are registered."""
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _node_options(n: int, nodes: Sequence[dict[str, Any]] | None, common: dict[str, Any],
+                  secret_file: str) -> list[dict[str, Any]]:
+    """Each node's nsqd options: the common ones, then its own; distinct node IDs; the
+    replication addresses of the nodes others replicate to chosen now (they must be named
+    before they listen), and ``replicate_to`` turned into ``replica_peers``."""
+    specs = [dict(spec) for spec in nodes] if nodes is not None else [{} for _ in range(n)]
+    out = [dict(common, **spec) for spec in specs]
+    for i, opts in enumerate(out):
+        opts.setdefault("node_id", i + 1)
+        for j in opts.get(REPLICATE_TO, ()):
+            if not 0 <= j < len(out) or j == i:
+                raise ValueError(f"node {i}: replicate_to names node {j} (of 0..{len(out) - 1}, not itself)")
+    targets = {j for opts in out for j in opts.get(REPLICATE_TO, ())}
+    for j in sorted(targets):
+        address = out[j].get("replication_address", "")
+        if not address or address.endswith(":0"):
+            out[j]["replication_address"] = f"127.0.0.1:{_free_port()}"
+    for opts in out:
+        to = opts.pop(REPLICATE_TO, None)
+        if to:
+            opts["replica_peers"] = [out[j]["replication_address"] for j in to]
+        if opts.get("replica_peers") or opts.get("replication_address"):
+            opts.update(replication_security_options(secret_file))
+    return out
+
+
+def start_cluster_fixture(n: int = 2, timeout: float = 5.0, *, nodes: Sequence[dict[str, Any]] | None = None,
+                          reactor: Any = None, **nsqd_options: Any) -> Deferred[ClusterFixture]:
+    """Start nsqlookupd, then ``n`` nsqd pointed at it (or one per entry of ``nodes``: its own
+    options over ``nsqd_options``; ``replicate_to=[j, ...]`` makes node ``j`` its replica).
+    A Deferred (await it): fires with the :class:`ClusterFixture` once every nsqd is registered
+    and every replication link is in sync."""
+    import os
+    import tempfile
+
     from twisted.internet import defer
 
     async def start() -> ClusterFixture:
-        lookupd = await start_lookupd_fixture()
-        nsqds: list[NsqdFixture] = []
-        cluster = ClusterFixture(lookupd, nsqds)
+        tempdir = tempfile.mkdtemp(prefix="nsqtw-cluster-")
+        secret_file = os.path.join(tempdir, "replication.secret")
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
         try:
-            for _ in range(n):
-                opts = dict(nsqd_options, lookupd_tcp_addresses=[lookupd.tcp_address])
-                nsqds.append(await start_nsqd_fixture(**opts))
-            await lookupd.wait_for_producers(n, timeout=timeout)
+            specs = _node_options(n, nodes, nsqd_options, secret_file)
+            lookupd = await start_lookupd_fixture(reactor=reactor)
+        except BaseException:
+            shutil.rmtree(tempdir, ignore_errors=True)
+            raise
+        nsqds: list[NsqdFixture] = []
+        cluster = ClusterFixture(lookupd, nsqds, secret_file=secret_file, tempdir=tempdir)
+        try:
+            for opts in specs:
+                opts["lookupd_tcp_addresses"] = [lookupd.tcp_address]
+                nsqds.append(await start_nsqd_fixture(reactor=reactor, **opts))
+            await lookupd.wait_for_producers(len(specs), timeout=timeout)
+            await cluster.wait_in_sync(timeout)
         except BaseException:
             await cluster.stop()
             raise
@@ -715,11 +822,12 @@ def start_cluster_fixture(n: int = 2, timeout: float = 5.0, **nsqd_options: Any)
 
 @pytest.fixture
 def nsqtw_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterFixture]:
-    """nsqlookupd + N nsqd registered with it; ``@pytest.mark.nsqtw_cluster(nsqd=3, **nsqd_options)``."""
+    """nsqlookupd + N nsqd registered with it: ``@pytest.mark.nsqtw_cluster(nsqd=3, **nsqd_options)``,
+    or one nsqd per entry of ``nodes=[{...}, {...}]`` (each its own options; ``replicate_to``)."""
     pt = _pytest_twisted()
     options = _options_from_marker(request, "nsqtw_cluster")
     n = int(options.pop("nsqd", 2))
-    cluster = pt.blockon(start_cluster_fixture(n, **options))
+    cluster = pt.blockon(start_cluster_fixture(n, reactor=_fixture_reactor(request), **options))
     try:
         yield cluster
     finally:
