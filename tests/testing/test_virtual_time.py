@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor
 
@@ -142,3 +143,48 @@ async def test_the_same_test_delivers_the_same_messages_in_the_same_order():
     assert delivered[:3] == [(b"a", 1), (b"b", 1), (b"c", 1)]
     print(delivered)
     assert sorted(delivered[3:]) == [(b"a", 2), (b"c", 2), (b"d", 1)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_fixture_advance_keeps_consumers_with_default_heartbeats_connected(nsqtw_clock, nsqtw_nsqd):
+    """A raw jump past two heartbeat intervals drops a consumer (as a frozen client would be);
+    ``await nsqtw_nsqd.advance(s)`` steps and lets it answer heartbeats, so it stays."""
+    inbox = Inbox()
+    consumer = Consumer("t", "ch", inbox, Config())  # heartbeat_interval 30 s
+    await consumer.connect_to_nsqd(nsqtw_nsqd.tcp_address)
+    [mine] = nsqtw_nsqd._broker.clients
+    try:
+        await nsqtw_nsqd.advance(300)
+        assert nsqtw_nsqd._service.now() == VIRTUAL_EPOCH + 300
+        assert list(nsqtw_nsqd._broker.clients) == [mine]  # still connected
+        await nsqtw_nsqd.publish("t", b"still here")
+        [msg] = await inbox.wait(1)
+        assert msg.body == b"still here"
+        msg.finish()
+        nsqtw_clock.advance(61)  # one jump past the read deadline (2 x 30 s): nsqd drops it
+        await nsqtw_nsqd.wait_until(lambda: mine not in nsqtw_nsqd._broker.clients)
+    finally:
+        inbox.answer_the_rest()
+        await consumer.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_advance_without_the_clock_says_so(nsqtw_nsqd):
+    with pytest.raises(TypeError, match="request the nsqtw_clock fixture"):
+        nsqtw_nsqd.advance(1)
+
+
+@pytest_twisted.ensureDeferred
+async def test_lookupd_and_its_nsqd_age_on_the_clock(nsqtw_clock, nsqtw_cluster):
+    lookupd = nsqtw_cluster.lookupd
+    assert lookupd.handle._service.now() == VIRTUAL_EPOCH
+    await nsqtw_cluster.nsqds[0].publish("t", b"x")
+    await lookupd.wait_for_producers(1, topic="t")
+    db, opts = lookupd._db, lookupd.handle._service.options
+
+    def active(now: float) -> int:
+        return len(db.topic_producers("t", opts.inactive_producer_timeout, opts.tombstone_lifetime, now))
+
+    assert active(nsqtw_clock.seconds()) == 1
+    # no time passed for the registration: only the clock says how old it is
+    assert active(nsqtw_clock.seconds() + opts.inactive_producer_timeout + 1) == 0
