@@ -19,7 +19,7 @@ every other attribute to the real reactor.
 A ``callLater(0, ...)`` (or a negative delay) is not a timer but "at the end of this
 turn" (see :mod:`nsqtw.runtime.turn`): it goes to the real reactor, so a publish is
 delivered, an answer written and a connection read as usual without anyone advancing
-the clock.  Every positive delay waits for :meth:`task.Clock.advance`.
+the clock.  Every positive delay waits for ``clock.advance()``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,13 @@ connections dropped, the temporary data directory deleted):
 * ``nsqtw_nsqd_factory``: ``await nsqtw_nsqd_factory(**options)`` starts more.
 * ``nsqtw_lookupd``: one nsqlookupd (:class:`LookupdFixture`).
 * ``nsqtw_cluster``: an nsqlookupd and N nsqd registered with it
-  (:class:`ClusterFixture`; ``@pytest.mark.nsqtw_cluster(nsqd=3)``, default 2).
+  (:class:`ClusterFixture`; ``@pytest.mark.nsqtw_cluster(nsqd=3)``, default 2, or one nsqd
+  per entry of ``nodes=[{...}, ...]``, replicating with ``replicate_to=[j]``).
+* ``nsqtw_clock``: virtual time (a ``task.Clock``) for the fixtures above, requested with
+  them; ``nsqtw_reactor``: the reactor to hand to the test's own clients.
+
+Every nsqd fixture records its traffic (``published``, ``assert_published``...) and can be
+made to fail (``faults``).
 
 ::
 
@@ -314,7 +320,7 @@ class NsqdFixture:
         two heartbeat intervals (60 s by default) nsqd drops a connected consumer, as it would a
         frozen one.  This moves in steps of half the shortest heartbeat interval and, after each,
         lets the connections answer the heartbeats it sent (real I/O, no sleeping), so the
-        consumers stay connected.  Fails with TimeoutError if a connection does not answer
+        consumers stay connected, then runs the queue scan once more at that instant.  Fails with TimeoutError if a connection does not answer
         within ``timeout`` seconds of real time."""
         from twisted.internet import defer
 
@@ -339,6 +345,9 @@ class NsqdFixture:
                 step = min([p._interval / 2 for p in protocols()], default=end - clock.seconds())
                 clock.advance(min(step, end - clock.seconds()))
                 await _wait_until(answered, timeout, "every connection answering its heartbeats")
+                # what those answers brought (a new channel given a deferred message already
+                # due, a FIN) is handled at this instant, as the next scan would in real time
+                self._service.scan_once()
 
         return defer.ensureDeferred(steps())
 

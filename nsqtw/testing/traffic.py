@@ -49,7 +49,7 @@ FINISHED = "finished"
 REQUEUED = "requeued"
 TIMED_OUT = "timed_out"
 
-#: the reason a publish refused by :meth:`TrafficRecorder.refuse_publishes` gives
+#: the reason a publish refused by :meth:`nsqtw.testing.faults.NsqdFaults.refuse_publishes` gives
 #: (``E_PUB_FAILED PUB failed refused by the test``)
 REFUSED_BY_TEST = "refused by the test"
 
