@@ -27,3 +27,13 @@ def test_the_guide_includes_every_example():
     names = [line.split("(")[0][len("async def "):] for line in source.splitlines()
              if line.startswith("async def test_")]
     assert names and all(f":pyobject: {name}" in guide for name in names)
+
+
+def test_the_pytest_extra_brings_pytest_twisted():
+    """``pip install 'nsqtw[pytest]'`` installs what the fixtures run on."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extra = cfg["options.extras_require"]["pytest"].split()
+    assert any(r.startswith("pytest-twisted") for r in extra) and any(r.startswith("pytest>=") for r in extra)
