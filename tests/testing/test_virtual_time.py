@@ -188,3 +188,27 @@ async def test_lookupd_and_its_nsqd_age_on_the_clock(nsqtw_clock, nsqtw_cluster)
     assert active(nsqtw_clock.seconds()) == 1
     # no time passed for the registration: only the clock says how old it is
     assert active(nsqtw_clock.seconds() + opts.inactive_producer_timeout + 1) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_handed_nsqtw_reactor_waits_for_the_clock_to_reconnect(nsqtw_clock, nsqtw_reactor,
+                                                                             nsqtw_nsqd):
+    inbox = Inbox()
+    consumer = Consumer("t", "ch", inbox, Config(heartbeat_interval=60), reactor=nsqtw_reactor)
+    await consumer.connect_to_nsqd(nsqtw_nsqd.tcp_address)  # its sockets are real
+    try:
+        assert consumer.reactor.seconds() == VIRTUAL_EPOCH
+        nsqtw_nsqd.faults.drop_connections()
+        await nsqtw_nsqd.wait_until(lambda: not nsqtw_nsqd._broker.clients)
+        # its reconnect waits lookupd_poll_interval (60 s) on the clock, not on the wall
+        delayed = nsqtw_clock.getDelayedCalls()
+        assert any(c.getTime() == VIRTUAL_EPOCH + 60 for c in delayed)
+        assert not nsqtw_nsqd._broker.clients
+        nsqtw_clock.advance(60)
+        await nsqtw_nsqd.wait_until(lambda: nsqtw_nsqd._broker.clients)
+        await nsqtw_nsqd.publish("t", b"after the reconnect")
+        [msg] = await inbox.wait(1)
+        assert msg.body == b"after the reconnect"
+    finally:
+        inbox.answer_the_rest()
+        await consumer.stop()
