@@ -171,8 +171,6 @@ def _inline_worker() -> SyncWorker:
     return _INLINE
 
 
-# --- jobs (run on the worker thread; they only see values handed to them) ---------------------
-
 def _caller() -> str:
     """``file:line`` of the innermost frame on the stack outside nsqtw, Twisted and the stdlib's
     asyncio (who started a broker), or ``?``."""
@@ -184,6 +182,8 @@ def _caller() -> str:
             return f"{frame.filename}:{frame.lineno}"
     return "?"
 
+
+# --- jobs (run on the worker thread; they only see values handed to them) ---------------------
 
 def _job_sync(fd: int | None, meta_path: str, meta: bytes,
               hints: tuple[DeferredStore, list[tuple[float, bytes]], float] | None,
