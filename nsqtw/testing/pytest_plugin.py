@@ -738,6 +738,19 @@ class ClusterFixture:
         after ``adopt_after``. A Deferred (await it)."""
         return self.nsqds[index].stop()
 
+    def cut_link(self, origin: int, replica: int) -> bool:
+        """Break the replication link from node ``origin`` to node ``replica`` now, as a network
+        failure would (False if there was none).  The origin reconnects after a second of its
+        clock: with ``nsqtw_clock`` the link stays cut until the clock moves.  Done at once:
+        not a Deferred (do not ``await`` it)."""
+        address = self.nsqds[replica].replication_address
+        replication = self.nsqds[origin]._service.replication
+        link = replication.links.get(address) if replication is not None and address else None
+        if link is None or link.transport is None:
+            return False
+        link.transport.abortConnection()
+        return True
+
     def stop(self) -> Deferred[None]:
         """Stop every nsqd, then nsqlookupd. A Deferred (await it); the fixture calls it itself."""
         from twisted.internet import defer

@@ -58,7 +58,11 @@ _ATTEMPTS = struct.Struct(">H").unpack_from
 
 @attr.s(frozen=True, auto_attribs=True)
 class Published:
-    """One message accepted by the broker (an MPUB is one record per body)."""
+    """One message the broker stored (an MPUB is one record per body).
+
+    Stored is not always acknowledged: with ``--sync-every=1`` or replication the publisher's
+    answer waits for the fsync or the replicas, and when that fails it gets ``E_PUB_FAILED``
+    although the message stays queued (a retry makes a duplicate)."""
 
     topic: str
     body: bytes

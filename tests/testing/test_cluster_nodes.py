@@ -69,3 +69,26 @@ def test_node_options_name_the_replicas_and_refuse_a_bad_index():
         assert specs[0][key] == specs[1][key] == value
     with pytest.raises(ValueError, match="node 0: replicate_to names node 0"):
         _node_options(0, [{"replicate_to": [0]}], {}, "/secret")
+
+
+@pytest.mark.nsqtw_cluster(nodes=[{"replicate_to": [1]}, {}])
+@pytest_twisted.ensureDeferred
+async def test_a_cut_link_refuses_publishes_until_the_clock_lets_it_reconnect(nsqtw_clock, nsqtw_cluster):
+    from nsqtw.errors import PubFailed
+    from nsqtw.client import Producer
+
+    origin, _ = nsqtw_cluster.nsqds
+    assert nsqtw_cluster.cut_link(0, 1)
+    await origin.wait_until(lambda: not nsqtw_cluster.links_in_sync())
+    producer = Producer(origin.tcp_address)
+    try:
+        with pytest.raises(PubFailed):  # --replication-degraded=refuse: no replica in sync
+            await producer.publish("t", b"refused")
+        nsqtw_clock.advance(1)  # the origin's reconnect timer
+        await nsqtw_cluster.wait_in_sync()
+        await producer.publish("t", b"accepted")
+    finally:
+        await producer.stop()
+    # the refused publish was stored before its durability failed: it is recorded, and queued
+    assert [p.body for p in origin.published("t")] == [b"refused", b"accepted"]
+    assert origin.depth("t") == 2
