@@ -320,8 +320,9 @@ class NsqdFixture:
         two heartbeat intervals (60 s by default) nsqd drops a connected consumer, as it would a
         frozen one.  This moves in steps of half the shortest heartbeat interval and, after each,
         lets the connections answer the heartbeats it sent (real I/O, no sleeping), so the
-        consumers stay connected, then runs the queue scan once more at that instant.  Fails with TimeoutError if a connection does not answer
-        within ``timeout`` seconds of real time."""
+        consumers stay connected, then runs the queue scan once more at that instant.  Fails
+        with TimeoutError if a connection does not answer within ``timeout`` seconds of real
+        time."""
         from twisted.internet import defer
 
         from nsqtw.testing.clock import VirtualTimeReactor
@@ -337,7 +338,7 @@ class NsqdFixture:
         def answered() -> bool:  # nsqtw's own protocol: _last_read is when the client last spoke
             now = clock.seconds()
             return all(p._last_read >= now - p._interval or not getattr(p.transport, "connected", True)
-                   for p in protocols())
+                       for p in protocols())
 
         async def steps() -> None:
             end = clock.seconds() + seconds
