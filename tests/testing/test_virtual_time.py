@@ -212,3 +212,22 @@ async def test_a_client_handed_nsqtw_reactor_waits_for_the_clock_to_reconnect(ns
     finally:
         inbox.answer_the_rest()
         await consumer.stop()
+
+
+def test_the_virtual_time_reactor_takes_time_from_the_clock_and_the_rest_from_the_reactor():
+    from twisted.internet.interfaces import IReactorTCP, IReactorTime
+
+    from nsqtw.testing.clock import virtual_clock
+
+    clock = virtual_clock()
+    vr = VirtualTimeReactor(clock, reactor)
+    assert IReactorTime.providedBy(vr) and IReactorTCP.providedBy(vr)
+    assert vr.seconds() == VIRTUAL_EPOCH and vr.listenTCP == reactor.listenTCP
+    fired = []
+    timer = vr.callLater(5, fired.append, "timer")
+    assert vr.getDelayedCalls() == [timer] and timer not in reactor.getDelayedCalls()
+    soon = vr.callLater(0, fired.append, "soon")  # end of turn: the real reactor's
+    assert soon in reactor.getDelayedCalls() and soon not in clock.getDelayedCalls()
+    soon.cancel()
+    clock.advance(5)
+    assert fired == ["timer"]
