@@ -35,7 +35,8 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "nsqtw.testing.pytest_plugin": [
         "NsqdFixture", "LookupdFixture", "ClusterFixture", "nsqtw_nsqd", "nsqtw_nsqd_factory", "nsqtw_lookupd",
-        "nsqtw_cluster", "start_nsqd_fixture", "fast_data_dir",
+        "nsqtw_cluster", "nsqtw_clock", "nsqtw_reactor", "start_nsqd_fixture", "start_lookupd_fixture",
+        "start_cluster_fixture", "replication_security_options", "fast_data_dir",
     ],
     "nsqtw.options": [
         "OptionError", "NsqdOptions", "parse_duration", "format_duration", "option_fields", "nsq_default",

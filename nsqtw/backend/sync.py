@@ -51,6 +51,9 @@ class SyncWorker(Service):
         self.fsync = fsync
         self.setName(name)  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         self._pool: Any = None
+        self._shutdown_trigger: Any = None
+        #: the first frame outside nsqtw and Twisted that started it (for the forgotten-stop warning)
+        self._started_at = "?"
         self._dirty: dict[int, DiskQueue] = {}
         self._unsynced: dict[int, DiskQueue] = {}
         self.jobs = 0
@@ -62,14 +65,38 @@ class SyncWorker(Service):
             from twisted.python.threadpool import ThreadPool
             self._pool = ThreadPool(1, 1, name=self.name)
             self._pool.start()
+            self._started_at = _caller()
+            # the thread never outlives the reactor, even if nobody stops this worker (an
+            # embedded broker whose stop() was forgotten): a process asked to exit exits
+            self._shutdown_trigger = self.reactor.addSystemEventTrigger("before", "shutdown",
+                                                                        self._reactor_shutdown)
 
     def stopService(self) -> Any:
         super().stopService()  # type: ignore[no-untyped-call]  # Twisted's Service is unannotated
         self.end_turn()
+        trigger, self._shutdown_trigger = self._shutdown_trigger, None
+        if trigger is not None:
+            try:
+                self.reactor.removeSystemEventTrigger(trigger)
+            except (ValueError, KeyError):  # the shutdown is under way: it ran or is running
+                pass
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.stop()  # runs what is queued, then joins the thread
         return None
+
+    def _reactor_shutdown(self) -> None:
+        """The reactor stops while this worker still runs (its broker was never stopped): run
+        what is queued and end the thread, so the process can exit."""
+        self._shutdown_trigger = None
+        if self._pool is None:
+            return
+        log.warn("the reactor is stopping but the broker started at {where} was never stopped: "
+                 "ending its disk sync thread (call its stop() before the reactor stops)",
+                 where=self._started_at)
+        self.end_turn()
+        pool, self._pool = self._pool, None
+        pool.stop()
 
     def seconds(self) -> float:
         return self.clock.seconds() if self.clock is not None else time.time()
@@ -142,6 +169,18 @@ def _inline_worker() -> SyncWorker:
     if _INLINE is None:
         _INLINE = SyncWorker(None, threaded=False)
     return _INLINE
+
+
+def _caller() -> str:
+    """``file:line`` of the innermost frame on the stack outside nsqtw, Twisted and the stdlib's
+    asyncio (who started a broker), or ``?``."""
+    import traceback
+
+    skip = (os.sep + "nsqtw" + os.sep, os.sep + "twisted" + os.sep, os.sep + "asyncio" + os.sep)
+    for frame in reversed(traceback.extract_stack(limit=40)):
+        if not any(part in frame.filename for part in skip):
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
 
 
 # --- jobs (run on the worker thread; they only see values handed to them) ---------------------

@@ -100,6 +100,15 @@ class NsqdHandle:
         http: Any = self._service.http_listener
         return f"{http.bound_host}:{self.http_port}"
 
+    @property
+    def replication_address(self) -> str | None:
+        """``"host:port"`` of the bound ``--replication-address`` (what other nodes list in
+        ``replica_peers``), or None when this node keeps no shadows."""
+        listener = self._service.replication_listener
+        if listener is None or listener.bound_port is None:
+            return None
+        return f"{listener.bound_host}:{listener.bound_port}"
+
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """The ``/stats?format=json`` document (optionally of one topic or channel), computed in-process."""
         from .stats.snapshot import broker_stats
