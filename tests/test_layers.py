@@ -28,6 +28,7 @@ Type-only imports (``if TYPE_CHECKING:``) count for the layers, not for the run-
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,6 +58,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_CIRCLES: list[set[str]] = []
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for path in PACKAGE.rglob("*.py"):
@@ -112,7 +114,9 @@ def _unit(module: str) -> str:
     return ".".join(parts[:2])
 
 
+@functools.cache
 def _graph() -> dict[str, list[tuple[str, int, bool]]]:
+    """Every module's imports, parsed once per test run (the tests only read it)."""
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
