@@ -191,9 +191,12 @@ class NsqdService(MultiService):
 
     # --- what the glue asks of the node ------------------------------------------
 
-    def _body_limit(self, path: bytes) -> Any:
-        """The most an HTTP request body may hold here, and nsqd's answer when it is more."""
+    def _body_limit(self, path: bytes | None) -> Any:
+        """The most an HTTP request body may hold here, and nsqd's answer when it is more (for
+        None, a path the HTTP layer could not read early: the largest limit of any path)."""
         opts = self.options
+        if path is None:
+            return max(opts.max_msg_size, opts.max_body_size), "BODY_TOO_BIG"
         if path == b"/pub":
             return opts.max_msg_size, "MSG_TOO_BIG"
         if path == b"/mpub":
