@@ -884,7 +884,6 @@ def warm_up_job(options: str) -> Any:
         classcache.write_snapshots(data)
         local = local_settings(sum(os.path.getsize(os.path.join(data, n)) for n in os.listdir(data)), cores=2)
         local["spark.driver.extraJavaOptions"] += " " + options
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         spark = get_session("nsqtw-warm-up", "local[2]", {"spark.ui.enabled": "false"}, verbose=False,
                             local_conf=local)
         try:
