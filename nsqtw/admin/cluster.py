@@ -256,10 +256,6 @@ def mark_out_of_date(producers: Sequence[Producer]) -> None:
 # --- stats -------------------------------------------------------------------------
 
 
-def _percentile_key(p: dict[str, float]) -> float:
-    return p.get("quantile", 0.0)
-
-
 @attr.s(slots=True, eq=False)
 class E2eAggregate:
     """``E2eProcessingLatencyAggregate``: percentiles merged across nodes by weighted average."""

@@ -393,10 +393,6 @@ def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], me
     return Page("Topics", "topics", content, api=ctx.url("/api/topics"), history=ctx.url("/api/history"), nav="topics")
 
 
-def _fmt_opt(value: Any) -> str:
-    return "\u2013" if value is None else commafy(value)
-
-
 # --- topic ---------------------------------------------------------------------------
 
 
