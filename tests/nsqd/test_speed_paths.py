@@ -474,3 +474,44 @@ def test_fin_ids_are_cut_as_the_regular_expression_finds_them() -> None:
         m = _FIN_RUN.match(buf, 6)
         assert m is not None
         assert _fin_ids(buf, 6, m.end()) == ids == re.findall(rb"FIN ([^\n\r ]{16})\n", buf)
+
+
+def test_a_huge_mpub_is_checked_whole_then_stored_a_turn_at_a_time_and_may_be_cut_by_a_refusal() -> None:
+    """An MPUB of more than ``MPUB_TURN`` messages: every message is validated, and the topic's
+    room checked for all of them, before the first is stored; then a turn's share is stored per
+    turn, so a refusal in between (here: another publisher filled the queue) leaves the shares
+    already stored, as Go's nsqd keeps the messages its PutMessages stored before one failed."""
+    from nsqtw.nsqd.core.broker import memory_only_backends
+    from nsqtw.nsqd.core.v2 import MPUB_TURN
+
+    broker = Broker(NsqdOptions(mem_queue_size=2 * MPUB_TURN + 100), NOW, backend_factory=memory_only_backends)
+    session = V2Session(broker, broker.new_client("127.0.0.1:1", NOW))
+    other = V2Session(broker, broker.new_client("127.0.0.1:2", NOW))
+    session.feed(b"  V2", NOW)
+    other.feed(b"  V2", NOW)
+    num = 2 * MPUB_TURN
+    payload = (struct.pack(">i", 1) + b"x") * num
+    out = session.feed(b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), num) + payload, NOW)
+    while out.more and broker.topics["t"].message_count < MPUB_TURN:
+        assert out.answer == b"" and out.close == KEEP
+        out = session.feed(b"", NOW)
+    assert broker.topics["t"].message_count == MPUB_TURN  # the first share is stored
+    fill = 200
+    assert other.feed(b"MPUB t\n" + struct.pack(">ii", 4 + 5 * fill, fill) + (struct.pack(">i", 1) + b"y") * fill,
+                      NOW).answer.endswith(b"OK")
+    out = session.feed(b"", NOW)
+    assert b"E_MPUB_FAILED" in out.answer and out.close == CLOSE
+    assert broker.topics["t"].message_count == MPUB_TURN + fill  # the first share stays stored
+
+
+def test_an_invalid_message_anywhere_in_a_huge_mpub_stores_nothing() -> None:
+    from nsqtw.nsqd.core.v2 import MPUB_TURN
+
+    broker, client, session = _session()
+    num = 2 * MPUB_TURN + 1
+    payload = (struct.pack(">i", 1) + b"x") * (num - 1) + struct.pack(">i", 0)
+    out = session.feed(b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), num) + payload, NOW)
+    while out.more:
+        out = session.feed(b"", NOW)
+    assert b"E_BAD_MESSAGE MPUB invalid message" in out.answer and out.close == CLOSE
+    assert broker.topics["t"].message_count == 0

@@ -212,7 +212,8 @@ class _Yield(_Wait):
 
 
 #: most MPUB messages walked or queued per reactor turn: a 5 MiB MPUB of a million one-byte
-#: messages is legal, and must not stall every other client while it is taken in
+#: messages is legal, and must not stall every other client while it is taken in (what a
+#: refusal between two turns leaves stored: see _MpubWalk)
 MPUB_TURN = 20000
 
 
@@ -969,9 +970,17 @@ class _MpubWalk:
     Only the bytes of the message not yet complete are kept between reads;
     the walk may not run past the body size the MPUB announced, which bounds
     what a client can make nsqd buffer to ``--max-body-size``.  At most
-    ``MPUB_TURN`` messages are walked, then queued, per reactor turn; all of
-    them are validated before the first is queued (all or nothing), and the
-    OK comes after the last.
+    ``MPUB_TURN`` messages are walked, then queued, per reactor turn; the OK
+    comes after the last.
+
+    What is stored: every message is validated, and the topic's room checked
+    for all of them, before the first is queued, so an invalid message or a
+    full queue stores nothing.  An MPUB of up to ``MPUB_TURN`` messages is then
+    stored at once (all or nothing).  A bigger one is stored a turn's share at
+    a time, and a refusal between two shares (the queue filled by other
+    publishers meanwhile, the topic deleted) answers ``E_MPUB_FAILED`` and
+    closes, leaving the shares already stored: as Go's nsqd, whose
+    ``PutMessages`` keeps the messages it stored before one failed.
     """
 
     __slots__ = ("session", "topic", "num", "room", "bodies", "queued")
