@@ -1105,7 +1105,8 @@ class ClusterInfo:
         the order that node delivers (nsqd's own order, never re-sorted across nodes), at most ``n``
         messages per state (``all`` asks each state, so a backlog never hides the in-flight and deferred
         ones), with its depth and counts; a node that could not be peeked says why (peek off, a Go
-        nsqd without peek, not answering).  ``messages`` is every node's part, one after the other."""
+        nsqd without peek, not answering, or gone from nsqlookupd though it held the topic).
+        ``messages`` is every node's part, one after the other."""
         producers, errors = await self.topic_producers(topic)
         path = "channel/peek" if channel is not None else "topic/peek"
         states = [state] if channel is None or state != "all" else ["queued", "in_flight", "deferred"]
@@ -1153,6 +1154,16 @@ class ClusterInfo:
             return node
 
         nodes = list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
+        # nodes that held it and are no longer asked (gone from nsqlookupd, not answering): said, not left out
+        asked = [p.http_address for p in producers]
+        missing = (self.book.failing(topic, present=asked) if channel is None
+                   else self.book.failing_channel(topic, channel, present=asked))
+        for state_ in missing:
+            why = "gone from nsqlookupd" if state_.gone_since is not None else "not answering"
+            seen = f", last seen {_clock_text(state_.last_seen)}" if state_.last_seen is not None else ""
+            nodes.append({"node": state_.address, "ok": False, "messages": [], "truncated": False,
+                          "status": state_.status, "error": f"{why} since {_clock_text(state_.since or 0.0)}{seen}: "
+                                                            "its messages (if it still holds any) cannot be peeked"})
         messages = [m for a in nodes for m in a["messages"]]
         return {"topic": topic, "channel": channel, "state": state, "n": n, "nodes": nodes, "messages": messages,
                 "truncated": any(a["truncated"] for a in nodes), "message": warning_message(errors)}

@@ -343,3 +343,22 @@ def test_a_page_waits_briefly_for_a_node_known_not_to_answer_and_books_each_answ
     client.answer_all()
     assert ci.book.get("hung:4151").status == OK and ci.book.get("hung:4151").last_seen == clock.seconds()
     assert NotYet.__mro__[1] is FetchError
+
+
+def test_peek_names_a_node_that_held_the_channel_and_is_gone_from_nsqlookupd() -> None:
+    """The Messages panel lists every node it asked, and also the ones nsqadmin knows held the
+    channel but no longer asks (gone from nsqlookupd): their messages cannot be peeked, and it says so."""
+    fake, clock = FakeNsqd(), Clock()
+    clock.advance(3600)
+    ci = ClusterInfo(upstream_over(fake.app.resource(), clock), lambda: ([], ["x:4151"]), clock)
+    ci.book.answered("old:4151", {"topics": [{"topic_name": "t", "channels": [{"channel_name": "c"}]}]}, full=True)
+    clock.advance(60)
+    ci.book.listed([])  # nsqlookupd no longer lists it
+    got = []
+    defer.ensureDeferred(ci.peek("t", "c", 5)).addBoth(got.append)
+    (doc,) = got
+    nodes = {n["node"]: n for n in doc["nodes"]}
+    assert set(nodes) == {"fake:4151", "old:4151"}
+    old = nodes["old:4151"]
+    assert old["ok"] is False and old["status"] == "gone"
+    assert old["error"].startswith("gone from nsqlookupd since 01:01:00Z, last seen 01:00:00Z")
