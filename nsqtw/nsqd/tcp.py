@@ -194,42 +194,41 @@ class NsqdProtocol(Protocol):
 
     def _act(self, out: Outcome, now: float) -> None:
         """Do what the session's outcome asks, field by field in :class:`Outcome`'s order."""
-        if out.answer:
-            self._write(out.answer)  # a publisher's OK goes out before any delivery is framed
-        broker = self.factory.broker
+        answer, progressed, heartbeats, more, sync, auth, upgrade, close = out
+        if answer:
+            self.client.write(answer)  # type: ignore[union-attr]  # set in connectionMade, before any read
+        factory = self.factory
+        broker = factory.broker
         if broker.dirty or broker.pumping or broker.outbox:
-            self.factory.settle_soon()  # deliveries: once, when this reactor turn's reads are done
-        if out.progressed:
+            factory.settle_soon()  # deliveries: once, when this reactor turn's reads are done
+        if progressed:
             # nsqd's read deadline is set once per command: only a whole command resets it,
             # so a client cannot hold its connection by dribbling bytes
             self._last_read = now
-        if out.heartbeats:
+        if not (heartbeats or more or sync or close or auth is not None or upgrade is not None
+                or self._eof_pending):
+            return  # nothing more to do for this read (the commonest case)
+        if heartbeats:
             if self._magic_call is not None:
                 self._magic_call.cancel()
                 self._magic_call = None
             self._start_heartbeats()
-        if out.more and self._more_call is None:
+        if more and self._more_call is None:
             self._more_call = self.clock.callLater(0, self._decode_more)  # its work goes on next turn
-        if out.sync:
-            self._wait_sync(out.sync)
-        if out.auth is not None:
-            self._ask_auth_server(out.auth)
+        if sync:
+            self._wait_sync(sync)
+        if auth is not None:
+            self._ask_auth_server(auth)
         if self._eof_pending and self._more_call is None:
             self._eof_pending = False
             self.readConnectionLost()
             return
-        if out.close == CLOSE:
+        if close == CLOSE:
             self._close()
-        elif out.close == CLOSE_HELD:
+        elif close == CLOSE_HELD:
             self.transport.pauseProducing()  # read nothing more; close once the held answers are out
-        elif out.upgrade is not None:
-            self._upgrade(out.upgrade)
-
-    def _write(self, data: bytes) -> None:
-        """Write this connection's own answers, behind anything already queued for it."""
-        client = self.client
-        assert client is not None
-        client.write(data)
+        elif upgrade is not None:
+            self._upgrade(upgrade)
 
     def _decode_more(self) -> None:
         self._more_call = None

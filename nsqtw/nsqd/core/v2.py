@@ -241,6 +241,9 @@ class V2Session:
         self._ask: bytes | None = None
         #: the heartbeat timers are to be (re)started (magic, IDENTIFY), until an outcome has said so
         self._heartbeats = False
+        #: something beyond the answer may be for the glue to do (set with busy, _want_sync, _ask,
+        #: upgrade and _heartbeats): feed's outcome is then built field by field
+        self._notify = False
         self._auth_result: Any = None
         self._want_sync = False
         self._next_gen = 1
@@ -308,7 +311,15 @@ class V2Session:
                         return Outcome(b"", True, sync=self._sync_request())
                     return _OK_DONE
         done_before = self.commands
-        return self._outcome(self._feed(data, now), done_before)
+        keep = self._feed(data, now)
+        if keep and not self._notify:  # nothing to do but write the answer (the commonest case)
+            out = self._out
+            if not out:
+                return _PROGRESSED if self.commands != done_before else _NOTHING
+            answer = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            return Outcome(answer, self.commands != done_before)
+        return self._outcome(keep, done_before)
 
     def _outcome(self, keep: bool, done_before: int) -> Outcome:
         """This read's :class:`Outcome`: its answers, and what the session's state asks of the glue."""
@@ -319,11 +330,10 @@ class V2Session:
             answer = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
         progressed = self.commands != done_before
+        self._notify = False
         if keep and not self._heartbeats and not self.busy and not self._want_sync \
                 and self._ask is None and self.upgrade is None:
-            if answer:  # an answer with nothing else to do (the commonest case)
-                return Outcome(answer, progressed)
-            return _PROGRESSED if progressed else _NOTHING
+            return Outcome(answer, progressed)
         heartbeats, self._heartbeats = self._heartbeats, False
         ask, self._ask = self._ask, None
         return Outcome(answer, progressed, heartbeats, self.busy, self._sync_request(), ask,
@@ -364,7 +374,7 @@ class V2Session:
                 self.closed = True
                 return False
             self._magic = True
-            self._heartbeats = True
+            self._heartbeats = self._notify = True
             pos = 4
         client = self.client
         line_handlers = self._line
@@ -443,6 +453,7 @@ class V2Session:
                 self._buf = buf[cmd_pos:]
                 self.suspended = sus.request
                 self._ask = sus.request[1]
+                self._notify = True
                 return True
         return True
 
@@ -495,7 +506,7 @@ class V2Session:
 
     def _waiting(self, w: _Wait) -> None:
         if isinstance(w, _Yield):
-            self.busy = True  # the glue calls feed(b"") again in the next reactor turn
+            self.busy = self._notify = True  # the glue calls feed(b"") again in the next reactor turn
         elif w.need > 65536:
             # a large body is arriving: collect its chunks and join them once
             self._wanted = w.need
@@ -534,7 +545,7 @@ class V2Session:
 
     def _published(self) -> None:
         if self.sync_publish:
-            self._want_sync = True
+            self._want_sync = self._notify = True
             if self._held is None:
                 self._held = []
 
@@ -853,7 +864,7 @@ class V2Session:
         except IdentifyDecodeError:
             raise BadBody("IDENTIFY failed to decode JSON body") from None
         self._apply_identify(req)
-        self._heartbeats = True  # at the interval it may have changed
+        self._heartbeats = self._notify = True  # at the interval it may have changed
         if not req.feature_negotiation:
             self._respond(OK_FRAME)
             return stop
@@ -886,6 +897,7 @@ class V2Session:
         self._respond(encode_frame(FRAME_RESPONSE, json.dumps(answer, separators=(",", ":")).encode()))
         if tls or snappy or deflate:
             self.upgrade = Upgrade(tls, snappy, deflate, level)
+            self._notify = True
         return stop
 
     def _apply_identify(self, req: Any) -> None:
