@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """
-How long a clean stop takes with many topics (issue 24 item 4).
+How long a clean stop takes with many topics.
 
 Writes an ``nsqd.dat`` naming ``--topics`` topics with one channel each into a fresh data
 path, starts the drop-in nsqd (``python -m nsqtw.cli``) on it, waits until it listens,

@@ -28,6 +28,7 @@ Type-only imports (``if TYPE_CHECKING:``) count for the layers, not for the run-
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,6 +58,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_CIRCLES: list[set[str]] = []
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for path in PACKAGE.rglob("*.py"):
@@ -112,7 +114,9 @@ def _unit(module: str) -> str:
     return ".".join(parts[:2])
 
 
+@functools.cache
 def _graph() -> dict[str, list[tuple[str, int, bool]]]:
+    """Every module's imports, parsed once per test run (the tests only read it)."""
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
@@ -241,3 +245,57 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     assert _component_rank("nsqtw.nsqd.core.m") == ("nsqtw.nsqd", 0)
     assert _component_rank("nsqtw.nsqd.service") == ("nsqtw.nsqd", 2)
     assert _component_rank("nsqtw.nsqd.tcp") == ("nsqtw.nsqd", GLUE)
+
+
+#: the functions that may change the process's environment variables: run by entry points only
+ENV_WRITERS = {("nsqtw.spark.cli", "entry_environment")}
+
+
+@functools.cache
+def _trees() -> dict[str, ast.Module]:
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in _modules().items()}
+
+
+def _environment_writes(tree: ast.Module) -> list[tuple[str, int]]:
+    """``(enclosing function, line)`` of every change to ``os.environ`` (item assignment or
+    deletion, a mutating method) and every ``os.putenv``/``os.unsetenv`` call."""
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" or (
+            isinstance(node, ast.Name) and node.id == "environ")
+
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        hit = False
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            hit = any(isinstance(t, ast.Subscript) and is_environ(t.value) for t in targets)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            hit = (is_environ(func.value) and func.attr in ("setdefault", "update", "pop", "popitem", "clear",
+                                                             "__setitem__", "__delitem__")) or (
+                func.attr in ("putenv", "unsetenv") and isinstance(func.value, ast.Name) and func.value.id == "os")
+        if hit:
+            found.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_library_code_sets_no_environment_variables() -> None:
+    """Only the entry points' helpers (``ENV_WRITERS``) change ``os.environ``: embedding nsqtw (or
+    calling its Spark jobs from a program) leaves the host's environment as it was."""
+    wrong = [f"{module}:{line} in {function}" for module, tree in _trees().items()
+             for function, line in _environment_writes(tree) if (module, function) not in ENV_WRITERS]
+    assert wrong == []
+
+
+def test_the_environment_check_sees_each_way_of_writing() -> None:
+    tree = ast.parse("import os\nfrom os import environ\nos.environ['A'] = '1'\ndef f():\n"
+                     "    os.environ.setdefault('B', '2')\n    environ.update(C='3')\n    del os.environ['A']\n"
+                     "    os.putenv('D', '4')\n    x = os.environ.get('E')\n")
+    assert _environment_writes(tree) == [("<module>", 3), ("f", 5), ("f", 6), ("f", 7), ("f", 8)]

@@ -72,6 +72,42 @@ class FetchError(Exception):
     """One upstream call failed; the text says which and why."""
 
 
+class NotYet(FetchError):
+    """A node already known not to answer did not answer within :data:`KNOWN_DOWN_WAIT` either:
+    the page goes on without it while its request runs on (its answer, when it comes, updates
+    the :class:`NodeBook` for the next look)."""
+
+
+#: how long a page waits for an nsqd that did not answer last time (its request runs on, up to the
+#: request timeout, in the background): a page answers from what is known, not after the timeout
+KNOWN_DOWN_WAIT = 0.25
+
+
+def _within(d: defer.Deferred[Any], seconds: float, clock: Any, late: Callable[[], Exception]
+            ) -> defer.Deferred[Any]:
+    """``d``'s result if it comes within ``seconds`` on ``clock``, else the error ``late()``;
+    ``d`` itself runs on either way (its result, when later, is dropped here)."""
+    out: defer.Deferred[Any] = defer.Deferred()
+
+    def expire() -> None:
+        if not out.called:
+            out.errback(Failure(late()))
+
+    timer = clock.callLater(seconds, expire)
+
+    def settle(result: Any) -> None:
+        if timer.active():
+            timer.cancel()
+        if not out.called:
+            if isinstance(result, Failure):
+                out.errback(result)
+            else:
+                out.callback(result)
+
+    d.addBoth(settle)
+    return out
+
+
 def warning_message(messages: Sequence[str]) -> str:
     """nsqadmin's ``maybeWarnMsg``."""
     return "WARNING: " + "; ".join(messages) if messages else ""
@@ -254,10 +290,6 @@ def mark_out_of_date(producers: Sequence[Producer]) -> None:
 
 
 # --- stats -------------------------------------------------------------------------
-
-
-def _percentile_key(p: dict[str, float]) -> float:
-    return p.get("quantile", 0.0)
 
 
 @attr.s(slots=True, eq=False)
@@ -730,6 +762,13 @@ class Upstream:
         await self.request("POST", url)
 
 
+def _clock_text(t: float) -> str:
+    """A time of day (UTC) as the pages' error texts give it."""
+    import time
+
+    return time.strftime("%H:%M:%SZ", time.gmtime(t))
+
+
 def _describe(e: BaseException) -> str:
     from twisted.web.client import RequestTransmissionFailed, ResponseNeverReceived
     if isinstance(e, (ResponseNeverReceived, RequestTransmissionFailed)):
@@ -855,11 +894,31 @@ class ClusterInfo:
         self.book.answered(producer.http_address, stats, full=True)
         return producer
 
-    async def nsqd_producers(self, nsqds: list[str]) -> tuple[list[Producer], list[str]]:
-        results, failed = await _each_failed(nsqds, self._nsqd_producer)
+    def _ask(self, address: str, call: Awaitable[T], failed: Callable[[str], None], patient: bool
+             ) -> defer.Deferred[T]:
+        """Run ``call``, a fetch from the nsqd at ``address``; its failure is recorded (``failed``)
+        when it comes.  Unless ``patient``, a node that did not answer last time is waited for
+        :data:`KNOWN_DOWN_WAIT` at most (:class:`NotYet`): the fetch runs on, and what it finds
+        updates the book when it ends."""
+        async def recorded() -> T:
+            try:
+                return await call
+            except FetchError as e:
+                failed(str(e))
+                raise
+
+        d = defer.ensureDeferred(recorded())
+        state = self.book.get(address)
+        if patient or state is None or state.unreachable_since is None:
+            return d
+        since = state.unreachable_since
+        return _within(d, KNOWN_DOWN_WAIT, self.clock, lambda: NotYet(
+            f"{address}: not answering since {_clock_text(since)} (asked again, the page fills in when it answers)"))
+
+    async def nsqd_producers(self, nsqds: list[str], patient: bool = False) -> tuple[list[Producer], list[str]]:
+        results, failed = await _each_failed(nsqds, lambda a: self._ask(
+            a, self._nsqd_producer(a), lambda text: self.book.failed(a, text), patient))
         errors = [text for _, text in failed]
-        for address, text in failed:
-            self.book.failed(address, text)
         _total_failure("nsqd", len(nsqds), errors)
         producers = [p for _, p in results]
         mark_out_of_date(producers)
@@ -880,12 +939,14 @@ class ClusterInfo:
             self.book.answered(producer.http_address, stats)
             return producer
 
-        results, failed = await _each_failed(nsqds, one)
-        errors = [text for _, text in failed]
-        for address, text in failed:
+        def failed_one(address: str, text: str) -> None:
             known = self.book.get(address)
             # only a node that last reported this topic is a missing producer of it
             self.book.failed(address, text, topic if known is not None and topic in known.topics else "")
+
+        results, failed = await _each_failed(nsqds, lambda a: self._ask(
+            a, one(a), lambda text: failed_one(a, text), False))
+        errors = [text for _, text in failed]
         _total_failure("nsqd", len(nsqds), errors)
         return [p for _, p in results if p is not None], errors
 
@@ -897,9 +958,12 @@ class ClusterInfo:
         return topics, channels, errors
 
     async def nsqd_stats_failed(self, producers: Sequence[Producer], topic: str = "", channel: str = "",
-                                include_clients: bool = False
+                                include_clients: bool = False, patient: bool = False
                                 ) -> tuple[list[TopicStats], dict[str, ChannelStats], list[str], list[str]]:
-        """:meth:`nsqd_stats`, plus the HTTP addresses of the producers that did not answer."""
+        """:meth:`nsqd_stats`, plus the HTTP addresses of the producers that did not answer (a node
+        that did not answer last time is waited for briefly unless ``patient``: see :meth:`_ask`).
+        Each answer is booked when it arrives (its node's "last seen" is then, not when the
+        slowest node answered)."""
         # include_oldest_message_ts: nsqtw's nsqd adds each channel's oldest queued message (the
         # Oldest column); Go's nsqd ignores the argument
         params: dict[str, str] = {"format": "json", "include_oldest_message_ts": "true"}
@@ -910,13 +974,14 @@ class ClusterInfo:
         if not include_clients:
             params["include_clients"] = "false"
 
-        results, failed = await _each_failed(
-            list(producers), lambda p: self.upstream.get_json(_url(p.base_url, "stats", **params)))
-        errors = [text for _, text in failed]
-        for p, doc in results:
+        async def one(p: Producer) -> Any:
+            doc = await self.upstream.get_json(_url(p.base_url, "stats", **params))
             self.book.answered(p.http_address, doc, full=not topic)
-        for p, text in failed:
-            self.book.failed(p.http_address, text, topic)
+            return doc
+
+        results, failed = await _each_failed(list(producers), lambda p: self._ask(
+            p.http_address, one(p), lambda text: self.book.failed(p.http_address, text, topic), patient))
+        errors = [text for _, text in failed]
         _total_failure("nsqd", len(producers), errors)
         topics, channels = aggregate_stats(results, topic, channel, self.clock.seconds())
         return topics, channels, errors, [p.http_address for p, _ in failed]
@@ -929,11 +994,11 @@ class ClusterInfo:
             return await self.lookupd_topics(lookupds)
         return await self.nsqd_topics(nsqds)
 
-    async def producers(self) -> tuple[list[Producer], list[str]]:
+    async def producers(self, patient: bool = False) -> tuple[list[Producer], list[str]]:
         lookupds, nsqds = self.addresses()
         if lookupds:
             return await self.lookupd_producers(lookupds)
-        return await self.nsqd_producers(nsqds)
+        return await self.nsqd_producers(nsqds, patient)
 
     async def topic_producers(self, topic: str) -> tuple[list[Producer], list[str]]:
         lookupds, nsqds = self.addresses()
@@ -1042,7 +1107,8 @@ class ClusterInfo:
         the order that node delivers (nsqd's own order, never re-sorted across nodes), at most ``n``
         messages per state (``all`` asks each state, so a backlog never hides the in-flight and deferred
         ones), with its depth and counts; a node that could not be peeked says why (peek off, a Go
-        nsqd without peek, not answering).  ``messages`` is every node's part, one after the other."""
+        nsqd without peek, not answering, or gone from nsqlookupd though it held the topic).
+        ``messages`` is every node's part, one after the other."""
         producers, errors = await self.topic_producers(topic)
         path = "channel/peek" if channel is not None else "topic/peek"
         states = [state] if channel is None or state != "all" else ["queued", "in_flight", "deferred"]
@@ -1090,6 +1156,16 @@ class ClusterInfo:
             return node
 
         nodes = list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
+        # nodes that held it and are no longer asked (gone from nsqlookupd, not answering): said, not left out
+        asked = [p.http_address for p in producers]
+        missing = (self.book.failing(topic, present=asked) if channel is None
+                   else self.book.failing_channel(topic, channel, present=asked))
+        for state_ in missing:
+            why = "gone from nsqlookupd" if state_.gone_since is not None else "not answering"
+            seen = f", last seen {_clock_text(state_.last_seen)}" if state_.last_seen is not None else ""
+            nodes.append({"node": state_.address, "ok": False, "messages": [], "truncated": False,
+                          "status": state_.status, "error": f"{why} since {_clock_text(state_.since or 0.0)}{seen}: "
+                                                            "its messages (if it still holds any) cannot be peeked"})
         messages = [m for a in nodes for m in a["messages"]]
         return {"topic": topic, "channel": channel, "state": state, "n": n, "nodes": nodes, "messages": messages,
                 "truncated": any(a["truncated"] for a in nodes), "message": warning_message(errors)}

@@ -440,7 +440,12 @@ class History:
                 return k[0] == topic and k[1] == channel
             return k[0] == topic and k[1] != ""
 
-        nodes = {k[2] for s in samples for k in s.rows if depth_key(k) or chan_key(k)}
+        # the scope's nodes and its creation as the whole history knows them, not only the range
+        # drawn: a node silent for longer than the range still holds the scope (its polls are gaps)
+        known = self.window() if since is not None else samples
+        nodes = {k[2] for s in known for k in s.rows if depth_key(k) or chan_key(k)}
+        first = next((s.t for s in known if s.t < (since or 0.0) and any(depth_key(k) or chan_key(k) for k in s.rows)),
+                     None)
         names = ("memory_depth", "backend_depth", "publish_rate", "finish_rate", "in_flight_count",
                  "deferred_count", "requeue_rate", "timeout_rate", "clients")
         series: dict[str, list[Any]] = {n: [] for n in names}
@@ -450,7 +455,7 @@ class History:
         gaps: list[bool] = []
         partial: list[bool] = []
         prev: Sample | None = None
-        created: int | None = None
+        created: int | None = int(first) if first is not None else None
         for s in samples:
             present = any(depth_key(k) or chan_key(k) for k in s.rows)
             if created is None and present:

@@ -289,12 +289,22 @@ CHARTS: tuple[tuple[str, str, str, str, str], ...] = (
 RANGES = ((300, "5 min"), (3600, "1 h"), (21600, "6 h"))
 
 
-def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False, depth_title: str = "") -> Markup:
+#: a topic's rates chart: its finish rate adds up its channels, each of which gets every message
+TOPIC_RATES = ("rates", "Publish rate, and finish rate of all its channels together", "publish_rate,finish_rate",
+               "publish,finish (all channels)", "rate")
+
+
+def charts_panel(ctx: PageContext, api: str, what: str, e2e: bool = False, depth_title: str = "",
+                 topic: bool = False) -> Markup:
     """Time-series charts of ``what`` (a topic, channel or node) with a range picker and hover read-out;
-    ``depth_title`` renames the Depth chart (a topic's is everything it holds: its queue and its channels')."""
+    ``depth_title`` renames the Depth chart (a topic's is everything it holds: its queue and its channels');
+    ``topic``: the rates chart says that its finish rate is all the channels' together (each channel gets
+    every message, so with two channels keeping up it reads twice the publish rate)."""
     charts = list(CHARTS)
     if depth_title:
         charts[0] = ("depth", depth_title) + charts[0][2:]
+    if topic:
+        charts[1] = TOPIC_RATES
     if e2e:
         charts.append(("e2e", "End-to-end latency", "e2e:*", "", "ns"))
     figures = []
@@ -408,10 +418,6 @@ def topics_page(ctx: PageContext, topics: list[str], history: dict[str, Any], me
         table,
     ])
     return Page("Topics", "topics", content, api=ctx.url("/api/topics"), history=ctx.url("/api/history"), nav="topics")
-
-
-def _fmt_opt(value: Any) -> str:
-    return "\u2013" if value is None else commafy(value)
 
 
 # --- topic ---------------------------------------------------------------------------
@@ -560,7 +566,7 @@ def topic_page(ctx: PageContext, topic: str, stats: dict[str, Any], history: dic
                                  stats.get("channels_elsewhere") or [], bool(missing)))
     if nodes or missing:
         parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}"), f"topic {topic}",
-                                  depth_title="Backlog (topic queue and channels)"))
+                                  depth_title="Backlog (topic queue and channels)", topic=True))
     if nodes and not channels:
         # before it has channels, a topic keeps its messages in its own queue: show those
         parts.append(peek_panel(ctx, ctx.url(f"/api/topic-peek/{q(topic)}"), states=False))

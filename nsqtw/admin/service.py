@@ -208,7 +208,7 @@ class HistoryPoller(Service):
         ci = self.node.cluster
         now = self.node.clock.seconds()
         try:
-            producers, errors = await ci.producers()
+            producers, errors = await ci.producers(patient=True)  # a poll waits for every node
         except UpstreamError as e:
             # nothing answered: a gap in every series, never the last values frozen as current
             self._report(f"UPSTREAM_ERROR: {e}")
@@ -216,7 +216,7 @@ class HistoryPoller(Service):
                                      failed=[s.address for s in ci.book.nodes.values()])
             return
         try:
-            topics, _, errs, failed = await ci.nsqd_stats_failed(producers, "", "", False)
+            topics, _, errs, failed = await ci.nsqd_stats_failed(producers, "", "", False, patient=True)
         except UpstreamError as e:
             self._report(f"UPSTREAM_ERROR: {e}")
             self.node.history.record(now, [], self.node.history.message,

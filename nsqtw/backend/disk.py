@@ -196,10 +196,6 @@ class DiskQueue(RecordWriter, RecordReader):
         """The deferral-hint sidecar (made when needed: a path, no state)."""
         return DeferredStore.for_queue(self.data_path, self.name)
 
-    @property
-    def metadata_file_name(self) -> str:
-        return self._meta_path
-
     def positions(self) -> tuple[int, int, int, int, int]:
         """``(depth, readFileNum, readPos, writeFileNum, writePos)`` as the metadata would say."""
         return self._depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos
@@ -487,9 +483,6 @@ class DiskQueue(RecordWriter, RecordReader):
         else:
             self._arm_timer()
         return d
-
-    def _meta_bytes(self) -> bytes:
-        return self._meta_and_commit()[0]
 
     def _meta_and_commit(self) -> tuple[bytes, int]:
         """The metadata to write (its read position the committed one) and the committed file."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 import struct
 from itertools import accumulate, repeat
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from ..protocol.message import ID_OFFSET, ID_SLICE
 
@@ -136,7 +136,3 @@ def frames_and_ids(run: Run) -> tuple[list[bytes], list[bytes]]:
 def run_ids(frames: list[bytes]) -> list[bytes]:
     return list(map(_getitem, frames, repeat(ID_SLICE)))
 
-
-def iter_frames(runs: Iterable[Run]) -> Iterable[bytes]:
-    for run in runs:
-        yield from run_frames(run)

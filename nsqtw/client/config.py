@@ -241,10 +241,6 @@ def _to_tls_version(value: Any) -> str:
     raise ValueError(f"ERROR: {value} is not a tls version")
 
 
-def _identity(value: Any) -> Any:
-    return value
-
-
 T = TypeVar("T")
 
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {

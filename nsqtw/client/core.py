@@ -19,7 +19,7 @@ import json
 import struct
 from typing import Any
 
-from ..errors import NSQError, from_wire
+from ..errors import from_wire
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import (
     FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, MAGIC_V2, OK, FrameDecoder, FrameTooBig,
@@ -253,11 +253,6 @@ class ClientCore:
             return self._fail(ProtocolError(f"bad AUTH response: {e}"))
         self.auth_response = resp
         return self._advance()
-
-
-def typed_error(data: bytes) -> NSQError:
-    """An error frame's body as the typed error (``E_BAD_TOPIC ...`` -> ``BadTopic``)."""
-    return from_wire(data)
 
 
 FRAMES = (FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE)

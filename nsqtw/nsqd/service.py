@@ -216,9 +216,12 @@ class NsqdService(MultiService):
 
     # --- what the glue asks of the node ------------------------------------------
 
-    def _body_limit(self, path: bytes) -> Any:
-        """The most an HTTP request body may hold here, and nsqd's answer when it is more."""
+    def _body_limit(self, path: bytes | None) -> Any:
+        """The most an HTTP request body may hold here, and nsqd's answer when it is more (for
+        None, a path the HTTP layer could not read early: the largest limit of any path)."""
         opts = self.options
+        if path is None:
+            return max(opts.max_msg_size, opts.max_body_size), "BODY_TOO_BIG"
         if path == b"/pub":
             return opts.max_msg_size, "MSG_TOO_BIG"
         if path == b"/mpub":
@@ -649,26 +652,12 @@ class NsqdService(MultiService):
 def _write_topic_memory(topic: Any) -> bool:
     """A stop: write a topic's memory queue to its disk queue; True if the disk refused some
     (kept in memory for the next try)."""
-    from ..errors import BackendError
-    from .core.backlog import _stored_by
-    from ..backend.runs import split_run
+    from .core.backlog import spill_runs
 
-    runs = topic.mem.drain()
-    backend = topic.backend
-    for i, run in enumerate(runs):
-        before = getattr(backend, "put_count", None)
-        try:
-            rest = backend.put(run)
-        except BackendError as e:
-            topic.broker.backlog.error = str(e)
-            stored = _stored_by(backend, before)
-            if stored < len(run[1]):
-                topic.mem.force_put(split_run(run, stored)[1] if stored else run)
-            for later in runs[i + 1:]:
-                topic.mem.force_put(later)
-            return True
-        if rest is not None:
-            topic.mem.force_put(rest)
+    refused, _ = spill_runs(topic.backend, topic.mem.drain(), topic.mem)
+    if refused is not None:
+        topic.broker.backlog.error = refused
+        return True
     return False
 
 

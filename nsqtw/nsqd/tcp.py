@@ -1,8 +1,11 @@
 """
 The nsqd TCP listener: Twisted glue between sockets and :class:`V2Session`.
 
-Per read: feed the bytes to the session, let the broker settle (deliver what
-became deliverable, to every client), and write each client's output once.
+Per read: feed the bytes to the session and act on the :class:`Outcome` it
+returns (write its answer, then each thing it asks for, in the outcome's
+order), let the broker settle (deliver what became deliverable, to every
+client), and write each client's output once.  Everything goes to the socket
+through the client's own output (:meth:`ClientState.write` and ``flush``).
 Timers live here because they need a reactor: the magic timeout, the
 heartbeat ticker (``_heartbeat_`` every interval, traffic or not) and the
 read deadline (two heartbeat intervals of silence close the connection, as
@@ -26,7 +29,7 @@ from zope.interface import implementer
 
 from .core.broker import Broker
 from .core.client import ClientState
-from .core.v2 import Features, V2Session
+from .core.v2 import CLOSE, CLOSE_HELD, Features, Outcome, Upgrade, V2Session
 from ..protocol.compression import CodecError, DeflateCodec, SnappyCodec
 from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
 from ..runtime import seam
@@ -66,7 +69,6 @@ class NsqdProtocol(Protocol):
         self._codec: Any = None
         self._more_call: Any = None
         self._write_deadline: Any = None
-        self._auth_pending = False
         self._eof_pending = False
         #: the eager write and reused-buffer read, on a plain TCP connection (see nsqtw.runtime.seam)
         self._seam: seam.SocketSeam | None = None
@@ -85,8 +87,7 @@ class NsqdProtocol(Protocol):
         client.closer = self.transport.loseConnection
         self.client = client
         self.session = V2Session(factory.broker, client, features=factory.features,
-                                 on_identify=self._identified, authorizer=factory.authorizer,
-                                 sync_publish=factory.sync_barrier is not None)
+                                 authorizer=factory.authorizer, sync_publish=factory.sync_barrier is not None)
         self._last_read = now
         factory.protocols.add(self)
         self.transport.registerProducer(self, True)
@@ -154,12 +155,10 @@ class NsqdProtocol(Protocol):
         if session is None:
             self._close()
             return
-        if session.busy or self._more_call is not None:
+        if self._more_call is not None:
             self._eof_pending = True  # what was read is still being worked through: after it
             return
-        self._write(session.eof())
-        if not session.holding:
-            self._close()
+        self._act(session.eof(), self.clock.seconds())
 
     def writeConnectionLost(self) -> None:
         pass  # nsqtw never half-closes its own side
@@ -191,69 +190,52 @@ class NsqdProtocol(Protocol):
             if codec.pending and self._more_call is None:
                 # a highly compressed read: decode the rest in later turns, a bounded piece each
                 self._more_call = self.clock.callLater(0, self._decode_more)
-        done_before = session.commands
-        answer, keep = session.feed(data, now)
+        self._act(session.feed(data, now), now)
+
+    def _act(self, out: Outcome, now: float) -> None:
+        """Do what the session's outcome asks, field by field in :class:`Outcome`'s order."""
+        answer, progressed, heartbeats, more, sync, auth, upgrade, close = out
         if answer:
-            self._write(answer)  # a publisher's OK goes out before any delivery is framed
+            self.client.write(answer)  # type: ignore[union-attr]  # set in connectionMade, before any read
         factory = self.factory
         broker = factory.broker
         if broker.dirty or broker.pumping or broker.outbox:
             factory.settle_soon()  # deliveries: once, when this reactor turn's reads are done
-        if session.commands != done_before:
+        if progressed:
             # nsqd's read deadline is set once per command: only a whole command resets it,
             # so a client cannot hold its connection by dribbling bytes
             self._last_read = now
-        if self._magic_call is not None and session._magic:
-            self._magic_call.cancel()
-            self._magic_call = None
+        if not (heartbeats or more or sync or close or auth is not None or upgrade is not None
+                or self._eof_pending):
+            return  # nothing more to do for this read (the commonest case)
+        if heartbeats:
+            if self._magic_call is not None:
+                self._magic_call.cancel()
+                self._magic_call = None
             self._start_heartbeats()
-        if keep and session.upgrade is None and not session.busy and session.suspended is None \
-                and not self._eof_pending:
-            # nothing more to do for this read (the commonest case) than holding its answers
-            # for the fsync or the replication peers
-            if session._want_sync:
-                gen = session.take_sync_request()
-                if gen is not None:
-                    self._wait_sync(gen)
-            return
-        if session.busy and self._more_call is None:
+        if more and self._more_call is None:
             self._more_call = self.clock.callLater(0, self._decode_more)  # its work goes on next turn
-        if session._want_sync:
-            gen = session.take_sync_request()
-            if gen is not None:
-                self._wait_sync(gen)
-        if session.suspended is not None and not self._auth_pending:
-            self._ask_auth_server(session.suspended[1])
-        if self._eof_pending and not session.busy and self._more_call is None:
+        if sync:
+            self._wait_sync(sync)
+        if auth is not None:
+            self._ask_auth_server(auth)
+        if self._eof_pending and self._more_call is None:
             self._eof_pending = False
             self.readConnectionLost()
             return
-        if not keep:
-            if session.holding:
-                self.transport.pauseProducing()  # answer the held publishes first, then close
-            else:
-                self._close()
-        elif session.upgrade is not None:
-            self._upgrade(session.upgrade)
-
-    def _write(self, data: bytes) -> None:
-        """Write this connection's own answers, behind anything already queued for it."""
-        if not data:
-            return
-        client = self.client
-        assert client is not None
-        if client.out:
-            client.send(data)
-            client.flush()
-        else:
-            client.writer(data)
+        if close == CLOSE:
+            self._close()
+        elif close == CLOSE_HELD:
+            self.transport.pauseProducing()  # read nothing more; close once the held answers are out
+        elif upgrade is not None:
+            self._upgrade(upgrade)
 
     def _decode_more(self) -> None:
         self._more_call = None
-        if self.transport.connected and self.session is not None and not self.session.closed:
+        if self.transport.connected:
             self.dataReceived(b"")
 
-    def _upgrade(self, upgrade: Any) -> None:
+    def _upgrade(self, upgrade: Upgrade) -> None:
         """The IDENTIFY answer is out in the clear; now TLS, then snappy or deflate, each
         confirmed by an OK sent through the new layer (nsqd's order)."""
         client = self.client
@@ -272,8 +254,7 @@ class NsqdProtocol(Protocol):
             client.writer = transport.write  # from now on through the TLS layer
             client.tls = True
             client.tls_details = lambda: tls_details(transport)
-            client.send(OK_FRAME)
-            client.flush()
+            client.write(OK_FRAME)
         codec: Any = None
         if upgrade.snappy:
             codec = SnappyCodec()
@@ -287,8 +268,7 @@ class NsqdProtocol(Protocol):
             encode = codec.encode
             client.writer = lambda data: write(encode(data))
             self._codec = codec
-            client.send(OK_FRAME)
-            client.flush()
+            client.write(OK_FRAME)
         rest = session.take_remainder()
         if rest and not upgrade.tls:
             self.dataReceived(rest)  # sent compressed right after IDENTIFY: decode it now
@@ -297,13 +277,11 @@ class NsqdProtocol(Protocol):
         """AUTH (or a TTL re-check): ask the auth servers, then run the command again."""
         client = self.client
         assert client is not None
-        self._auth_pending = True
         ip = client.remote_address.rsplit(":", 1)[0].strip("[]") if ":" in client.remote_address else ""
         common_name = client.tls_details()[2] if client.tls else ""
         d = defer.ensureDeferred(self.factory.authorizer.query(secret, ip, client.tls, common_name))
 
         def answered(result: Any) -> None:
-            self._auth_pending = False
             if isinstance(result, Failure):
                 log.warn("PROTOCOL(V2): [{peer}] AUTH failed {err}", peer=client.remote_address,
                          err=result.getErrorMessage())
@@ -327,20 +305,13 @@ class NsqdProtocol(Protocol):
 
         def synced(_: Any) -> None:
             session = self.session
-            if session is None:
-                return
-            self._write(session.synced(gen))
-            self.factory.settle_soon()
-            if session.closed and not session.holding:
-                self._close()
+            if session is not None:
+                self._act(session.synced(gen), self.clock.seconds())
 
         def failed(f: Failure) -> None:
             session = self.session
-            if session is None:
-                return
-            self._write(session.sync_failed(gen, f.getErrorMessage()))
-            self.factory.settle_soon()
-            self._close()
+            if session is not None:
+                self._act(session.sync_failed(gen, f.getErrorMessage()), self.clock.seconds())
 
         d.addCallbacks(synced, failed)
 
@@ -351,16 +322,9 @@ class NsqdProtocol(Protocol):
         if session is None:
             return
         if refused is None:
-            self._write(session.synced(gen))
-            broker = self.factory.broker
-            if broker.dirty or broker.pumping or broker.outbox:  # else settling has nothing to do
-                self.factory.settle_soon()
-            if session.closed and not session.holding:
-                self._close()
+            self._act(session.synced(gen), self.clock.seconds())
         else:
-            self._write(session.sync_failed(gen, refused))
-            self.factory.settle_soon()
-            self._close()
+            self._act(session.sync_failed(gen, refused), self.clock.seconds())
 
     def _close(self) -> None:
         self._stop_timers()
@@ -372,10 +336,6 @@ class NsqdProtocol(Protocol):
         self.transport.abortConnection()
 
     # --- heartbeats and the read deadline ---------------------------------------
-
-    def _identified(self, client: ClientState) -> None:
-        if self._heartbeat_call is not None or self._deadline_call is not None:
-            self._start_heartbeats()
 
     def _start_heartbeats(self) -> None:
         for call in (self._heartbeat_call, self._deadline_call):
@@ -393,8 +353,7 @@ class NsqdProtocol(Protocol):
         self._heartbeat_call = self.clock.callLater(self._interval, self._heartbeat)
         client = self.client
         if client is not None:
-            client.send(HEARTBEAT_FRAME)
-            client.flush()
+            client.write(HEARTBEAT_FRAME)
 
     def _check_deadline(self) -> None:
         """nsqd's read deadline: two heartbeat intervals since the last read."""

@@ -88,10 +88,3 @@ def requeue_frame(frame: bytes) -> bytes:
     attempts = (_ATTEMPTS.unpack_from(frame, ATTEMPTS_OFFSET)[0] + 1) & 0xFFFF
     return frame[:ATTEMPTS_OFFSET] + _ATTEMPTS.pack(attempts) + frame[ID_OFFSET:]
 
-
-def frame_attempts(frame: bytes) -> int:
-    return _ATTEMPTS.unpack_from(frame, ATTEMPTS_OFFSET)[0]  # type: ignore[no-any-return]  # struct's unpacks are typed tuple[Any, ...]
-
-
-def frame_timestamp(frame: bytes, offset: int = 0) -> int:
-    return struct.unpack_from(">q", frame, offset + TS_OFFSET)[0]  # type: ignore[no-any-return]  # struct's unpacks are typed tuple[Any, ...]

@@ -27,6 +27,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from ..errors import HTTPAPIError
 from ..protocol.names import is_valid_name
 from ..protocol.gojson import go_json
+from . import seam
 
 __all__ = ["v1", "v1_error", "plain", "query", "first", "install_error_handlers", "RouterResource",
            "LimitedRequest", "limited_site", "go_site", "go_duration", "GoAccessLog", "parse_query", "topic_channel_args", "JSON_TYPE", "TEXT_TYPE"]
@@ -258,7 +259,7 @@ class LimitedRequest(_web_server.Request):
     A request whose body is refused before it is buffered whole.
 
     The site's ``body_limit(path)`` gives ``(max bytes, NSQ error text)`` for a
-    path; a ``Content-Length`` above it, or a chunked body that grows past it,
+    path (for None, a path not known: the largest of them, the route refusing the rest); a ``Content-Length`` above it, or a chunked body that grows past it,
     is discarded as it arrives and answered ``413 {"message": TEXT}``, as nsqd
     answers ``MSG_TOO_BIG`` / ``BODY_TOO_BIG`` without holding the body.
     """
@@ -270,8 +271,8 @@ class LimitedRequest(_web_server.Request):
     def gotLength(self, length: int | None) -> None:
         site = getattr(self.channel, "site", None)
         body_limit = getattr(site, "body_limit", None)
-        path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]
-        self._limit = body_limit(path) if body_limit is not None else None
+        path = seam.request_path(self.channel)  # None: this Twisted does not say (the largest limit)
+        self._limit = body_limit(path and path.split(b"?", 1)[0]) if body_limit is not None else None
         if self._limit is not None and length is not None and length > self._limit[0]:
             self._refused = self._limit[1]
             super().gotLength(0)
@@ -322,12 +323,12 @@ class GuardedHTTPChannel(_web_http.HTTPChannel):
     def lineLengthExceeded(self, line: bytes) -> None:
         """A request line or header line longer than Twisted's 16 KiB: answer 400 and close
         (Go's server answers too; Twisted's default closes without a word)."""
-        self._respondToBadRequestAndDisconnect()
+        seam.bad_request(self)
 
     def headerReceived(self, line: bytes) -> bool:
         name, sep, value = line.partition(b":")
         if sep and name.strip().lower() == b"content-length" and len(value.strip()) > 18:
-            self._respondToBadRequestAndDisconnect()
+            seam.bad_request(self)
             return False
         return super().headerReceived(line)
 

@@ -1,6 +1,8 @@
 """
 The one place nsqtw reads Twisted's private attributes: the TCP transport's
-buffers and socket, the epoll reactor's poller, and twistd's exit signal.
+buffers and socket, the epoll reactor's poller, twistd's exit signal, and two
+of twisted.web's HTTP channel (the path of the request whose headers are being
+read, and its answer to a malformed request).
 
 Each use is guarded: it checks that the attributes it needs are there (a
 Twisted release that renamed them turns the speed-up off, never breaks a
@@ -44,7 +46,8 @@ from twisted.internet import tcp
 from twisted.internet.interfaces import ISSLTransport
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 
-__all__ = ["SocketSeam", "attach", "attach_client", "ENABLED", "READ_SIZE", "epoll_parts", "clear_exit_signal"]
+__all__ = ["SocketSeam", "attach", "attach_client", "ENABLED", "READ_SIZE", "epoll_parts", "clear_exit_signal",
+           "request_path", "bad_request", "missing"]
 
 #: the one switch: False makes :func:`attach` attach nothing (plain Twisted I/O everywhere)
 ENABLED = os.environ.get("NSQTW_FAST_IO", "1") != "0"
@@ -138,6 +141,8 @@ class SocketSeam:
 #: what the seam reads of a tcp.Server (checked on every connection it attaches to)
 _SERVER_NEEDS = ("socket", "_tempDataLen", "dataBuffer", "offset", "connected", "disconnecting",
                  "_aborting", "_writeDisconnected", "TLS", "protocol", "doRead")
+#: of those, the ones a tcp.Server sets on itself (not class attributes: checked per connection)
+_SERVER_INSTANCE_NEEDS = ("socket", "_tempDataLen", "protocol")
 
 
 def attach_client(transport: Any, data_received: Callable[[bytes], None]) -> SocketSeam | None:
@@ -185,3 +190,51 @@ def clear_exit_signal(reactor: Any) -> None:
     reactor (twistd reads ``reactor._exitSignal`` after the reactor returns)."""
     if getattr(reactor, "_exitSignal", None) is not None:
         reactor._exitSignal = None
+
+
+# --- twisted.web's HTTP channel (for nsqtw.runtime.responses) ---------------------------------
+
+def request_path(channel: Any) -> bytes | None:
+    """The path (with its query) of the request whose headers ``channel`` is reading:
+    ``HTTPChannel._path``, the only place it is known before the body is read.  None on a
+    Twisted that keeps it elsewhere: the caller then bounds the body by the largest limit of
+    any path and lets the route refuse it once read (see :func:`missing`)."""
+    path = getattr(channel, "_path", None)
+    return path if isinstance(path, bytes) else None
+
+
+def bad_request(channel: Any) -> None:
+    """Answer ``400 Bad Request`` and close, as Twisted's HTTP channel answers a malformed
+    request (``HTTPChannel._respondToBadRequestAndDisconnect``; the same bytes are written here
+    on a Twisted without it)."""
+    respond = getattr(channel, "_respondToBadRequestAndDisconnect", None)
+    if callable(respond):
+        respond()
+        return
+    channel.transport.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    channel.loseConnection()
+
+
+def missing() -> list[str]:
+    """The private Twisted attributes this module reads that the installed Twisted lacks
+    (each use then falls back as its function says: slower or later, never broken).  Empty on
+    every Twisted nsqtw is tested with; the test suite fails when it is not."""
+    from twisted.internet import epollreactor
+    from twisted.internet.testing import StringTransport
+    from twisted.web.http import HTTPChannel
+
+    absent = [f"tcp.Server.{name}" for name in _SERVER_NEEDS
+              if not hasattr(tcp.Server, name) and name not in _SERVER_INSTANCE_NEEDS]
+    reactor_class = epollreactor.EPollReactor
+    absent += [f"EPollReactor.{name}" for name in ("_doReadOrWrite",) if not hasattr(reactor_class, name)]
+    channel = HTTPChannel()
+    channel.makeConnection(StringTransport())
+    try:
+        channel.dataReceived(b"GET /probe HTTP/1.1\r\n")
+        if request_path(channel) != b"/probe":
+            absent.append("HTTPChannel._path")
+    finally:
+        channel.connectionLost(CONNECTION_DONE)
+    if not callable(getattr(channel, "_respondToBadRequestAndDisconnect", None)):
+        absent.append("HTTPChannel._respondToBadRequestAndDisconnect")
+    return absent

@@ -14,6 +14,7 @@ from typing import Any
 from OpenSSL import SSL
 from twisted.internet import ssl
 from twisted.internet.ssl import TLSVersion
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 from ..options import NsqdOptions
 
@@ -32,12 +33,17 @@ def _read(path: str, flag: str) -> bytes:
 
 
 class _AnyClientCertificate(ssl.CertificateOptions):
-    """``require``: the client must present a certificate, any certificate."""
+    """``require``: the client must present a certificate, any certificate (set on each
+    server connection through the public ``IOpenSSLServerConnectionCreator`` method)."""
 
-    def _makeContext(self, skipCiphers: bool = False) -> SSL.Context:
-        ctx = super()._makeContext(skipCiphers)
-        ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, lambda *args: True)
-        return ctx
+    def serverConnectionForTLS(self, protocol: Any) -> SSL.Connection:
+        conn = super().serverConnectionForTLS(protocol)
+        conn.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _accept_any)
+        return conn
+
+
+def _accept_any(conn: SSL.Connection, cert: Any, errno: int, depth: int, ok: int) -> bool:
+    return True
 
 
 def server_context(options: NsqdOptions) -> Any | None:
@@ -69,10 +75,11 @@ def server_context(options: NsqdOptions) -> Any | None:
 def tls_details(transport: Any) -> tuple[str, str, str]:
     """(version as Go names it, cipher, peer common name) of a TLS connection, or blanks."""
     conn = None
-    proto = getattr(transport, "protocol", None)
-    for candidate in (getattr(proto, "_tlsConnection", None), getattr(transport, "_tlsConnection", None)):
-        if candidate is not None:
-            conn = candidate
+    # the TLS protocol's public getHandle (the OpenSSL connection): the transport itself behind
+    # a TLS endpoint, the transport's protocol after startTLS
+    for candidate in (transport, getattr(transport, "protocol", None)):
+        if isinstance(candidate, TLSMemoryBIOProtocol):
+            conn = candidate.getHandle()
             break
     if conn is None:
         return "", "", ""

@@ -30,8 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .replay import main as run
     elif command == "warm-up":
         from .classcache import main as build
+        from .cli import entry_environment
         from .stats import warm_up_job
 
+        entry_environment("local[2]")  # the warm-up job's master
         return build(rest, warm_up_job)
     elif command == "submit-file":
         sys.stdout.write(os.path.join(os.path.dirname(os.path.abspath(__file__)), "submit.py") + "\n")

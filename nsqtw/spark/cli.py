@@ -270,11 +270,20 @@ def _write_error(prog: str, message: str, stream: TextIO) -> None:
     stream.flush()
 
 
+def entry_environment(master: str | None) -> None:
+    """The process environment of a job run from the command line (entry points only: library
+    code sets no environment variable): on a local master, Spark's JVM and its workers bind
+    loopback (``SPARK_LOCAL_IP``, which Spark reads from the environment only), unless set."""
+    if master is not None and (master == "local" or master.startswith(("local[", "local-cluster["))):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
 def run_main(prog: str, parser: argparse.ArgumentParser, job: Callable[[argparse.Namespace], Any],
              argv: Sequence[str] | None = None, stderr: TextIO | None = None) -> int:
     """Parse, run ``job``, and turn every failure into one line and an exit status."""
     err = stderr or sys.stderr
     args = parser.parse_args(argv)  # argparse's own errors: usage + one line, exit 2
+    entry_environment(getattr(args, "master", None))
     verbose = bool(getattr(args, "verbose", False))
     try:
         job(args)

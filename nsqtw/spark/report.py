@@ -179,14 +179,15 @@ def _fmt_duration(seconds: float | None) -> str:
 
 
 def drain_text(state: str | None, seconds: float | None, growth: float | None = None) -> str:
-    """The "drain in" cell: a time while draining, "keeping up", "never" only for a growing backlog
-    (with its growth rate, messages/s, when known)."""
+    """The "drain in" cell: a time while draining, "keeping up", "no consumer" or "stalled" for a
+    backlog nothing finishes, "never" only for a growing backlog (with its growth rate, messages/s,
+    when known)."""
     if state == "empty":
         return "0s"
     if state == "draining":
         return _fmt_duration(seconds)
-    if state == "keeping up":
-        return "keeping up"
+    if state in ("keeping up", "no consumer", "stalled"):
+        return state
     if state == "growing":
         return f"never (+{_fmt(float(growth))}/s)" if growth is not None else "never"
     return "-"

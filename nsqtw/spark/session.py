@@ -230,8 +230,6 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
     }
     if master is not None:
         settings["spark.master"] = master
-        if _is_local(master):
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if not verbose:
         quiet = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
         extra = user.pop("spark.driver.extraJavaOptions", "")
@@ -273,12 +271,15 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
         for key, value in (local_conf or {}).items():
             if key not in user and not defaults.contains(key):
                 builder = builder.config(key, value)
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             if key not in user:
                 builder = builder.config(key, "127.0.0.1")
+    created = SparkContext._active_spark_context is None
     spark = builder.getOrCreate()
+    if created and _is_local(effective) and "PYSPARK_PYTHON" not in os.environ:
+        # the workers run this interpreter (its packages), as PYSPARK_PYTHON would say; set on the
+        # context, not in the process's environment
+        spark.sparkContext.pythonExec = sys.executable
     spark.sparkContext.setLogLevel("WARN" if verbose else "OFF")
     return spark
 

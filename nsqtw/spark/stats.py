@@ -24,10 +24,15 @@ per node, topic, channel and time window (default 1 minute):
 * ``depth_max``, ``depth_mean`` (over the window's snapshots), ``depth_last``,
   ``backlog_last`` (depth + in-flight + deferred; the topic's depth for topic
   rows), ``backlog_growth_rate`` (Δbacklog/s, = publish_rate − finish_rate),
-  ``drain_state`` and ``time_to_drain_s``: "empty" (0 s); "keeping up" when
+  ``drain_state`` and ``time_to_drain_s``: "empty" (0 s); "no consumer" when a
+  channel holds messages, has no client at the window's last snapshot and
+  nothing was finished (null: nothing drains it); "keeping up" when
   nothing waits in the queue (depth 0: the backlog is what is in flight or
   deferred) or the backlog did not change (by less than half a message over
-  the window), drain time = backlog / finish rate; "draining" when it shrinks,
+  the window) while messages were finished, drain time = backlog / finish
+  rate; "stalled" when messages wait, nothing was finished and the backlog
+  did not change (a topic whose channels take nothing, consumers that finish
+  nothing: null); "draining" when it shrinks,
   backlog / shrink rate; "growing" when it grows (null: it never drains at
   this rate).
 * ``e2e_ms``: for each configured percentile, the worst value (ms) that nsqd
@@ -307,10 +312,16 @@ def compute_stats(snapshots: Any, window: float = 60.0, max_gap: float = 3600.0)
     # Less than half a message of change over the window is no change (the deltas are spread
     # over windows in proportion, so a steady backlog can sum to 1e-13 instead of 0).
     steady = F.abs(backlog_change) < 0.5
+    # nothing finished (on a topic row, which finishes nothing itself: a steady depth is one
+    # nothing takes)
+    finish_none = F.coalesce(F.abs(wsum("d_fin")) < 0.5, F.lit(True))
+    clients_last = F.max_by("clients", g("t"))  # null on topic rows
     state = (F.when(backlog_last.isNull(), F.lit(None).cast("string"))
              .when(backlog_last == 0, F.lit("empty"))
+             .when(covered & steady & finish_none & (clients_last == 0), F.lit("no consumer"))
              .when(depth_last == 0, F.lit("keeping up"))  # everything left is in flight or deferred
              .when(~covered, F.lit(None).cast("string"))
+             .when(steady & finish_none, F.lit("stalled"))
              .when(steady, F.lit("keeping up"))
              .when(backlog_change < 0, F.lit("draining"))
              .otherwise(F.lit("growing")))
@@ -882,7 +893,6 @@ def warm_up_job(options: str) -> Any:
         classcache.write_snapshots(data)
         local = local_settings(sum(os.path.getsize(os.path.join(data, n)) for n in os.listdir(data)), cores=2)
         local["spark.driver.extraJavaOptions"] += " " + options
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         spark = get_session("nsqtw-warm-up", "local[2]", {"spark.ui.enabled": "false"}, verbose=False,
                             local_conf=local)
         try:

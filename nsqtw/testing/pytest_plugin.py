@@ -250,7 +250,9 @@ class NsqdFixture:
         return self._producer_for().publish(topic, body)
 
     def multi_publish(self, topic: str, bodies: Sequence[Body]) -> Deferred[None]:
-        """MPUB: all or nothing. A Deferred (await it): fires once nsqd answered OK."""
+        """MPUB: all or nothing up to 20,000 messages (a bigger MPUB is stored a share per reactor
+        turn, and a refusal between two shares keeps the shares stored, as Go's nsqd does).
+        A Deferred (await it): fires once nsqd answered OK."""
         return self._producer_for().multi_publish(topic, list(bodies))
 
     def deferred_publish(self, topic: str, delay: float, body: Body) -> Deferred[None]:

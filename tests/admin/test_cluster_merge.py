@@ -287,3 +287,78 @@ def test_concurrent_identical_gets_share_one_request() -> None:
     d.cancel()
     d.addErrback(lambda f: f.trap(defer.CancelledError))
     assert cancelled == ["http://x/stats"]
+
+
+class SplitClient:
+    """Hosts ``up`` answer at once (a FakeNsqd); host ``hung`` answers only when the test says."""
+
+    def __init__(self, fake: FakeNsqd) -> None:
+        self.stub = StubTreq(fake.app.resource())
+        self.waiting: list[tuple[str, dict, defer.Deferred]] = []
+
+    def get(self, url, **kwargs):
+        if "//hung:" in url:
+            d = defer.Deferred()
+            self.waiting.append((url, kwargs, d))
+            return d
+        return self.stub.get(url, **kwargs)
+
+    def answer_all(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for url, kwargs, d in waiting:
+            if not d.called:
+                self.stub.get(url.replace("//hung:", "//up:"), **kwargs).chainDeferred(d)
+
+
+def test_a_page_waits_briefly_for_a_node_known_not_to_answer_and_books_each_answer_when_it_came() -> None:
+    """The first look waits out the request timeout for a hung nsqd (nothing was known); the next
+    one answers after KNOWN_DOWN_WAIT, from what is known, while the hung node is asked again in
+    the background; its late answer marks it answering again.  Each node's "last seen" is when its
+    own answer came, not when the slowest node's did."""
+    from nsqtw.admin.cluster import KNOWN_DOWN_WAIT, NotYet
+    from nsqtw.admin.nodes import OK, UNREACHABLE
+
+    clock = Clock()
+    clock.advance(1000)
+    client = SplitClient(FakeNsqd())
+    ci = ClusterInfo(Upstream(client, clock, 5.0, "test"), lambda: ([], []), clock)
+    up = Producer(hostname="up", broadcast_address="up", http_port=4151)
+    hung = Producer(hostname="hung", broadcast_address="hung", http_port=4151)
+    first = []
+    defer.ensureDeferred(ci.nsqd_stats_failed([up, hung])).addBoth(first.append)
+    clock.advance(4.9)
+    assert first == []  # nothing known of hung yet: the page waits for it
+    clock.advance(0.2)
+    (_, _, errors, failed), = first
+    assert failed == ["hung:4151"] and "no answer within 5s" in errors[0]
+    assert ci.book.get("up:4151").last_seen == 1000  # when up answered, not when hung timed out
+    assert ci.book.get("hung:4151").status == UNREACHABLE
+
+    second = []
+    defer.ensureDeferred(ci.nsqd_stats_failed([up, hung])).addBoth(second.append)
+    clock.advance(KNOWN_DOWN_WAIT)
+    (_, _, errors, failed), = second
+    assert failed == ["hung:4151"] and "not answering since" in errors[0]
+    assert [d.called for _, _, d in client.waiting] == [True, False]  # the first timed out; asked again
+    client.answer_all()
+    assert ci.book.get("hung:4151").status == OK and ci.book.get("hung:4151").last_seen == clock.seconds()
+    assert NotYet.__mro__[1] is FetchError
+
+
+def test_peek_names_a_node_that_held_the_channel_and_is_gone_from_nsqlookupd() -> None:
+    """The Messages panel lists every node it asked, and also the ones nsqadmin knows held the
+    channel but no longer asks (gone from nsqlookupd): their messages cannot be peeked, and it says so."""
+    fake, clock = FakeNsqd(), Clock()
+    clock.advance(3600)
+    ci = ClusterInfo(upstream_over(fake.app.resource(), clock), lambda: ([], ["x:4151"]), clock)
+    ci.book.answered("old:4151", {"topics": [{"topic_name": "t", "channels": [{"channel_name": "c"}]}]}, full=True)
+    clock.advance(60)
+    ci.book.listed([])  # nsqlookupd no longer lists it
+    got = []
+    defer.ensureDeferred(ci.peek("t", "c", 5)).addBoth(got.append)
+    (doc,) = got
+    nodes = {n["node"]: n for n in doc["nodes"]}
+    assert set(nodes) == {"fake:4151", "old:4151"}
+    old = nodes["old:4151"]
+    assert old["ok"] is False and old["status"] == "gone"
+    assert old["error"].startswith("gone from nsqlookupd since 01:01:00Z, last seen 01:00:00Z")

@@ -200,3 +200,18 @@ async def test_history_path_must_be_a_directory(nsqds, start_admin, tmp_path) ->
     admin = await start_admin(nsqd_http_addresses=[nsqds[0].http_address], history_path=str(tmp_path),
                               history_interval=3600.0)
     assert admin._history.timestamps() == [] or len(admin._history.timestamps()) <= 1
+
+
+def test_a_node_silent_for_longer_than_the_range_still_makes_its_polls_gaps() -> None:
+    """Node b held the topic, then stopped answering: the 5-minute range (``since``) shows its
+    failed polls as gaps, as the longer range does, not the other node's sum alone."""
+    h = History(size=200, interval=10.0)
+    for t in range(0, 100, 10):
+        h.record(float(t), [row("t", "a", 1, t), row("t", "b", 2, t)])
+    for t in range(100, 500, 10):  # b hung: its polls fail for 400 s
+        h.record(float(t), [row("t", "a", 1, t)], failed=["b"])
+    whole = h.charts(topic="t")
+    recent = h.charts(topic="t", since=500 - 300)
+    assert whole["gaps"][-30:] == recent["gaps"] == [True] * 30
+    assert recent["series"]["memory_depth"] == [None] * 30
+    assert recent["created"] == whole["created"] == 0

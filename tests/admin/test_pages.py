@@ -68,6 +68,11 @@ async def test_topic_page_rows_and_fragment(admin, nsqds) -> None:
     code, fragment, _ = await call("GET", admin.url + "topics/t?fragment=1")
     assert code == 200 and "<html" not in fragment and "<main" not in fragment
     assert 'data-row="channel:c"' in fragment
+    # the topic's finish rate adds up its channels (each gets every message): the chart says so
+    assert 'data-labels="publish,finish (all channels)"' in html
+    assert "finish rate of all its channels together" in html
+    code, channel_page, _ = await call("GET", admin.url + "topics/t/c")
+    assert code == 200 and 'data-labels="publish,finish"' in channel_page
 
 
 @pytest_twisted.ensureDeferred

@@ -28,7 +28,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 
 from nsqtw.errors import BY_CODE
 from nsqtw.nsqd.core.broker import Broker, memory_only_backends
-from nsqtw.nsqd.core.v2 import Features, V2Session
+from nsqtw.nsqd.core.v2 import KEEP, Features, V2Session
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameDecoder
 from nsqtw.nsqd.stats.snapshot import broker_stats
@@ -116,13 +116,15 @@ class SansIOConn:
         """One read; what the glue does besides settling (answer a suspended AUTH at once)."""
         if not self.open:
             return False
-        answer, keep = self.session.feed(data, self.now)
-        self.out.extend(answer)
+        out = self.session.feed(data, self.now)
+        keep = out.close == KEEP
+        self.out.extend(out.answer)
         self.results.append(keep)
-        while keep and self.session.suspended is not None:
+        while keep and out.auth is not None:
             self.session.resume(self.auth_result)
-            answer, keep = self.session.feed(b"", self.now)
-            self.out.extend(answer)
+            out = self.session.feed(b"", self.now)
+            keep = out.close == KEEP
+            self.out.extend(out.answer)
             self.results.append(keep)
         if not keep:
             self.open = False

@@ -224,12 +224,14 @@ def test_auth_flood_while_suspended_is_bounded():
                                             T0 + 60))
     conn.auth_result = None  # the auth server does not answer
     session = conn.session
-    assert session.feed(MAGIC_V2 + body_cmd("AUTH", body=b"secret"), conn.now)[1] is True
-    assert session.suspended is not None
+    out = session.feed(MAGIC_V2 + body_cmd("AUTH", body=b"secret"), conn.now)
+    assert out.close == 0 and out.auth == b"secret"
     kept = True
     total = 0
     while kept and total < 1 << 20:
-        kept = session.feed(b"NOP\n" * 256, conn.now)[1]
+        out = session.feed(b"NOP\n" * 256, conn.now)
+        assert out.auth is None  # asked once
+        kept = out.close == 0
         total += 1024
     assert not kept and total <= 4096 + MAX_LINE + 1024
 

@@ -19,7 +19,7 @@ from typing import Any
 from nsqtw.nsqd.core.broker import Broker, memory_only_backends
 from nsqtw.nsqd.core.client import ClientState
 from nsqtw.nsqd.core.scan import scan_channels
-from nsqtw.nsqd.core.v2 import Features, V2Session
+from nsqtw.nsqd.core.v2 import KEEP, Features, V2Session
 from nsqtw.options import NsqdOptions
 from nsqtw.protocol.frames import (
     FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2, FrameDecoder,
@@ -90,8 +90,9 @@ class Wire:
     def send(self, data: bytes) -> bool:
         """Feed one read; False once the server closed the connection."""
         assert self.alive, "connection already closed"
-        answer, keep = self.session.feed(data, self.h.now)
-        self.raw.extend(answer)  # the glue writes a read's answers, then settles
+        out = self.session.feed(data, self.h.now)
+        keep = out.close == KEEP
+        self.raw.extend(out.answer)  # the glue writes a read's answers, then settles
         self.h.settle()
         if not keep:
             self.alive = False

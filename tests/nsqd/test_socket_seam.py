@@ -427,10 +427,68 @@ def test_twisteds_private_attributes_are_read_in_nsqtw_seam_only() -> None:
 
     root = Path(seam.__file__).resolve().parent
     private = re.compile(r"\._(tempData\w*|aborting|writeDisconnected|poller|selectables|doReadOrWrite"
-                         r"|exitSignal|dataReceived)\b|\bdataBuffer\b|twisted\.\w+\._\w+|\.socket\.(send|recv)")
+                         r"|exitSignal|dataReceived)\b|\bdataBuffer\b|twisted\.\w+\._\w+|\.socket\.(send|recv)"
+                         r"|\b_(path|respondToBadRequestAndDisconnect|makeContext|tlsConnection)\b")
     found = [f"{path.relative_to(root)}:{i}" for path in root.rglob("*.py") if path.name != "seam.py"
              for i, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert found == []
+
+
+def test_every_private_attribute_the_seam_reads_is_in_this_twisted() -> None:
+    """A Twisted that renamed one turns its use off quietly (slower or later, never broken):
+    this is where it shows."""
+    assert seam.missing() == []
+
+
+def test_without_twisteds_bad_request_answer_the_seam_writes_the_same_400(monkeypatch: Any) -> None:
+    from twisted.internet.testing import StringTransport
+    from twisted.web.http import HTTPChannel
+
+    def answered(channel_class: type) -> bytes:
+        channel = channel_class()
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        seam.bad_request(channel)
+        assert transport.disconnecting
+        return transport.value()
+
+    with_twisteds = answered(HTTPChannel)
+    monkeypatch.delattr(HTTPChannel, "_respondToBadRequestAndDisconnect")
+    assert seam.missing() == ["HTTPChannel._respondToBadRequestAndDisconnect"]
+    assert answered(HTTPChannel) == with_twisteds == b"HTTP/1.1 400 Bad Request\r\n\r\n"
+
+
+def test_without_the_channels_request_path_a_body_is_bounded_by_the_largest_limit(monkeypatch: Any) -> None:
+    """``/pub``'s early 413 needs the path before the body; on a Twisted that keeps it elsewhere
+    the body is still refused from its length, by the largest limit of any path."""
+    from twisted.internet.testing import StringTransport
+    from twisted.web.resource import Resource
+    from twisted.web.server import Site
+    from nsqtw.runtime.responses import GuardedHTTPChannel, LimitedRequest
+
+    asked: list[bytes | None] = []
+
+    def body_limit(path: bytes | None) -> tuple[int, str]:
+        asked.append(path)
+        return (10, "MSG_TOO_BIG") if path == b"/pub" else (100, "BODY_TOO_BIG")
+
+    def post(length: int) -> bytes:
+        channel = GuardedHTTPChannel()
+        channel.requestFactory = LimitedRequest
+        channel.site = site = Site(Resource())
+        site.body_limit = body_limit  # type: ignore[attr-defined]  # nsqtw.runtime.responses.limited_site sets it so
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length)
+        return transport.value()
+
+    assert b"413" in post(11) and b"MSG_TOO_BIG" in post(11)
+    assert asked[-1] == b"/pub"
+    monkeypatch.setattr(seam, "request_path", lambda channel: None)  # as on such a Twisted
+    assert seam.missing() == ["HTTPChannel._path"]
+    assert post(11) == b""  # not known to be /pub: not refused from its headers
+    assert asked[-1] is None
+    assert b"413" in post(101) and b"BODY_TOO_BIG" in post(101)
 
 
 @pytest_twisted.ensureDeferred

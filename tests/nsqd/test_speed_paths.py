@@ -13,7 +13,7 @@ import treq
 
 from nsqtw.nsqd.core.broker import Broker
 from nsqtw.nsqd.core.guid import GUIDFactory
-from nsqtw.nsqd.core.v2 import V2Session
+from nsqtw.nsqd.core.v2 import CLOSE, KEEP, Outcome, V2Session
 from nsqtw.options import NsqdOptions
 
 NOW = 1.7e9
@@ -322,7 +322,8 @@ def test_pub_frames_match_what_mpub_of_one_would_queue() -> None:
     a2 = s2.feed(b"MPUB t\n" + struct.pack(">ii", 11, 1) + struct.pack(">i", 3) + b"abc", NOW)
     (f1,), (f2,) = _frames(b1, "t"), _frames(b2, "t")
     assert f1 == f2  # same size, type, timestamp, attempts, first ID of the node, body
-    assert a1 == a2 == (struct.pack(">ii", 6, 0) + b"OK", True)
+    assert a1.answer == a2.answer == struct.pack(">ii", 6, 0) + b"OK"
+    assert a1.close == a2.close == KEEP and a1.progressed and a2.progressed
     assert b1.topics["t"].message_count == 1 and c1.pub_counts == {"t": 1}
 
 
@@ -362,7 +363,7 @@ def test_uniform_mpub_read_in_parts_is_cut_in_runs_not_walked_one_by_one(monkeyp
     bodies = [b"%05d" % i for i in range(300)]
     payload = b"".join(struct.pack(">i", 5) + body for body in bodies)
     data = b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), 300) + payload
-    answers = [session.feed(data[a:b], NOW)[0] for a, b in ((0, 1000), (1000, 2001), (2001, len(data)))]
+    answers = [session.feed(data[a:b], NOW).answer for a, b in ((0, 1000), (1000, 2001), (2001, len(data)))]
     assert answers == [b"", b"", struct.pack(">ii", 6, 0) + b"OK"]
     assert [f[34:] for f in _frames(broker, "t")] == bodies
     assert len(runs) <= 6 and sum(n for n in runs if n > 1) >= 290  # a few runs, not 300 steps
@@ -373,10 +374,10 @@ def test_mpub_read_in_parts_with_a_different_size_inside_is_walked_and_checked()
     bodies = [b"aaaa"] * 50 + [b"bbbbb"] + [b"cccc"] * 50 + [b""]  # the last one is invalid
     payload = b"".join(struct.pack(">i", len(x)) + x for x in bodies)
     data = b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), len(bodies)) + payload
-    answer, keep = session.feed(data[:333], NOW)
-    assert answer == b"" and keep
-    answer, keep = session.feed(data[333:], NOW)
-    assert b"E_BAD_MESSAGE MPUB invalid message(101) body size 0" in answer and not keep
+    out = session.feed(data[:333], NOW)
+    assert out.answer == b"" and out.close == KEEP and not out.progressed
+    out = session.feed(data[333:], NOW)
+    assert b"E_BAD_MESSAGE MPUB invalid message(101) body size 0" in out.answer and out.close == CLOSE
     assert broker.topics["t"].message_count == 0  # all or nothing
 
     broker, client, session = _session()
@@ -395,23 +396,26 @@ def test_a_held_pub_takes_the_flat_path_and_its_ok_still_waits(monkeypatch: Any)
     session = V2Session(broker, broker.new_client("127.0.0.1:1", NOW), sync_publish=True)
     session.feed(b"  V2", NOW)
     pub = b"PUB t\n" + struct.pack(">i", 1) + b"x"
-    assert session.feed(pub, NOW) == (b"", True)  # the loop's way: held
-    first = session.take_sync_request()
+    out = session.feed(pub, NOW)  # the loop's way: held
+    assert (out.answer, out.close, out.progressed) == (b"", KEEP, True)
+    first = out.sync
     walked: list[int] = []
     monkeypatch.setattr(session, "_feed", lambda data, now: walked.append(1) or True)
-    assert session.feed(pub, NOW) == (b"", True)  # feed's first branch: held too
-    assert walked == [] and session._want_sync and broker.topics["t"].message_count == 2
-    second = session.take_sync_request()
-    assert first is not None and second == first + 1
-    assert session.synced(first) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK" and session.holding
-    assert session.synced(second).endswith(b"OK") and not session.holding
+    out = session.feed(pub, NOW)  # feed's first branch: held too
+    assert (out.answer, out.close, out.progressed) == (b"", KEEP, True)
+    assert walked == [] and broker.topics["t"].message_count == 2
+    second = out.sync
+    assert first and second == first + 1
+    assert session.synced(first) == Outcome(b"\x00\x00\x00\x06\x00\x00\x00\x00OK") and session.holding
+    released = session.synced(second)
+    assert released.answer.endswith(b"OK") and released.close == KEEP and not session.holding
 
 
 def test_pub_with_an_invalid_topic_name_still_fails_after_a_valid_one_was_cached() -> None:
     broker, client, session = _session()
     session.feed(b"PUB good\n" + struct.pack(">i", 1) + b"x", NOW)
-    answer, keep = session.feed(b"PUB bad!\n" + struct.pack(">i", 1) + b"x", NOW)
-    assert b"E_BAD_TOPIC PUB topic name \"bad!\" is not valid" in answer and not keep
+    out = session.feed(b"PUB bad!\n" + struct.pack(">i", 1) + b"x", NOW)
+    assert b"E_BAD_TOPIC PUB topic name \"bad!\" is not valid" in out.answer and out.close == CLOSE
 
 
 # --- lazily built parts -----------------------------------------------------------------------------
@@ -470,3 +474,44 @@ def test_fin_ids_are_cut_as_the_regular_expression_finds_them() -> None:
         m = _FIN_RUN.match(buf, 6)
         assert m is not None
         assert _fin_ids(buf, 6, m.end()) == ids == re.findall(rb"FIN ([^\n\r ]{16})\n", buf)
+
+
+def test_a_huge_mpub_is_checked_whole_then_stored_a_turn_at_a_time_and_may_be_cut_by_a_refusal() -> None:
+    """An MPUB of more than ``MPUB_TURN`` messages: every message is validated, and the topic's
+    room checked for all of them, before the first is stored; then a turn's share is stored per
+    turn, so a refusal in between (here: another publisher filled the queue) leaves the shares
+    already stored, as Go's nsqd keeps the messages its PutMessages stored before one failed."""
+    from nsqtw.nsqd.core.broker import memory_only_backends
+    from nsqtw.nsqd.core.v2 import MPUB_TURN
+
+    broker = Broker(NsqdOptions(mem_queue_size=2 * MPUB_TURN + 100), NOW, backend_factory=memory_only_backends)
+    session = V2Session(broker, broker.new_client("127.0.0.1:1", NOW))
+    other = V2Session(broker, broker.new_client("127.0.0.1:2", NOW))
+    session.feed(b"  V2", NOW)
+    other.feed(b"  V2", NOW)
+    num = 2 * MPUB_TURN
+    payload = (struct.pack(">i", 1) + b"x") * num
+    out = session.feed(b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), num) + payload, NOW)
+    while out.more and broker.topics["t"].message_count < MPUB_TURN:
+        assert out.answer == b"" and out.close == KEEP
+        out = session.feed(b"", NOW)
+    assert broker.topics["t"].message_count == MPUB_TURN  # the first share is stored
+    fill = 200
+    assert other.feed(b"MPUB t\n" + struct.pack(">ii", 4 + 5 * fill, fill) + (struct.pack(">i", 1) + b"y") * fill,
+                      NOW).answer.endswith(b"OK")
+    out = session.feed(b"", NOW)
+    assert b"E_MPUB_FAILED" in out.answer and out.close == CLOSE
+    assert broker.topics["t"].message_count == MPUB_TURN + fill  # the first share stays stored
+
+
+def test_an_invalid_message_anywhere_in_a_huge_mpub_stores_nothing() -> None:
+    from nsqtw.nsqd.core.v2 import MPUB_TURN
+
+    broker, client, session = _session()
+    num = 2 * MPUB_TURN + 1
+    payload = (struct.pack(">i", 1) + b"x") * (num - 1) + struct.pack(">i", 0)
+    out = session.feed(b"MPUB t\n" + struct.pack(">ii", 4 + len(payload), num) + payload, NOW)
+    while out.more:
+        out = session.feed(b"", NOW)
+    assert b"E_BAD_MESSAGE MPUB invalid message" in out.answer and out.close == CLOSE
+    assert broker.topics["t"].message_count == 0

@@ -410,3 +410,40 @@ def test_settling_delivers_once_at_the_end_of_the_turn():
     assert cons.tr.writes - before == 1
     n.clock.advance(0)  # nothing wanted: nothing written
     assert cons.tr.writes - before == 1
+
+
+def test_the_glue_acts_on_the_sessions_outcome_and_reads_nothing_else_of_it():
+    """``NsqdProtocol`` learns what to do after a read from the :class:`Outcome` that ``feed``
+    (and ``eof``, ``synced``, ``sync_failed``) return: it calls the session's methods, and reads
+    none of its attributes (public or private)."""
+    import ast
+    import inspect
+
+    from nsqtw.nsqd import tcp
+
+    calls = {"feed", "eof", "synced", "sync_failed", "resume", "take_remainder"}
+    tree = ast.parse(inspect.getsource(tcp))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def is_session(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "session") or (
+            isinstance(node, ast.Attribute) and node.attr == "session" and isinstance(node.value, ast.Name)
+            and node.value.id == "self")
+
+    reads = sorted({f"{node.attr}:{node.lineno}" for node in ast.walk(tree)
+                    if isinstance(node, ast.Attribute) and is_session(node.value)
+                    and not (node.attr in calls and isinstance(parents[node], ast.Call)
+                             and parents[node].func is node)})
+    assert reads == []
+
+
+def test_an_outcome_restarts_heartbeats_on_magic_and_on_identify():
+    from nsqtw.nsqd.core.v2 import Outcome, V2Session
+
+    node = Node()
+    session = V2Session(node.broker, node.broker.new_client("127.0.0.1:1", T0))
+    assert session.feed(MAGIC_V2[:2], T0) == Outcome()
+    first = session.feed(MAGIC_V2[2:] + b"NOP\n", T0)
+    assert first.heartbeats and first.progressed
+    assert not session.feed(b"NOP\n", T0).heartbeats  # said once
+    assert session.feed(identify(heartbeat_interval=5000), T0).heartbeats

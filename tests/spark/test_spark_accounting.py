@@ -160,3 +160,30 @@ def test_report_marks_restarts_and_gaps(spark, snapshot_dir, tmp_path) -> None:
     page = report.read_text()
     assert 'class="restart"' in page and 'class="gap"' in page and "no snapshots from c.acc:4151" in page
     assert datetime.fromtimestamp(T0, timezone.utc).strftime("%H:%M") in page
+
+
+def test_a_backlog_nothing_finishes_is_no_consumer_or_stalled_not_keeping_up(spark, tmp_path) -> None:
+    """Channel ``orphan`` holds 1,720 messages with no client and finishes nothing: "no consumer";
+    ``stuck`` has two clients that finish nothing: "stalled"; topic ``parked`` holds messages no
+    channel takes: "stalled".  None of them drains (no drain time), and the printed summary says so."""
+    from nsqtw.spark.stats import build_parser, compute_stats, read_snapshots, run
+
+    lines = []
+    for s in range(0, 61, 10):
+        orphan = channel("orphan", msgs=1720, depth=1720)
+        stuck = channel("stuck", msgs=1720, depth=1700, in_flight=20, clients=2)
+        lines.append(line(T0 + s, "d.acc", 4151, START, [topic("held", msgs=1720, channels=[orphan, stuck]),
+                                                         topic("parked", msgs=300, depth=300)]))
+    (tmp_path / "nsqd-stats.2023-11-14_22.d_acc_4151.jsonl").write_bytes(b"".join(lines))
+    got = {(r["topic"], r["channel"]): r for r in
+           compute_stats(read_snapshots(spark, [str(tmp_path)]), window=60.0).collect()
+           if int(r["window_start"].timestamp()) == T0}
+    assert got[("held", "orphan")]["drain_state"] == "no consumer"
+    assert got[("held", "stuck")]["drain_state"] == "stalled"
+    assert got[("parked", None)]["drain_state"] == "stalled"
+    assert all(r["time_to_drain_s"] is None for r in got.values() if r["drain_state"] != "empty")
+    buf = io.StringIO()
+    run(build_parser().parse_args([str(tmp_path), "-o", "", "--quiet"]), spark=spark, out=buf)
+    printed = buf.getvalue()
+    assert "keeping up" not in printed
+    assert "no consumer" in [ln for ln in printed.splitlines() if " orphan " in ln][0]

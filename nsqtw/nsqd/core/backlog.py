@@ -52,7 +52,7 @@ from ...errors import BackendError
 if TYPE_CHECKING:
     from .channel import Channel
 
-__all__ = ["HeldBacklog"]
+__all__ = ["HeldBacklog", "spill_runs"]
 
 log = Logger(namespace="nsqtw.nsqd")
 
@@ -64,6 +64,31 @@ def _stored_by(backend: Any, before: int | None) -> int:
     if before is None or after is None:
         return 0
     return max(0, after - before)
+
+
+def spill_runs(backend: Any, runs: list[Run], mem: Any) -> tuple[str | None, int]:
+    """Write ``runs`` to ``backend`` in order; what it does not take stays in the memory queue
+    ``mem`` (``force_put``): the part of a run it refused (after the part it stored anyway), and
+    every run after it.  Returns (the refusal's text, or None when all were written; how many
+    messages were written)."""
+    written = 0
+    for i, run in enumerate(runs):
+        before = getattr(backend, "put_count", None)
+        try:
+            rest = backend.put(run)
+        except BackendError as e:
+            stored = _stored_by(backend, before)
+            written += stored
+            if stored < len(run[1]):
+                mem.force_put(split_run(run, stored)[1] if stored else run)
+            for later in runs[i + 1:]:
+                mem.force_put(later)
+            return str(e), written
+        if rest is not None:  # a backend that refuses without raising: keep in memory
+            mem.force_put(rest)
+        else:
+            written += len(run[1])
+    return None, written
 
 
 class HeldBacklog:
@@ -243,25 +268,10 @@ class HeldBacklog:
             rest = mem.put(run)
             if rest is not None:
                 spill.append(rest)
-        backend = ch.backend
-        written = 0
-        for i, run in enumerate(spill):
-            before = getattr(backend, "put_count", None)
-            try:
-                rest = backend.put(run)
-            except BackendError as e:
-                self.error = str(e)
-                stored = _stored_by(backend, before)
-                written += stored
-                if stored < len(run[1]):
-                    mem.force_put(split_run(run, stored)[1] if stored else run)
-                for later in spill[i + 1:]:
-                    mem.force_put(later)
-                return True, written
-            if rest is not None:  # a backend that refuses without raising: keep in memory
-                mem.force_put(rest)
-            else:
-                written += len(run[1])
+        refused, written = spill_runs(ch.backend, spill, mem)
+        if refused is not None:
+            self.error = refused
+            return True, written
         if ch.clients:
             ch.broker.dirty.add(ch)
         return False, written

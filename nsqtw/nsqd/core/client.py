@@ -126,6 +126,15 @@ class ClientState:
             self._outbox.append(self)
         self.out.append(data)
 
+    def write(self, data: bytes) -> None:
+        """Write bytes now, behind anything already queued for this client (its connection's
+        answers and heartbeats; the broker's deliveries go through :meth:`send`)."""
+        if self.out:
+            self.out.append(data)
+            self.flush()
+        else:
+            self.writer(data)
+
     def flush(self) -> None:
         out = self.out
         if out:

@@ -54,10 +54,6 @@ class Quantile:
             if j < RESERVOIR:
                 half.samples[j] = value_ns
 
-    def insert_many(self, values_ns: Sequence[int], now: float) -> None:
-        for v in values_ns:
-            self.insert(v, now)
-
     def snapshot(self, now: float) -> tuple[int, list[int]]:
         self._rotate(now)
         samples: list[int] = []

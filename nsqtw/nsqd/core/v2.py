@@ -3,8 +3,10 @@ TCP protocol V2, server side, without I/O.
 
 :class:`V2Session` takes the bytes one connection sent, parses every complete
 command in them with a moving offset (no re-slicing of the tail), runs each
-against the broker, and queues the answers on the client's output; the glue
-in :mod:`nsqtw.nsqd.tcp` writes them once per read.  A run of back-to-back
+against the broker, and returns what the read did as one :class:`Outcome`
+(the answers to write, and what the glue in :mod:`nsqtw.nsqd.tcp` must do
+next: restart heartbeats, wait for an fsync, go on next turn, ask the auth
+server, upgrade the stream, close), as h2 returns events.  A run of back-to-back
 ``FIN <id>\\n`` lines (a consumer acknowledging a batch) is recognised by one
 regular expression and finished as a batch, even when the run was cut across
 two reads.
@@ -21,8 +23,8 @@ import json
 import re
 import struct
 from itertools import repeat
-from typing import Any
-from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import attr
 
@@ -41,7 +43,7 @@ from ...protocol.text import b2s, go_quote
 from .broker import Broker
 from .client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, ClientState
 
-__all__ = ["V2Session", "Features", "MAX_LINE"]
+__all__ = ["V2Session", "Features", "Outcome", "Upgrade", "KEEP", "CLOSE", "CLOSE_HELD", "MAX_LINE"]
 
 #: nsqd reads lines through a 16 KiB bufio.Reader; a longer line is a read error (close, no frame)
 MAX_LINE = 16 * 1024
@@ -75,6 +77,45 @@ class Upgrade:
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 6
+
+
+#: :attr:`Outcome.close`: keep the connection open
+KEEP = 0
+#: close it once the answer is written
+CLOSE = 1
+#: read nothing more, and close once the answers held for an fsync are written (``synced``)
+CLOSE_HELD = 2
+
+
+class Outcome(NamedTuple):
+    """What one call into a :class:`V2Session` did, for the glue to act on, field by field in
+    this order (the session's whole answer: the glue reads nothing else of it)."""
+
+    #: bytes to write to the client, before any delivery the broker frames afterwards
+    answer: bytes = b""
+    #: at least one whole command was read (nsqd's read deadline restarts)
+    progressed: bool = False
+    #: (re)start the heartbeat and read-deadline timers with the client's interval: the protocol
+    #: magic arrived (the magic timeout ends), or IDENTIFY changed the interval
+    heartbeats: bool = False
+    #: a command left work for the next reactor turn: call ``feed(b"", now)`` then
+    more: bool = False
+    #: nonzero: answers are held until everything published so far is fsynced (or stored by the
+    #: replication peers); then call ``synced(sync)`` or ``sync_failed(sync, reason)``
+    sync: int = 0
+    #: a command waits for the auth server: ask it with this secret, then ``resume(result)`` and
+    #: ``feed(b"", now)``
+    auth: bytes | None = None
+    #: stream upgrades IDENTIFY negotiated, to perform now; then ``take_remainder()``
+    upgrade: Upgrade | None = None
+    #: :data:`KEEP`, :data:`CLOSE` or :data:`CLOSE_HELD`
+    close: int = KEEP
+
+
+#: the outcomes of the commonest reads, built once
+_NOTHING = Outcome()
+_PROGRESSED = Outcome(b"", True)
+_OK_DONE = Outcome(OK_FRAME, True)
 
 
 def base10(data: bytes) -> int | None:
@@ -171,7 +212,8 @@ class _Yield(_Wait):
 
 
 #: most MPUB messages walked or queued per reactor turn: a 5 MiB MPUB of a million one-byte
-#: messages is legal, and must not stall every other client while it is taken in
+#: messages is legal, and must not stall every other client while it is taken in (what a
+#: refusal between two turns leaves stored: see _MpubWalk)
 MPUB_TURN = 20000
 
 
@@ -179,12 +221,10 @@ class V2Session:
     """The V2 protocol state machine for one connection (sans-IO)."""
 
     def __init__(self, broker: Broker, client: ClientState, *, features: Features = Features(),
-                 on_identify: Callable[[ClientState], None] | None = None,
                  authorizer: Any = None, sync_publish: bool = False) -> None:
         self.broker = broker
         self.client = client
         self.features = features
-        self.on_identify = on_identify
         self.authorizer = authorizer
         #: --sync-every=1: a publish is answered only once the fsync covering it is done
         self.sync_publish = sync_publish
@@ -197,6 +237,13 @@ class V2Session:
         self.busy = False
         #: ("auth" | "requery", secret) while waiting for the auth server; see resume()
         self.suspended: tuple[str, bytes] | None = None
+        #: the secret to ask the auth server about, until an outcome has said so
+        self._ask: bytes | None = None
+        #: the heartbeat timers are to be (re)started (magic, IDENTIFY), until an outcome has said so
+        self._heartbeats = False
+        #: something beyond the answer may be for the glue to do (set with busy, _want_sync, _ask,
+        #: upgrade and _heartbeats): feed's outcome is then built field by field
+        self._notify = False
         self._auth_result: Any = None
         self._want_sync = False
         self._next_gen = 1
@@ -237,9 +284,9 @@ class V2Session:
 
     # --- the read loop -----------------------------------------------------------
 
-    def feed(self, data: bytes, now: float) -> tuple[bytes, bool]:
-        """Handle bytes from the client: (the answers to write, False once the connection
-        must close).  Deliveries are not answers: the broker frames them when it settles.
+    def feed(self, data: bytes, now: float) -> Outcome:
+        """Handle bytes from the client: what the glue must do, answers first (see
+        :class:`Outcome`).  Deliveries are not answers: the broker frames them when it settles.
 
         The first branch is the commonest read of all, one whole ``PUB`` to the topic of this
         connection's last PUB while nothing is pending (no partial command, no MPUB walk, no
@@ -255,20 +302,45 @@ class V2Session:
                     try:
                         self._publish_one(self._pub_name, data[nl + 5:], now)
                     except NSQError as e:
-                        return encode_frame(FRAME_ERROR, e.wire()), self._fail()
+                        self._respond(encode_frame(FRAME_ERROR, e.wire()))
+                        return self._outcome(self._fail(), self.commands)
                     self.commands += 1
                     if self.sync_publish:
                         self._published()
                         self._respond(OK_FRAME)  # held for the fsync or the peers
-                        return b"", True
-                    return OK_FRAME, True
+                        return Outcome(b"", True, sync=self._sync_request())
+                    return _OK_DONE
+        done_before = self.commands
         keep = self._feed(data, now)
+        if keep and not self._notify:  # nothing to do but write the answer (the commonest case)
+            out = self._out
+            if not out:
+                return _PROGRESSED if self.commands != done_before else _NOTHING
+            answer = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            return Outcome(answer, self.commands != done_before)
+        return self._outcome(keep, done_before)
+
+    def _outcome(self, keep: bool, done_before: int) -> Outcome:
+        """This read's :class:`Outcome`: its answers, and what the session's state asks of the glue."""
         out = self._out
         if not out:
-            return b"", keep
-        answer = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        return answer, keep
+            answer = b""
+        else:
+            answer = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+        progressed = self.commands != done_before
+        self._notify = False
+        if keep and not self._heartbeats and not self.busy and not self._want_sync \
+                and self._ask is None and self.upgrade is None:
+            return Outcome(answer, progressed)
+        heartbeats, self._heartbeats = self._heartbeats, False
+        ask, self._ask = self._ask, None
+        return Outcome(answer, progressed, heartbeats, self.busy, self._sync_request(), ask,
+                       self.upgrade, KEEP if keep else self._closing())
+
+    def _closing(self) -> int:
+        return CLOSE_HELD if self._held is not None else CLOSE
 
     def _feed(self, data: bytes, now: float) -> bool:
         if self.closed:
@@ -302,6 +374,7 @@ class V2Session:
                 self.closed = True
                 return False
             self._magic = True
+            self._heartbeats = self._notify = True
             pos = 4
         client = self.client
         line_handlers = self._line
@@ -379,19 +452,24 @@ class V2Session:
             except _Suspend as sus:
                 self._buf = buf[cmd_pos:]
                 self.suspended = sus.request
+                self._ask = sus.request[1]
+                self._notify = True
                 return True
         return True
 
-    def eof(self) -> bytes:
+    def eof(self) -> Outcome:
         """The client shut its sending side (a half-close, or EOF): as nsqd, answer a command
         whose size or body it cut short with nsqd's fatal error (queued like any answer), and
         read nothing more.  A cut inside a command line, or between commands, gets no answer.
-        Returns the answer (empty when there is none)."""
-        if self.closed:
-            return b""
-        self.closed = True
-        if self.suspended is not None or not self._magic:
-            return b""
+        The outcome closes the connection (once the answers held for an fsync are out)."""
+        if not self.closed:
+            self.closed = True
+            if self.suspended is None and self._magic:
+                self._cut_short()
+        return self._outcome(False, self.commands)
+
+    def _cut_short(self) -> None:
+        """eof's answer to a command the client cut short, queued."""
         data = b"".join(self._chunks) if self._wanted else self._buf
         self._chunks = []
         self._wanted = 0
@@ -403,7 +481,7 @@ class V2Session:
         else:
             nl = data.find(b"\n")
             if nl < 0:
-                return b""  # nsqd: "failed to read command" at EOF closes without a frame
+                return  # nsqd: "failed to read command" at EOF closes without a frame
             line = data[:nl]
             if line[-1:] == b"\r":
                 line = line[:-1]
@@ -425,13 +503,10 @@ class V2Session:
                     err = _cut_mpub_message(data, nl + 9, 0)
         if err is not None:
             self._respond(encode_frame(FRAME_ERROR, err.wire()))
-        out = b"".join(self._out)
-        self._out.clear()
-        return out
 
     def _waiting(self, w: _Wait) -> None:
         if isinstance(w, _Yield):
-            self.busy = True  # the glue calls feed(b"") again in the next reactor turn
+            self.busy = self._notify = True  # the glue calls feed(b"") again in the next reactor turn
         elif w.need > 65536:
             # a large body is arriving: collect its chunks and join them once
             self._wanted = w.need
@@ -470,39 +545,44 @@ class V2Session:
 
     def _published(self) -> None:
         if self.sync_publish:
-            self._want_sync = True
+            self._want_sync = self._notify = True
             if self._held is None:
                 self._held = []
 
-    def take_sync_request(self) -> int | None:
-        """The generation of answers to release once everything published so far is fsynced."""
+    def _sync_request(self) -> int:
+        """The generation of answers to release once everything published so far is fsynced
+        (0: nothing new to wait for)."""
         if not self._want_sync:
-            return None
+            return 0
         gen = self._next_gen
         self._next_gen += 1
         self._last_gen = gen
         self._want_sync = False
         return gen
 
-    def synced(self, gen: int) -> bytes:
-        """The fsync for ``gen`` is done: the answers it held, to write."""
+    def synced(self, gen: int) -> Outcome:
+        """The fsync for ``gen`` is done: the answers it held, to write (and the close they
+        were holding back, if the connection is closing)."""
         held = self._held
         if held is None:
-            return b""
-        if len(held) == 1 and held[0][0] <= gen:  # one publish held (one PUB per round trip)
+            answer = b""
+        elif len(held) == 1 and held[0][0] <= gen:  # one publish held (one PUB per round trip)
             self._held = None
-            return held[0][1]
-        ready = [frame for g, frame in held if g <= gen]
-        rest = [(g, frame) for g, frame in held if g > gen]
-        self._held = rest or None
-        return b"".join(ready)
+            answer = held[0][1]
+        else:
+            ready = [frame for g, frame in held if g <= gen]
+            rest = [(g, frame) for g, frame in held if g > gen]
+            self._held = rest or None
+            answer = b"".join(ready)
+        if not self.closed:
+            return Outcome(answer) if answer else _NOTHING
+        return Outcome(answer, close=self._closing())
 
-    def sync_failed(self, gen: int, reason: str) -> bytes:
-        """The fsync failed: the publishes it covered are refused and the connection closes;
-        returns the error frame to write."""
+    def sync_failed(self, gen: int, reason: str) -> Outcome:
+        """The fsync failed: the publishes it covered are refused and the connection closes."""
         self._held = None
         self.closed = True
-        return encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {reason}").wire())
+        return Outcome(encode_frame(FRAME_ERROR, PubFailed(f"PUB failed {reason}").wire()), close=CLOSE)
 
     @property
     def holding(self) -> bool:
@@ -784,8 +864,7 @@ class V2Session:
         except IdentifyDecodeError:
             raise BadBody("IDENTIFY failed to decode JSON body") from None
         self._apply_identify(req)
-        if self.on_identify is not None:
-            self.on_identify(client)
+        self._heartbeats = self._notify = True  # at the interval it may have changed
         if not req.feature_negotiation:
             self._respond(OK_FRAME)
             return stop
@@ -818,6 +897,7 @@ class V2Session:
         self._respond(encode_frame(FRAME_RESPONSE, json.dumps(answer, separators=(",", ":")).encode()))
         if tls or snappy or deflate:
             self.upgrade = Upgrade(tls, snappy, deflate, level)
+            self._notify = True
         return stop
 
     def _apply_identify(self, req: Any) -> None:
@@ -902,9 +982,17 @@ class _MpubWalk:
     Only the bytes of the message not yet complete are kept between reads;
     the walk may not run past the body size the MPUB announced, which bounds
     what a client can make nsqd buffer to ``--max-body-size``.  At most
-    ``MPUB_TURN`` messages are walked, then queued, per reactor turn; all of
-    them are validated before the first is queued (all or nothing), and the
-    OK comes after the last.
+    ``MPUB_TURN`` messages are walked, then queued, per reactor turn; the OK
+    comes after the last.
+
+    What is stored: every message is validated, and the topic's room checked
+    for all of them, before the first is queued, so an invalid message or a
+    full queue stores nothing.  An MPUB of up to ``MPUB_TURN`` messages is then
+    stored at once (all or nothing).  A bigger one is stored a turn's share at
+    a time, and a refusal between two shares (the queue filled by other
+    publishers meanwhile, the topic deleted) answers ``E_MPUB_FAILED`` and
+    closes, leaving the shares already stored: as Go's nsqd, whose
+    ``PutMessages`` keeps the messages it stored before one failed.
     """
 
     __slots__ = ("session", "topic", "num", "room", "bodies", "queued")

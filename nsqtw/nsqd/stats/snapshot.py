@@ -9,7 +9,6 @@ so ``json.dumps`` of them is byte-compatible with nsqd's answer (up to values).
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -171,10 +170,6 @@ def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = 
     else:
         doc["producers"] = None
     return doc
-
-
-class _GoFloats(json.JSONEncoder):
-    pass
 
 
 def nanoseconds_to_human(v: float) -> str:
