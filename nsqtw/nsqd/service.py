@@ -20,7 +20,6 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from .core.broker import Broker, Event
-from .core.replication.shadow import SNAPSHOT_BATCH_BYTES
 from .core.scan import ChannelSampler, scan_channels
 from .core.v2 import Features
 from ..options import TLS_REQUIRED, NsqdOptions, OptionError, format_duration
@@ -147,6 +146,7 @@ class NsqdService(MultiService):
         if options.replication_address:
             from .replication import ShadowFactory, ShadowFiles
             self.shadow_files = ShadowFiles(self.data_path, fsync=options.sync_every == 1 and not throwaway)
+            from .core.replication.shadow import SNAPSHOT_BATCH_BYTES
             allow = {int(n) for n in options.replication_allow}
             self.shadow_factory = shadow = ShadowFactory(
                 options.node_id, self.instance, options.broadcast_address, self.shadow_files, reactor=reactor,

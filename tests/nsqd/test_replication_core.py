@@ -278,3 +278,14 @@ def test_a_batch_of_one_item_is_encoded_as_any_batch_is():
         assert kind == wire.BATCH and wire.decode_batch(body) == (9, [entry])
     assert wire.encode_ack(77) == wire.encode_frame(wire.ACK, (77).to_bytes(8, "big"))
     assert wire.LinkDecoder().ack(wire.encode_ack(77)) == 77
+
+
+def test_an_unreplicated_nsqd_does_not_import_replication():
+    """Replication costs an nsqd that does not use it nothing, its start-up imports included."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from nsqtw.nsqd.service import NsqdService; from nsqtw.cli import main; "
+            "print(sorted(m for m in sys.modules if 'replication' in m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
