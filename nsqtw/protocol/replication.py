@@ -527,7 +527,7 @@ class LinkDecoder:
             stop = pos + 4 + size
             if stop > end:
                 break
-            out.append((kind, bytes(data[pos + 5:stop])))
+            out.append((kind, bytes(memoryview(data)[pos + 5:stop])))  # one copy (not two) out of a buffer
             pos = stop
             if len(out) == max_frames:
                 break

@@ -226,7 +226,7 @@ class ShadowReceiver:
         for kind, body in frames:
             if self.sealer is not None:
                 try:
-                    body = bytes(self.sealer.check(kind, body))
+                    body = self.sealer.check(kind, body)  # type: ignore[assignment]  # a view of it: stored uncopied
                 except wire.LinkError as e:
                     return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
             if kind == wire.BATCH:
