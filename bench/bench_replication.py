@@ -8,6 +8,7 @@ same nsqd unreplicated, and Go's nsqd.
     python bench/bench_replication.py                 # 5 s per workload
     RUNFOR=10s python bench/bench_replication.py
     ROUNDS=3 python bench/bench_replication.py        # medians of 3 rounds (the figures to report)
+    REPLICATION_SECURITY=insecure python bench/bench_replication.py   # the pair without its secret
 
 Workloads as NSQ's own bench tools run them: ``pub_mem`` (Go's bench_writer, MPUB batches of 200,
 200-byte bodies, --mem-queue-size=10000000) and ``pub_one`` (Go's bench_pub, one PUB per round
@@ -101,7 +102,9 @@ def start_pair(work: str, memq: int, procs: list[subprocess.Popen], origin_cmd: 
     rport = free_port()
     os.mkdir(f"{work}/peer")
     os.mkdir(f"{work}/origin")
-    secret = f"--replication-secret-file={write_secret(work)}"
+    # REPLICATION_SECURITY=insecure: the same pair without the link's authentication (its cost)
+    secret = ("--replication-insecure" if os.environ.get("REPLICATION_SECURITY") == "insecure"
+              else f"--replication-secret-file={write_secret(work)}")
     peer, _ = start(NSQTW, f"{work}/peer", memq, "--node-id=2", f"--replication-address=127.0.0.1:{rport}", secret)
     procs.append(peer)
     origin, tcp = start(origin_cmd or NSQTW, f"{work}/origin", memq, "--node-id=1",

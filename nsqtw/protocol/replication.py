@@ -227,12 +227,15 @@ class Sealer:
     def check(self, kind: int, tagged: bytes | memoryview) -> bytes | memoryview:
         """The body of a received sealed frame (``tagged``: its tag, then its body); raises
         :class:`LinkError` when the tag is wrong or its sequence does not grow."""
-        if len(tagged) < TAG_SIZE:
+        n = len(tagged) - TAG_SIZE
+        if n < 0:
             raise LinkError("sealed frame too short")
-        body = tagged[TAG_SIZE:]
-        seq = _SEQ.unpack_from(body)[0] if kind != HOLDS and len(body) >= 8 else 0
-        if not hmac.compare_digest(self.tag(kind, seq, len(body)), bytes(tagged[:TAG_SIZE])):
+        seq = _SEQ.unpack_from(tagged, TAG_SIZE)[0] if kind != HOLDS and n >= 8 else 0
+        mac = self._mac.copy()
+        mac.update(_TAG_INPUT.pack(kind, seq, n))
+        if not hmac.compare_digest(mac.digest(), tagged[:TAG_SIZE]):
             raise LinkError(f"bad seal on a frame of type {kind}")
+        body = tagged[TAG_SIZE:]
         if kind != HOLDS and kind != ERROR:
             if seq <= self.last_in.get(kind, -1):
                 raise LinkError(f"replayed frame of type {kind} (sequence {seq})")
