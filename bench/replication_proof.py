@@ -115,12 +115,6 @@ class Unavailable(Exception):
     """A fault that cannot run here (the disk fault without root); why."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Nsqd:
     """nsqtw's nsqd as a child process; what it logs after its start lines goes to ``log`` (a
     file path) when given."""
@@ -135,12 +129,14 @@ class Nsqd:
              "--http-address=127.0.0.1:0", "--https-address=", f"--data-path={data}",
              f"--log-level={level}", *flags],
             stderr=subprocess.PIPE, env=env, text=True)
-        self.port = self.http = 0
+        self.port = self.http = self.replication_port = 0
         assert self.proc.stderr is not None
         said: list[str] = []
         for line in self.proc.stderr:
             if "TCP: listening on" in line:
                 self.port = int(line.rsplit(":", 1)[1])
+            elif "REPLICATION: listening on" in line:  # before HTTP's: the listeners start in that order
+                self.replication_port = int(line.rsplit(":", 1)[1])
             elif "HTTP: listening on" in line:
                 self.http = int(line.rsplit(":", 1)[1])
             else:
@@ -535,9 +531,9 @@ def cycle(workdir: str, rng: random.Random, replicated: bool, seq: list[int], cl
     os.mkdir(a_data)
     os.mkdir(b_data)
     secret = write_secret(os.path.join(here, "secret"))
-    rport = free_port()
     common = [f"--replication-secret-file={secret}", f"--replication-timeout={TIMEOUT}s"]
-    peer_flags = [f"--replication-address=127.0.0.1:{rport}", f"--adopt-after={ADOPT_AFTER}s", *common] if replicated else []
+    # the peer's replication port chosen by the kernel too, read from its start lines
+    peer_flags = ["--replication-address=127.0.0.1:0", f"--adopt-after={ADOPT_AFTER}s", *common] if replicated else []
     mounted = False
     if fault == "disk":
         why = mount_tmpfs(b_data)
@@ -553,7 +549,7 @@ def cycle(workdir: str, rng: random.Random, replicated: bool, seq: list[int], cl
     try:
         peer = Nsqd(b_data, "--node-id=2", *peer_flags, log=os.path.join(here, "peer.log"))
         try:
-            target = rport
+            rport = target = peer.replication_port
             if fault == "partition":
                 proxy = Blackhole(("127.0.0.1", rport))
                 target = proxy.port
