@@ -593,6 +593,22 @@ class NsqdOptions:
                               help="[nsqtw] most bytes of acknowledged messages held in memory while the disk "
                                    "refuses writes; at the cap a timed-out message stays in flight "
                                    "(its timeout extended) instead")
+    max_attempts: int = opt(default=0, flag="max-attempts", kind=INT,
+                            help="[nsqtw] new channels' policy: a message delivered this many times is not "
+                                 "delivered again but kept as a dead letter (0 disables)")
+    max_msg_age: float = opt(default=0.0, flag="max-msg-age", kind=DURATION,
+                             help="[nsqtw] new channels' policy: a message older than this (from its publish "
+                                  "time) is not delivered (0 disables)")
+    max_channel_depth: int = opt(default=0, flag="max-channel-depth", kind=INT,
+                                 help="[nsqtw] new channels' policy: the most messages a channel queues, "
+                                      "see --channel-overflow (0 disables)")
+    channel_overflow: str = opt(default="drop-oldest", flag="channel-overflow", kind=STR,
+                                help="[nsqtw] what a channel at --max-channel-depth does: drop-oldest (drop its "
+                                     "oldest queued message for each new one) or refuse (refuse publishes to "
+                                     "its topic)")
+    max_channel_rate: float = opt(default=0.0, flag="max-channel-rate", kind=FLOAT,
+                                  help="[nsqtw] new channels' policy: the most messages a second delivered to a "
+                                       "channel's clients together (0 disables)")
     stop_disk_wait: float = opt(default=20.0, flag="stop-disk-wait", kind=DURATION,
                                 help="[nsqtw] how long a stop waits for disk space to write held "
                                      "messages before it gives up and reports them lost")
@@ -694,6 +710,16 @@ class NsqdOptions:
         )
         if self.stop_disk_wait < 0:
             raise OptionError("--stop-disk-wait must not be negative")
+        if not 0 <= self.max_attempts <= 65535:
+            raise OptionError("--max-attempts must be [0,65535]")
+        if self.max_msg_age < 0:
+            raise OptionError("--max-msg-age must not be negative")
+        if self.max_channel_depth < 0:
+            raise OptionError("--max-channel-depth must not be negative")
+        if self.channel_overflow not in ("drop-oldest", "refuse"):
+            raise OptionError(f"--channel-overflow must be drop-oldest or refuse, not {self.channel_overflow!r}")
+        if not 0 <= self.max_channel_rate < 1e9:
+            raise OptionError("--max-channel-rate must not be negative")
         if self.max_req_timeout < 0:
             raise OptionError("--max-req-timeout must not be negative")
         if self.msg_timeout > self.max_msg_timeout:

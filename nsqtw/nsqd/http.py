@@ -297,10 +297,12 @@ class NsqdHTTPAPI:
         include_mem = _BOOL.get(first(params, "include_mem") or "", True)
         # nsqtw addition, off unless asked (nsqadmin asks): each channel's oldest_message_ts
         include_oldest = _BOOL.get(first(params, "include_oldest_message_ts") or "", False)
+        # nsqtw addition, off unless asked (nsqadmin asks): each channel's policy and its counts
+        include_policies = _BOOL.get(first(params, "include_policies") or "", False)
         now = self.node.now()
         doc = broker_stats(self._broker, now, topic=topic, channel=channel,
                            include_clients=include_clients, include_mem=include_mem,
-                           include_oldest=include_oldest)
+                           include_oldest=include_oldest, include_policies=include_policies)
         replication = self.node.replication_stats()
         if replication is not None:
             doc["replication"] = replication  # nsqtw addition, only when --replica-peer is given
@@ -319,7 +321,8 @@ class NsqdHTTPAPI:
         self._guard(request)
         params = query(request)
         include_clients = _BOOL.get(first(params, "include_clients") or "", True)
-        doc = broker_stats(self._broker, self.node.now(), include_clients=include_clients)
+        doc = broker_stats(self._broker, self.node.now(), include_clients=include_clients,
+                           include_policies=True)
         doc["held"] = held_stats(self._broker)  # always on /metrics (the cap included)
         replication = self.node.replication_stats()
         if replication is not None:
@@ -441,6 +444,65 @@ class NsqdHTTPAPI:
         self.node.persist_metadata()
         self._settle()
         return v1(request, None)
+
+    # --- channel policies (nsqtw; see nsqtw.nsqd.core.policy) ------------------------------
+
+    def _find_channel(self, params: dict[str, list[str]]) -> Any:
+        topic, channel = topic_channel_args(params)
+        try:
+            return self._broker.find_channel(topic, channel)
+        except TopicNotFound:
+            raise HTTPAPIError(404, "TOPIC_NOT_FOUND") from None
+        except ChannelNotFound:
+            raise HTTPAPIError(404, "CHANNEL_NOT_FOUND") from None
+
+    @staticmethod
+    def _policy_doc(ch: Any) -> dict[str, Any]:
+        from .core.policy import ChannelPolicy
+        doc: dict[str, Any] = {"topic": ch.topic.name, "channel": ch.name}
+        doc.update((ch.policy or ChannelPolicy()).to_json())
+        return doc
+
+    @app.route("/channel/config", methods=["GET", "POST"])
+    def channel_config(self, request: IRequest) -> bytes:
+        """A channel's policy: GET answers it, POST changes the settings it names."""
+        from .core.policy import POLICY_PARAMS, ChannelPolicy, PolicyError
+
+        self._guard(request)
+        params = query(request)
+        ch = self._find_channel(params)
+        if request.method == b"POST":
+            changes = {name: first(params, name) or "" for name in POLICY_PARAMS if name in params}
+            try:
+                policy = (ch.policy or ChannelPolicy()).updated(changes, topic=ch.topic.name)
+            except PolicyError as e:
+                raise HTTPAPIError(400, e.code) from None
+            self._broker.set_policy(ch.topic.name, ch.name, policy, self.node.now())
+            self._settle()
+        return v1(request, self._policy_doc(ch))
+
+    @app.route("/channel/redrive", methods=["POST"])
+    def channel_redrive(self, request: IRequest) -> bytes:
+        """Dead letters back into their channel with fresh attempts (``count``: the oldest N)."""
+        self._guard(request)
+        params = query(request)
+        ch = self._find_channel(params)
+        raw = first(params, "count")
+        count = None
+        if raw:
+            if _PEEK_N.match(raw) is None or int(raw) <= 0:
+                raise HTTPAPIError(400, "INVALID_COUNT")
+            count = int(raw)
+        n = ch.redrive(count, self.node.now())
+        self._settle()
+        return v1(request, {"redriven": n, "dead_count": len(ch.dead) if ch.dead is not None else 0})
+
+    @app.route("/channel/dead/empty", methods=["POST"])
+    def channel_dead_empty(self, request: IRequest) -> bytes:
+        """Drop every dead letter of the channel."""
+        self._guard(request)
+        ch = self._find_channel(query(request))
+        return v1(request, {"emptied": ch.empty_dead(), "dead_count": 0})
 
     @staticmethod
     def _null(request: IRequest) -> bytes:

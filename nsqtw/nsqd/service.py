@@ -106,6 +106,13 @@ class NsqdService(MultiService):
             self.replication.attach(self.broker)
         else:
             self.broker = Broker(options, reactor.seconds(), backend_factory=factory, rng=self.rng)
+        from .deadletters import DeadLetterFiles
+        from .policies import PolicyFile
+        durable_files = options.sync_every == 1 and not throwaway
+        self.broker.clock = reactor.seconds
+        self.broker.dead_sinks = DeadLetterFiles(self.data_path, fsync=durable_files)
+        #: channels' policies between runs (nsqtw.policies.json)
+        self.policy_file = PolicyFile(self.data_path, fsync=durable_files)
         from ..backend.metadata import MetadataWriter, TopicFragments, write_fragments
         self.metadata_fragments = TopicFragments(self.broker.topics)
         self.metadata_writer = MetadataWriter(self.metadata_fragments,
@@ -249,6 +256,7 @@ class NsqdService(MultiService):
         opts = self.options
         scan_channels(self._sampler.channels(now), now, self.rng,
                       opts.queue_scan_selection_count, opts.queue_scan_dirty_percent)
+        self.broker.wake_throttled()
         self.settle()
 
     def retry_held(self) -> None:
@@ -261,12 +269,26 @@ class NsqdService(MultiService):
             self.settle()
 
     def _on_event(self, event: str, topic: str, channel: str | None) -> None:
+        if event == Event.POLICY or (event in (Event.CHANNEL_DELETED, Event.TOPIC_DELETED)
+                                     and os.path.exists(self.policy_file.path)):
+            self.save_policies()
+            if event == Event.POLICY:
+                return
         self.metadata_fragments.touch(topic)
         if event in (Event.CHANNEL_CREATED, Event.CHANNEL_DELETED, Event.TOPIC_DELETED):
             self._sampler.stale = True
         if event != Event.PAUSED and event != Event.EMPTIED and not self.broker.loading and not self.broker.exiting:
             if not topic.endswith("#ephemeral") and not (channel or "").endswith("#ephemeral"):
                 self.persist_metadata()
+
+    def save_policies(self) -> None:
+        """Rewrite nsqtw.policies.json (a policy was set, or a channel with one went)."""
+        if self.broker.loading:
+            return
+        try:
+            self.policy_file.save(self.broker)
+        except OSError as e:
+            log.error("failed to write {path}: {e}", path=self.policy_file.path, e=e)
 
     def persist_metadata(self, urgent: bool = False) -> defer.Deferred:
         """Rewrite nsqd.dat (on create, delete, pause, unpause and exit), off the reactor thread;
@@ -437,6 +459,11 @@ class NsqdService(MultiService):
                         ch = topic.get_channel(cmd.name, now)
                         if cmd.paused:
                             ch.pause()
+                for (t, c), policy in self.policy_file.load().items():
+                    found = broker.topics.get(t)
+                    policed = found.channels.get(c) if found is not None else None
+                    if policed is not None:
+                        policed.set_policy(policy, now)
             finally:
                 broker.loading = False
             if self.shadow_files is not None:

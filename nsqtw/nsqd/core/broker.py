@@ -25,13 +25,15 @@ from twisted.logger import Logger
 
 from ...backend.dummy import DummyQueue
 from ...backend.runs import Run, run_of_frame, run_of_frames
-from ...errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
+from ...errors import BackendError, BrokerError, ChannelNotFound, Exiting, TopicNotFound
 from ...options import NsqdOptions
 from ...protocol.names import is_ephemeral
 from .backlog import HeldBacklog
 from .channel import Channel
 from .client import ClientState
+from .deadletters import DeadSink
 from .guid import GUIDFactory
+from .policy import ChannelPolicy, default_policy
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ class Event:
     CHANNEL_DELETED = "channel_deleted"
     PAUSED = "paused"
     EMPTIED = "emptied"
+    #: a channel's policy was set (see :mod:`.policy`)
+    POLICY = "policy"
 
 
 BackendFactory = Callable[[str, bool], Any]
@@ -108,6 +112,17 @@ class Broker:
         self.delivery_held = False
         self._client_ids = count(1)
         self._channel_list: list[Channel] | None = None
+        #: channels whose delivery rate (``max_rate``) held messages back: the queue scan
+        #: delivers to them again (see :meth:`wake_throttled`)
+        self.throttled: set[Channel] = set()
+        #: where durable channels keep dead letters: ``(queue name, ephemeral, existing only)``
+        #: to a sink, or None for memory only (the service gives one when it has a data path)
+        self.dead_sinks: Callable[[str, bool, bool], DeadSink | None] | None = None
+        #: the clock, for what happens outside a call that carries ``now`` (a dropped message's
+        #: time of death); the service gives its reactor's
+        self.clock: Callable[[], float] = lambda: self.start_time
+        #: the nsqd-wide policy of new channels (``--max-attempts`` and the like)
+        self.default_policy = default_policy(options)
 
     # --- settling -------------------------------------------------------------
 
@@ -130,6 +145,39 @@ class Broker:
             for client in outbox:
                 client.flush()
             outbox.clear()
+
+    def wake_throttled(self) -> None:
+        """Channels whose delivery rate held messages back get a delivery pass (the queue scan
+        asks, every ``QueueScanInterval``)."""
+        if self.throttled:
+            self.dirty |= self.throttled
+            self.throttled.clear()
+
+    def time(self) -> float:
+        return self.clock()
+
+    def open_dead_sink(self, ch: Channel, existing: bool = False) -> DeadSink | None:
+        """The sink of ``ch``'s dead letters (None: kept in memory only; with ``existing``, None
+        too when none was stored before)."""
+        sinks = self.dead_sinks
+        if sinks is None:
+            return None
+        return sinks(f"{ch.topic.name}:{ch.name}", ch.ephemeral or ch.topic.ephemeral, existing)
+
+    def publish_dead(self, topic_name: str, bodies: list[bytes], now: float) -> None:
+        """Dead messages' bodies go to a channel's ``dead_letter_topic`` too; a refusal is logged
+        (the dead letters stay in their channel either way)."""
+        try:
+            self.publish(topic_name, bodies, now)
+        except BrokerError as e:
+            log.warn("dead letters not published to {topic}: {e}", topic=topic_name, e=e)
+
+    def set_policy(self, topic_name: str, channel_name: str, policy: ChannelPolicy, now: float) -> Channel:
+        """``POST /channel/config``: enforce ``policy`` on an existing channel."""
+        ch = self.find_channel(topic_name, channel_name)
+        ch.set_policy(policy, now)
+        self._notify(Event.POLICY, topic_name, channel_name)
+        return ch
 
     def resume_pumps(self) -> None:
         """Nothing is held any more: topics whose backlog waited meanwhile move it on (a
@@ -191,6 +239,10 @@ class Broker:
         if getattr(backend, "has_deferred_hints", False):  # a sink only where one is needed
             backend.deferred_sink = ch.restore_deferred
         topic.channels[name] = ch
+        if self.dead_sinks is not None:
+            ch.load_dead()
+        if self.default_policy is not None:
+            ch.set_policy(self.default_policy, now)
         if self._channel_list is not None:
             self._channel_list.append(ch)
         self._notify(Event.CHANNEL_CREATED, topic.name, name)
@@ -238,9 +290,14 @@ class Broker:
         ch.close_clients()
         ch.empty()
         ch.backend.delete()
+        if ch.dead is not None:
+            ch.dead.delete()
         topic.channels.pop(name, None)
+        if topic.bounded:
+            topic.refresh_bounds()
         self._channel_list = None
         self.dirty.discard(ch)
+        self.throttled.discard(ch)
         self.backlog.forget(ch)
 
     def channels(self) -> list[Channel]:
@@ -384,6 +441,8 @@ class Broker:
             if why is not None:
                 self.health = f"NOK - {why}"
                 raise BackendError(why)
+        if topic.bounded:
+            topic.check_bounds(1)
         run, nbytes = self.make_run([body], now)
         self._put_deferred(topic, run[0], nbytes, now + delay)
         return topic

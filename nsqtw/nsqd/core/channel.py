@@ -21,12 +21,16 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
+from twisted.logger import Logger
+
 from ...backend.memory import MemoryQueue
 from ...backend.runs import Run, frames_and_ids, run_bytes, run_frames, run_ids, run_of_frame, run_of_frames
 from ...errors import BackendError, FinFailed, QueueFull, ReqFailed, SubFailed, TouchFailed
 from ...protocol.message import requeue_frame
 from ...protocol.names import is_ephemeral
 from .client import EPOCH_SPAN, STATE_SUBSCRIBED, ClientState, Epoch
+from .deadletters import DeadLetters
+from .policy import REASON_AGE, REASON_ATTEMPTS, REASON_OVERFLOW, ChannelPolicy, TokenBucket
 from .quantile import Quantile
 
 if TYPE_CHECKING:
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
     from .topic import Topic
 
 __all__ = ["Channel"]
+
+log = Logger(namespace="nsqtw.nsqd")
 
 _seq = count()
 
@@ -45,6 +51,7 @@ _get_client = attrgetter("client")
 _dict_pop = dict.pop
 _getitem = bytes.__getitem__
 _TS = __import__("struct").Struct(">q").unpack_from
+_ATTEMPTS = __import__("struct").Struct(">H")
 
 
 def _id_text(mid: bytes) -> str:
@@ -57,7 +64,8 @@ class Channel:
     __slots__ = (
         "topic", "name", "ephemeral", "broker", "mem", "backend", "inflight", "deferred",
         "clients", "paused", "exiting", "message_count", "requeue_count", "timeout_count",
-        "timeout_extended_count", "e2e", "_rr", "__weakref__",
+        "timeout_extended_count", "e2e", "_rr", "policy", "dead", "bucket", "expired_count",
+        "dropped_count", "__weakref__",
     )
 
     def __init__(self, topic: Topic, name: str, broker: Broker, backend: IBackendQueue, now: float) -> None:
@@ -85,6 +93,16 @@ class Channel:
                      rng=broker.rng)  # the broker's: a Random of its own is 2.5 KB per channel
             if opts.e2e_processing_latency_percentiles else None)
         self._rr = 0
+        #: the channel's policy while any of it is on (None: NSQ's behaviour, and no cost)
+        self.policy: ChannelPolicy | None = None
+        #: dead letters, once the channel has had any (see :mod:`.deadletters`)
+        self.dead: DeadLetters | None = None
+        #: the delivery rate's bucket while ``max_rate`` is set
+        self.bucket: TokenBucket | None = None
+        #: messages not delivered because they were older than ``max_age`` (since the start)
+        self.expired_count = 0
+        #: messages dropped by the policy without a dead letter kept (since the start)
+        self.dropped_count = 0
 
     # --- queueing -----------------------------------------------------------
 
@@ -101,6 +119,8 @@ class Channel:
         if self.clients:
             self.broker.dirty.add(self)
         self.message_count += len(run[1])
+        if self.policy is not None and self.policy.max_depth:
+            self._bound()
 
     def _heap(self) -> list[tuple[float, int, bytes]]:
         d = self.deferred
@@ -162,6 +182,156 @@ class Channel:
             self.broker.backlog.put_back(self, rest)
         if self.clients:
             self.broker.dirty.add(self)
+        if self.policy is not None and self.policy.max_depth:
+            self._bound()
+
+    # --- policy (see :mod:`.policy`) ------------------------------------------
+
+    def set_policy(self, policy: ChannelPolicy, now: float) -> None:
+        """Enforce ``policy`` from now on (the default policy turns everything off)."""
+        self.policy = policy if policy != ChannelPolicy() else None
+        bucket = self.bucket
+        if not policy.max_rate:
+            self.bucket = None
+        elif bucket is None or bucket.rate != policy.max_rate:
+            self.bucket = TokenBucket(policy.max_rate, now)
+        if policy.keeps_dead and self.dead is None:
+            self.dead = DeadLetters(self.broker.open_dead_sink(self))
+        self.topic.refresh_bounds()
+        if self.clients:
+            self.broker.dirty.add(self)
+        if policy.max_depth:
+            self._bound()
+
+    def load_dead(self) -> None:
+        """Dead letters a previous run left on disk (called once, at the channel's creation)."""
+        sink = self.broker.open_dead_sink(self, existing=True)
+        if sink is not None:
+            dead = DeadLetters(sink)
+            if len(dead):
+                self.dead = dead
+
+    def _police(self, runs: list[Run], now: float) -> tuple[list[Run], int]:
+        """``runs`` without the messages the policy forbids delivering (past ``max_attempts``,
+        older than ``max_age``), which die; and how many are left."""
+        policy = self.policy
+        assert policy is not None
+        max_attempts = policy.max_attempts or 0xFFFF
+        oldest = int((now - policy.max_age) * 1e9) if policy.max_age else None
+        out: list[Run] = []
+        kept = 0
+        too_many: list[bytes] = []
+        too_old: list[bytes] = []
+        for run in runs:
+            frames = run_frames(run)
+            good = []
+            for f in frames:
+                if _ATTEMPTS.unpack_from(f, 16)[0] > max_attempts:
+                    too_many.append(f)
+                elif oldest is not None and _TS(f, 8)[0] < oldest:
+                    too_old.append(f)
+                else:
+                    good.append(f)
+            if len(good) == len(frames):
+                out.append(run)
+            elif good:
+                out.append(run_of_frames(good))
+            kept += len(good)
+        if too_many:
+            self._kill(too_many, REASON_ATTEMPTS, now)
+        if too_old:
+            self._kill(too_old, REASON_AGE, now)
+        return out, kept
+
+    def _police_requeued(self, frames: list[bytes], now: float) -> list[bytes]:
+        """Requeued frames (attempts of their next delivery) without those past ``max_attempts``,
+        which die."""
+        assert self.policy is not None
+        limit = self.policy.max_attempts
+        unpack = _ATTEMPTS.unpack_from
+        over = [f for f in frames if unpack(f, 16)[0] > limit]
+        if not over:
+            return frames
+        self._kill(over, REASON_ATTEMPTS, now)
+        return [f for f in frames if unpack(f, 16)[0] <= limit]
+
+    def _bound(self) -> None:
+        """``max_depth`` with ``drop-oldest``: the oldest queued messages beyond it die (or are
+        dropped).  The disk queue's head goes first: what waits on disk is older than what
+        memory took since (it only spills there when memory is full, and a restart reads every
+        message back from it)."""
+        policy = self.policy
+        assert policy is not None
+        excess = self.depth() - policy.max_depth
+        if excess <= 0 or policy.refuses:
+            return
+        runs: list[Run] = []
+        got = 0
+        if self.backend.depth():
+            runs = self.backend.read(excess)
+            got = sum(len(r[1]) for r in runs)
+        if got < excess:
+            runs.extend(self.mem.read(excess - got))
+        frames = [f for run in runs for f in run_frames(run)]
+        if frames:
+            self._kill(frames, REASON_OVERFLOW, self.broker.time())
+
+    def _kill(self, frames: list[bytes], reason: str, now: float) -> None:
+        """``frames`` (as their next delivery would carry them) leave the queue for good: kept
+        as dead letters (and published to the dead-letter topic) when the policy keeps them,
+        else dropped; counted either way.  A disk queue's records of them are released only once
+        the dead letters are stored: if that fails they are read again after a restart."""
+        policy = self.policy
+        n = len(frames)
+        if reason == REASON_AGE:
+            self.expired_count += n
+        stored = True
+        if policy is not None and policy.keeps_dead:
+            dead = self.dead
+            if dead is None:
+                dead = self.dead = DeadLetters(self.broker.open_dead_sink(self))
+            try:
+                dead.add(frames, now, reason)
+            except OSError as e:
+                stored = False
+                log.error("dead letters of {t}:{c} kept in memory only, the disk refused them: {e}",
+                          t=self.topic.name, c=self.name, e=e)
+            if policy.dead_letter_topic:
+                self.broker.publish_dead(policy.dead_letter_topic, [f[34:] for f in frames], now)
+        else:
+            self.dropped_count += n
+            self._dropped(run_ids(frames))
+        if stored:
+            release = getattr(self.backend, "release", None)
+            if release is not None:
+                release(run_ids(frames))
+
+    def _dropped(self, ids: list[bytes]) -> None:
+        """Messages the policy dropped without a dead letter (a replicated channel tells its
+        peers, as for a FIN)."""
+
+    def redrive(self, n: int | None, now: float) -> int:
+        """Put up to ``n`` (all when None) of the oldest dead letters back in the queue with fresh
+        attempts; returns how many.  They are queued before they leave the dead letters (a crash
+        in between may keep a copy of each in both, never in neither)."""
+        dead = self.dead
+        if dead is None or not len(dead):
+            return 0
+        letters = dead.first(len(dead) if n is None else n)
+        if not letters:
+            return 0
+        fresh = _ATTEMPTS.pack(1)
+        frames = [letter.frame[:16] + fresh + letter.frame[18:] for letter in letters]
+        self._store_back(run_of_frames(frames))
+        dead.take(len(letters))
+        return len(letters)
+
+    def empty_dead(self) -> int:
+        """Drop every dead letter; returns how many."""
+        dead = self.dead
+        if dead is None:
+            return 0
+        return len(dead.take())
 
     # --- clients ------------------------------------------------------------
 
@@ -178,7 +348,7 @@ class Channel:
         """A client left: requeue what it held, and drop an ephemeral channel it was last on."""
         if self.clients.pop(client.id, None) is None:
             return
-        self._requeue_epochs(client.all_epochs(), timeout=True)
+        self._requeue_epochs(client.all_epochs(), timeout=True, now=now)
         client.in_flight = 0
         if self.ephemeral and not self.clients and not self.exiting:
             self.broker.delete_channel(self.topic.name, self.name)
@@ -196,6 +366,18 @@ class Channel:
         avail = self.mem.depth() + self.backend.depth()
         if not avail:
             return
+        police = False
+        budget = 0
+        if self.policy is not None:  # see :mod:`.policy`; off: NSQ's path, unchanged
+            police = bool(self.policy.max_attempts or self.policy.max_age)
+            if self.bucket is not None:
+                budget = self.bucket.available(now)
+                if budget <= 0:
+                    self.broker.throttled.add(self)
+                    return
+                if budget < avail:
+                    avail = budget
+        start_avail = avail
         n_ready = len(ready)
         if n_ready > 1:
             start = self._rr % n_ready
@@ -222,6 +404,11 @@ class Channel:
                     got += sum(len(r[1]) for r in more)
                 if not got:
                     break
+                if police:
+                    runs, kept = self._police(runs, now)
+                    if not kept:
+                        continue  # all of these died: read on (the queue shrank)
+                    got = kept
                 self._send(client, runs, now)
                 avail -= got
                 want -= got
@@ -230,6 +417,11 @@ class Channel:
                 client.flush()
             if avail <= 0:
                 break
+        if budget:
+            assert self.bucket is not None
+            self.bucket.spend(start_avail - avail)
+            if avail <= 0 and budget <= start_avail:
+                self.broker.throttled.add(self)  # the rate held some back: the scan comes back
 
     def _without_copies_in_flight(self, runs: list[Run]) -> list[Run]:
         """Drop records whose message is already in flight: after a crash the disk queue reads
@@ -349,7 +541,10 @@ class Channel:
         if ep.client is not client:
             raise ReqFailed(f"REQ {_id_text(mid)} failed client does not own message")
         frame = requeue_frame(ep.msgs[mid])
-        if delay > 0:
+        policy = self.policy
+        if policy is not None and policy.max_attempts and _ATTEMPTS.unpack_from(frame, 16)[0] > policy.max_attempts:
+            self._kill([frame], REASON_ATTEMPTS, now)  # no more deliveries: dead, not requeued
+        elif delay > 0:
             heapq.heappush(self._heap(), (now + delay, next(_seq), frame))
             defer_pinned = getattr(self.backend, "defer_pinned", None)
             if defer_pinned is not None:  # read again after a crash, it waits as long
@@ -401,7 +596,7 @@ class Channel:
                     self._extend_epochs(client, expired, now)
                     continue
                 dirty = True
-                self._requeue_epochs(expired, timeout=True)
+                self._requeue_epochs(expired, timeout=True, now=now)
         return dirty
 
     def _extend_epochs(self, client: ClientState, epochs: Sequence[Epoch], now: float) -> None:
@@ -443,7 +638,7 @@ class Channel:
         self._put_back(frames)
         return True
 
-    def _requeue_epochs(self, epochs: Sequence[Epoch], timeout: bool) -> None:
+    def _requeue_epochs(self, epochs: Sequence[Epoch], timeout: bool, now: float | None = None) -> None:
         inflight = self.inflight
         frames: list[bytes] = []
         for ep in epochs:
@@ -459,6 +654,8 @@ class Channel:
             if timeout:
                 self.timeout_count += n
         if frames and not self.exiting:
+            if now is not None and self.policy is not None and self.policy.max_attempts:
+                frames = self._police_requeued(frames, now)
             self._put_back(frames)
 
     # --- lifecycle ----------------------------------------------------------

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["STATES", "MAX_N", "DEFAULT_N", "peek_channel", "peek_topic", "oldest_timestamp"]
 
-#: the states a peek can ask for, in the order ``all`` lists them
-STATES = ("queued", "in_flight", "deferred")
+#: the states a peek can ask for, in the order ``all`` lists them (``dead``: messages the
+#: channel's policy gave up on, see :mod:`.deadletters`)
+STATES = ("queued", "in_flight", "deferred", "dead")
 DEFAULT_N = 20
 MAX_N = 1000
 
@@ -143,6 +144,15 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
             more = more or len(items) > n
             items = items[:n]
         parts.append(("deferred", items, more))
+    dead = channel.dead
+    if "dead" in states and dead is not None:
+        items = []
+        for letter in dead.first(n + 1):
+            item = _message(letter.frame, len(letter.frame) - 34, "dead", 1, None, None, max_body)
+            item["died_at"] = int(letter.died_at * 1e9)
+            item["reason"] = letter.reason
+            items.append(item)
+        parts.append(("dead", items[:n], len(items) > n))
     messages, truncated = _listing(parts, states, n)
     return {
         "topic": channel.topic.name,
@@ -150,6 +160,7 @@ def peek_channel(channel: Channel, states: Sequence[str], n: int, max_body: int,
         "depth": channel.depth(),
         "in_flight_count": len(channel.inflight),
         "deferred_count": len(channel.deferred) + on_disk_count,
+        **({"dead_count": len(dead)} if dead is not None else {}),
         "messages": messages,
         "truncated": truncated,
     }

@@ -34,7 +34,7 @@ class Topic:
 
     __slots__ = (
         "name", "ephemeral", "broker", "channels", "mem", "backend", "deferred", "paused",
-        "exiting", "message_count", "message_bytes", "holds", "__weakref__",
+        "exiting", "message_count", "message_bytes", "holds", "bounded", "__weakref__",
     )
 
     def __init__(self, name: str, broker: Broker, backend: IBackendQueue) -> None:
@@ -52,6 +52,8 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.holds = 0
+        #: channels whose policy refuses publishes while they are full (``overflow=refuse``)
+        self.bounded: tuple[Channel, ...] = ()
 
     def depth(self) -> int:
         return self.mem.depth() + self.backend.depth() + len(self.deferred)
@@ -99,6 +101,8 @@ class Topic:
             direct = self._direct()
         if self.broker.backlog.channels:
             self._refuse_while_holding(n, direct)
+        if self.bounded:
+            self.check_bounds(n)
         if direct:
             for ch in self.channels.values():
                 if not getattr(ch.backend, "accepts_all", True) and ch.mem.room() < n:
@@ -106,6 +110,19 @@ class Topic:
         elif not getattr(self.backend, "accepts_all", True) and self.mem.room() < n:
             raise QueueFull(f"topic {self.name} is full")
         return direct
+
+    def check_bounds(self, n: int) -> None:
+        """Refuse ``n`` more messages while a channel whose policy says ``overflow=refuse`` is at
+        its ``max_depth`` (see :mod:`.policy`)."""
+        for ch in self.bounded:
+            policy = ch.policy
+            if policy is not None and ch.depth() + n > policy.max_depth:
+                raise QueueFull(f"channel {self.name}:{ch.name} is at its max_depth of {policy.max_depth}")
+
+    def refresh_bounds(self) -> None:
+        """A channel's policy changed, or a channel went: which ones refuse when full."""
+        self.bounded = tuple(ch for ch in self.channels.values()
+                             if ch.policy is not None and ch.policy.refuses and not ch.exiting)
 
     def put(self, run: Run, nbytes: int) -> None:
         """The one way a publish is stored: :meth:`check_room` (all or nothing), then to every

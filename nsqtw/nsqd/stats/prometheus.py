@@ -19,6 +19,8 @@ import math
 from typing import Any
 from collections.abc import Iterable, Mapping
 
+from ...options import parse_duration
+
 __all__ = ["render_metrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -131,6 +133,26 @@ def _e2e(fam: _Families, prefix: str, what: str, labels: Labels, e2e: Mapping[st
             f"Latency samples in the {what}'s current percentile window.", labels, e2e.get("count", 0))
 
 
+def _policy(fam: _Families, cl: Labels, c: Mapping[str, Any]) -> None:
+    """A channel's policy (0: a setting is off) and what it did (see nsqtw.nsqd.core.policy)."""
+    fam.add("nsq_channel_dead_messages", "gauge", "Dead letters kept by the channel (messages its policy "
+            "stopped delivering: past max_attempts, or older than max_age, or over max_depth).", cl, c["dead_count"])
+    fam.add("nsq_channel_expired_total", "counter", "Messages not delivered because they were older than the "
+            "channel's max_age.", cl, c.get("expired_count", 0))
+    fam.add("nsq_channel_dropped_total", "counter", "Messages the channel's policy dropped without keeping a "
+            "dead letter.", cl, c.get("dropped_count", 0))
+    policy = c.get("policy") or {}
+    fam.add("nsq_channel_policy_max_attempts", "gauge", "The channel's max_attempts (0: off).", cl,
+            policy.get("max_attempts") or 0)
+    age = policy.get("max_age")
+    fam.add("nsq_channel_policy_max_age_seconds", "gauge", "The channel's max_age in seconds (0: off).", cl,
+            parse_duration(age) if age else 0)
+    fam.add("nsq_channel_policy_max_depth", "gauge", "The channel's max_depth (0: off).", cl,
+            policy.get("max_depth") or 0)
+    fam.add("nsq_channel_policy_max_rate", "gauge", "The channel's max_rate in messages a second (0: off).", cl,
+            policy.get("max_rate") or 0)
+
+
 def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None) -> bytes:
     """The Prometheus text page for one ``/stats`` document; ``labels`` are added to every sample."""
     fam = _Families(tuple((k, str(v)) for k, v in (labels or {}).items()))
@@ -156,6 +178,8 @@ def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | 
             fam.add("nsq_channel_timeout_extended_total", "counter", "In-flight timeouts extended instead of "
                     "requeued because held memory was at --max-held-bytes.", cl, c.get("timeout_extended_count", 0))
             _e2e(fam, "nsq_channel", "channel", cl, c.get("e2e_processing_latency"))
+            if "dead_count" in c:
+                _policy(fam, cl, c)
     for t in topics:
         for c in t.get("channels") or []:
             for client in c.get("clients") or []:

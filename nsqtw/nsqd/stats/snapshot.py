@@ -67,7 +67,7 @@ def client_stats(client: ClientState, topic_filter: str = "") -> dict[str, Any]:
 
 
 def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: float,
-                   include_oldest: bool = False) -> dict[str, Any]:
+                   include_oldest: bool = False, include_policies: bool = False) -> dict[str, Any]:
     out = {
         "channel_name": ch.name,
         "depth": ch.depth(),
@@ -99,6 +99,14 @@ def _channel_stats(ch: Channel, include_clients: bool, topic_filter: str, now: f
     # timeouts extended instead of requeued while held memory was at --max-held-bytes
     if ch.timeout_extended_count:
         out["timeout_extended_count"] = ch.timeout_extended_count
+    # nsqtw only, only when asked (``include_policies=true``: nsqadmin and /metrics ask): the
+    # channel's policy (null settings are off) and what it did (see nsqtw.nsqd.core.policy)
+    if include_policies:
+        policy = ch.policy
+        out["policy"] = policy.to_json() if policy is not None else None
+        out["dead_count"] = len(ch.dead) if ch.dead is not None else 0
+        out["expired_count"] = ch.expired_count
+        out["dropped_count"] = ch.dropped_count
     return out
 
 
@@ -132,7 +140,7 @@ def _topic_stats(topic: Topic, channels: list[dict[str, Any]], broker: Broker, n
 
 def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = "",
                  include_clients: bool = True, include_mem: bool = True,
-                 include_oldest: bool = False) -> dict[str, Any]:
+                 include_oldest: bool = False, include_policies: bool = False) -> dict[str, Any]:
     """The ``/stats?format=json`` document; ``include_oldest`` adds nsqtw's ``oldest_message_ts``
     to each channel that holds messages (Go's document leaves it out)."""
     topics: list[dict[str, Any]] | None
@@ -152,7 +160,7 @@ def broker_stats(broker: Broker, now: float, *, topic: str = "", channel: str = 
             else:
                 chans = sorted(t.channels.values(), key=lambda c: c.name)
             topics.append(_topic_stats(
-                t, [_channel_stats(c, include_clients, topic, now, include_oldest) for c in chans], broker, now))
+                t, [_channel_stats(c, include_clients, topic, now, include_oldest, include_policies) for c in chans], broker, now))
     doc: dict[str, Any] = {
         "version": NSQ_VERSION,
         "health": broker.health_status(),
