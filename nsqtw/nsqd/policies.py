@@ -55,11 +55,11 @@ class PolicyFile:
         default = broker.default_policy or ChannelPolicy()
         entries = []
         for topic in broker.topics.values():
-            if topic.ephemeral:
+            if topic.ephemeral or topic.exiting:
                 continue
             for ch in topic.channels.values():
                 policy = ch.policy or ChannelPolicy()
-                if policy != default and not ch.ephemeral:
+                if policy != default and not ch.ephemeral and not ch.exiting:
                     entries.append({"topic": topic.name, "channel": ch.name, "policy": policy.to_record()})
         if not entries:
             try:
