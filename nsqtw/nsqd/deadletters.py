@@ -19,12 +19,12 @@ import os
 import struct
 
 from .core.deadletters import DeadLetter
-from .core.policy import REASON_AGE, REASON_ATTEMPTS, REASON_OVERFLOW
+from .core.policy import REASON_ATTEMPTS, REASONS
 
 __all__ = ["DeadLetterFile", "DeadLetterFiles", "dead_letter_path"]
 
 _HEAD = struct.Struct(">IdB")
-_REASONS = (REASON_ATTEMPTS, REASON_AGE, REASON_OVERFLOW)
+_REASONS = REASONS
 SUFFIX = "#dead.nsqtw"
 
 

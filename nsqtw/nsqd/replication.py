@@ -976,7 +976,8 @@ class ReplicationService(Service):
     @property
     def hooks(self) -> StoreHooks:
         """What the replicated broker is built with: its publishes, FINs and REQs come here."""
-        return StoreHooks(record=self.record, fin=self.origin.fin, req=self.origin.req)
+        return StoreHooks(record=self.record, fin=self.origin.fin, req=self.origin.req,
+                          policy=self._policy, dead=self._dead)
 
     def attach(self, broker: Broker) -> None:
         """The broker built with :attr:`hooks`: its topic and channel changes go on the link
@@ -994,6 +995,14 @@ class ReplicationService(Service):
             self.flush()
         else:
             self.turn.soon(self._flush)
+
+    def _policy(self, topic: str, channel: str, record: bytes) -> None:
+        self.origin.policy(topic, channel, record)
+        self.turn.soon(self._flush)
+
+    def _dead(self, topic: str, channel: str, frames: list[bytes], why: int) -> None:
+        self.origin.dead(topic, channel, frames, why)
+        self.turn.soon(self._flush)
 
     def on_event(self, event: str, topic: str, channel: str | None) -> None:
         """The broker's topic and channel creations and deletions, in order on the link."""

@@ -68,7 +68,7 @@ __all__ = [
     "MAX_FRAME", "HANDSHAKE_FRAME", "TAG_SIZE", "new_nonce", "proof", "session_key", "seal_tag", "Sealer",
     "encode_auth", "encode_holds", "decode_holds",
     "MSG", "TOPIC_NEW", "TOPIC_DEL", "CHANNEL_NEW", "CHANNEL_DEL", "FIN", "REQ",
-    "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "NO_ID", "epoch_data", "fin_data", "fin_ids",
+    "PAUSE", "UNPAUSE", "EMPTY", "SNAP_BEGIN", "SNAP_END", "SNAP_MSG", "POLICY", "DEAD", "NO_ID", "epoch_data", "fin_data", "fin_ids",
     "LinkError", "LinkDecoder", "Hello", "Entry", "message_entry", "req_data", "split_req",
     "encode_frame", "encode_hello", "decode_hello", "encode_batch", "encode_batch_parts", "decode_batch",
     "encode_ack", "decode_ack", "encode_error", "encode_beat",
@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 MAGIC = b"  NSQTWR1"
-VERSION = 3
+VERSION = 4
 
 HELLO = 1
 BATCH = 2
@@ -107,7 +107,11 @@ EMPTY = 9
 SNAP_BEGIN = 10
 SNAP_END = 11
 SNAP_MSG = 12
-_KINDS = frozenset(range(MSG, SNAP_MSG + 1))
+#: a channel's policy (nsqtw.nsqd.core.policy): ``data`` its stored record as JSON, empty for none
+POLICY = 13
+#: messages that died on a channel (its policy gave up on them): ``data`` their frames
+DEAD = 14
+_KINDS = frozenset(range(MSG, DEAD + 1))
 
 #: the adopted ID of a HELLO that reports no adoption
 NO_ID = bytes(16)

@@ -292,6 +292,7 @@ class Channel:
                 dead = self.dead = DeadLetters(self.broker.open_dead_sink(self))
             try:
                 dead.add(frames, now, reason)
+                self._died(frames, reason)
             except OSError as e:
                 stored = False
                 log.error("dead letters of {t}:{c} kept in memory only, the disk refused them: {e}",
@@ -305,6 +306,9 @@ class Channel:
             release = getattr(self.backend, "release", None)
             if release is not None:
                 release(run_ids(frames))
+
+    def _died(self, frames: list[bytes], reason: str) -> None:
+        """Messages kept as dead letters (a replicated channel tells its peers)."""
 
     def _dropped(self, ids: list[bytes]) -> None:
         """Messages the policy dropped without a dead letter (a replicated channel tells its
@@ -325,6 +329,13 @@ class Channel:
         self._store_back(run_of_frames(frames))
         dead.take(len(letters))
         return len(letters)
+
+    def keep_dead(self, frames: list[bytes], reason: str, now: float) -> None:
+        """Dead letters adopted from a replicated origin (kept here as they were there)."""
+        dead = self.dead
+        if dead is None:
+            dead = self.dead = DeadLetters(self.broker.open_dead_sink(self))
+        dead.add(frames, now, reason)
 
     def empty_dead(self) -> int:
         """Drop every dead letter; returns how many."""

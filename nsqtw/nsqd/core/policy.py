@@ -34,7 +34,7 @@ from ...options import OptionError, format_duration, parse_duration
 from ...protocol.names import is_valid_name
 
 __all__ = ["ChannelPolicy", "PolicyError", "TokenBucket", "default_policy", "OVERFLOWS", "DROP_OLDEST", "REFUSE",
-           "REASON_ATTEMPTS", "REASON_AGE", "REASON_OVERFLOW", "POLICY_PARAMS"]
+           "REASON_ATTEMPTS", "REASON_AGE", "REASON_OVERFLOW", "REASONS", "POLICY_PARAMS"]
 
 DROP_OLDEST = "drop-oldest"
 REFUSE = "refuse"
@@ -44,6 +44,8 @@ OVERFLOWS = (DROP_OLDEST, REFUSE)
 REASON_ATTEMPTS = "max_attempts"
 REASON_AGE = "max_age"
 REASON_OVERFLOW = "max_depth"
+#: the reasons in the order their codes go on the wire and to disk
+REASONS = (REASON_ATTEMPTS, REASON_AGE, REASON_OVERFLOW)
 
 #: the query parameters ``POST /channel/config`` reads
 POLICY_PARAMS = ("max_attempts", "max_age", "max_depth", "overflow", "max_rate", "dead_letter_topic")

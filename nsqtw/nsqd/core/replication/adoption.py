@@ -5,10 +5,13 @@ its unfinished messages are republished into the peer's own broker (:func:`adopt
 
 from __future__ import annotations
 
+import json
 from typing import Protocol
 
+from ....errors import BrokerError
 from ....protocol import replication as wire
 from ..broker import Broker
+from ..policy import REASONS, ChannelPolicy
 from .shadow import ShadowState
 
 __all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "choose", "ADOPT", "STAND_BY", "FORGET"]
@@ -73,6 +76,21 @@ def adopt(broker: Broker, state: ShadowState, now: float, done: set[bytes] | Non
         adopted += 1
         if done is not None:
             done.add(mid)
+    for (topic_name, channel_name), record in sorted(state.policies.items()):  # its channels' policies
+        try:
+            policy = ChannelPolicy.from_record(json.loads(record))
+            broker.get_topic(topic_name, now).get_channel(channel_name, now)
+            broker.set_policy(topic_name, channel_name, policy, now)
+        except (ValueError, TypeError, BrokerError):
+            continue
+    for (topic_name, channel_name), letters in sorted(state.dead.items()):  # and their dead letters
+        try:
+            ch = broker.get_topic(topic_name, now).get_channel(channel_name, now)
+        except BrokerError:
+            continue
+        for code in sorted({why for _, why in letters.values()}):
+            reason = REASONS[code] if 0 <= code < len(REASONS) else REASONS[0]
+            ch.keep_dead([f for f, why in letters.values() if why == code], reason, now)
     for topic_name, channel_name in sorted(state.paused):  # paused on the origin: paused here
         t = broker.topics.get(topic_name)
         if t is None:

@@ -15,7 +15,9 @@ from ....options import NsqdOptions
 from ..broker import BackendFactory, Broker
 from ..channel import Channel
 from ..client import ClientState
+from ..policy import REASONS, ChannelPolicy
 from ..topic import Topic
+from .shadow import policy_record
 
 __all__ = ["ReplicatedBroker", "ReplicatedChannel", "StoreHooks"]
 
@@ -30,6 +32,11 @@ class StoreHooks:
     fin: Callable[[str, str, bytes], None]
     #: a channel requeued a message: ``(topic, channel, message ID, due in ns or 0)``
     req: Callable[[str, str, bytes, int], None]
+    #: a channel's policy was set: ``(topic, channel, its record as JSON or b"" for none)``
+    policy: Callable[[str, str, bytes], None] = lambda topic, channel, record: None
+    #: messages died on a channel and are kept there as dead letters: ``(topic, channel, frames,
+    #: the index of their reason in nsqtw.nsqd.core.policy.REASONS)``
+    dead: Callable[[str, str, list[bytes], int], None] = lambda topic, channel, frames, why: None
 
 
 class ReplicatedChannel(Channel):
@@ -65,9 +72,26 @@ class ReplicatedChannel(Channel):
         return errors
 
     def requeue(self, client: ClientState, mid: bytes, delay: float, now: float) -> None:
+        dead = len(self.dead) if self.dead is not None else 0
         super().requeue(client, mid, delay, now)
-        if not self.ephemeral:
+        if not self.ephemeral and (self.dead is None or len(self.dead) == dead):  # not died instead
             self._hooks.req(self.topic.name, self.name, mid, int((now + delay) * 1e9) if delay > 0 else 0)
+
+    def _died(self, frames: list[bytes], reason: str) -> None:
+        if not self.ephemeral:
+            self._hooks.dead(self.topic.name, self.name, frames, REASONS.index(reason))
+
+    def _dropped(self, ids: list[bytes]) -> None:
+        if not self.ephemeral:
+            fin = self._hooks.fin
+            for mid in ids:
+                fin(self.topic.name, self.name, mid)
+
+    def empty_dead(self) -> int:
+        ids = [letter.id for letter in self.dead] if self.dead is not None else []
+        n = super().empty_dead()
+        self._dropped(ids)
+        return n
 
 
 class ReplicatedBroker(Broker):
@@ -91,6 +115,12 @@ class ReplicatedBroker(Broker):
         if not topic.ephemeral:
             blob, offsets, length = run
             self._record(topic.name, 0, blob if len(blob) == length else blob[:length], len(offsets))
+
+    def set_policy(self, topic_name: str, channel_name: str, policy: ChannelPolicy, now: float) -> Channel:
+        ch = super().set_policy(topic_name, channel_name, policy, now)
+        if not ch.ephemeral and not ch.topic.ephemeral:
+            self.hooks.policy(topic_name, channel_name, policy_record(policy) if ch.policy is not None else b"")
+        return ch
 
     def _put_deferred(self, topic: Topic, frame: bytes, nbytes: int, due: float) -> None:
         super()._put_deferred(topic, frame, nbytes, due)

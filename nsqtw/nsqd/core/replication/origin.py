@@ -130,6 +130,17 @@ class ReplicationOrigin:
         """A topic or channel was created or deleted: in order with the publishes."""
         self.pending.append((kind, topic, channel, 0, b""))
 
+    def policy(self, topic: str, channel: str, record: bytes) -> None:
+        """A channel's policy was set (``record``: its JSON, empty for none): in order with the
+        publishes."""
+        self.pending.append((wire.POLICY, topic, channel, 0, record))
+
+    def dead(self, topic: str, channel: str, frames: list[bytes], why: int) -> None:
+        """Messages died on a channel (kept there as dead letters; ``why`` the index of their
+        reason): their frames go along, so a peer that adopts this node keeps them as dead
+        letters too."""
+        self.pending.append((wire.DEAD, topic, channel, why, b"".join(frames)))
+
     def fin(self, topic: str, channel: str, mid: bytes) -> None:
         """A channel finished a message: sent with the next consumer-state batch."""
         key = (topic, channel)

@@ -6,6 +6,7 @@ catches up (:func:`outstanding`, :func:`iter_chunks`).
 
 from __future__ import annotations
 
+import json
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
@@ -17,6 +18,7 @@ from typing import Any
 from ....protocol import replication as wire
 from ....protocol.names import is_ephemeral
 from ..broker import Broker
+from ..policy import REASONS
 
 __all__ = ["ShadowState", "ShadowMessage", "ShadowRun", "outstanding", "iter_chunks", "topology_entries",
            "SNAPSHOT_BATCH_BYTES"]
@@ -228,6 +230,11 @@ class ShadowState:
         #: publish held on its own: (its ID, the window it is in, where, its object)
         self._gathering: ShadowRun | None = None
         self._last_single: tuple[bytes, Any, int, ShadowMessage] | None = None
+        #: channels' policies (their records as JSON), see nsqtw.nsqd.core.policy
+        self.policies: dict[tuple[str, str], bytes] = {}
+        #: channels' dead letters: message ID -> (frame, why it died: its DEAD item's ``due``,
+        #: an index of nsqtw.nsqd.core.policy.REASONS), oldest first
+        self.dead: dict[tuple[str, str], dict[bytes, tuple[bytes, int]]] = {}
 
     @property
     def catching_up(self) -> bool:
@@ -276,6 +283,8 @@ class ShadowState:
         self._staged = None
         self._gathering = staged._gathering
         self._last_single = staged._last_single
+        self.policies = staged.policies
+        self.dead = staged.dead
         self.snapshots += 1
 
     def _pending_of(self, topic: str) -> frozenset[str] | None:
@@ -381,22 +390,18 @@ class ShadowState:
                     self.max_id = top
                 self.live_bytes += len(data)
             elif kind == wire.FIN:
-                messages = self.messages
-                for mid in wire.fin_ids(data):
-                    held = messages.get(mid)
-                    if held is None:
-                        run = self._run_of(mid)
-                        if run is None or run.pending is None or channel not in run.pending:
-                            continue
-                        if len(run.pending) == 1:  # its last channel: gone, no object made
-                            self.live_bytes -= len(run.frame(mid))
-                            self._leave(run, mid)
-                            continue
-                        held = self._solo(run, mid)
-                    if held.pending is not None and channel in held.pending:
-                        held.pending = held.pending - {channel}
-                        if not held.pending:
-                            self._drop(mid, held)
+                self._finish(topic, channel, wire.fin_ids(data))
+            elif kind == wire.DEAD:
+                frames = _split_frames(data)
+                kept = self.dead.setdefault((topic, channel), {})
+                for f in frames:
+                    kept[f[18:34]] = (f, due)
+                self._finish(topic, channel, [f[18:34] for f in frames], keep_dead=True)
+            elif kind == wire.POLICY:
+                if data:
+                    self.policies[(topic, channel)] = bytes(data)
+                else:
+                    self.policies.pop((topic, channel), None)
             elif kind == wire.REQ:
                 for mid, when in wire.split_req(data):
                     held = self.messages.get(mid)
@@ -425,6 +430,8 @@ class ShadowState:
                 if kind == wire.CHANNEL_DEL:
                     self.topics.get(topic, set()).discard(channel)
                     self.paused.discard((topic, channel))
+                    self.policies.pop((topic, channel), None)
+                    self.dead.pop((topic, channel), None)
                 for mid, m in list(self._items_of_topic(topic)):
                     if m.pending is not None and channel in m.pending:
                         m.pending = m.pending - {channel}
@@ -442,12 +449,38 @@ class ShadowState:
             elif kind == wire.TOPIC_DEL:
                 self.topics.pop(topic, None)
                 self.paused = {p for p in self.paused if p[0] != topic}
+                self.policies = {k: v for k, v in self.policies.items() if k[0] != topic}
+                self.dead = {k: v for k, v in self.dead.items() if k[0] != topic}
                 self._solid(topic)
                 for mid, m in list(self._items_of_topic(topic)):
                     self._drop(mid, m)
         for m in opened:  # channels created in one batch all get the backlog; later ones do not
             m.open = False
         self._opened = []
+
+    def _finish(self, topic: str, channel: str, ids: Any, keep_dead: bool = False) -> None:
+        """``channel`` is done with ``ids`` (finished, or dead and kept aside): a message no
+        channel still owes is dropped.  A FIN also ends a dead letter of that ID (emptied, or
+        redriven and then finished)."""
+        dead = None if keep_dead else self.dead.get((topic, channel))
+        messages = self.messages
+        for mid in ids:
+            if dead is not None:
+                dead.pop(mid, None)
+            held = messages.get(mid)
+            if held is None:
+                run = self._run_of(mid)
+                if run is None or run.pending is None or channel not in run.pending:
+                    continue
+                if len(run.pending) == 1:  # its last channel: gone, no object made
+                    self.live_bytes -= len(run.frame(mid))
+                    self._leave(run, mid)
+                    continue
+                held = self._solo(run, mid)
+            if held.pending is not None and channel in held.pending:
+                held.pending = held.pending - {channel}
+                if not held.pending:
+                    self._drop(mid, held)
 
     def _snap_msg(self, topic: str, channel: str, due: int, data: bytes) -> None:
         """Messages a snapshot says one channel (or the topic's queue, ``channel`` empty) holds.
@@ -584,6 +617,10 @@ class ShadowState:
         out: list[wire.Entry] = [(wire.SNAP_BEGIN, "", "", 0, wire.epoch_data(self.epoch))]
         out.extend(topology_entries((t, sorted(chs)) for t, chs in self.topics.items()))
         out.extend((wire.PAUSE, t, c, 0, b"") for t, c in sorted(self.paused))
+        out.extend((wire.POLICY, t, c, 0, record) for (t, c), record in sorted(self.policies.items()))
+        for (t, c), letters in sorted(self.dead.items()):
+            for code in sorted({why for _, why in letters.values()}):
+                out.append((wire.DEAD, t, c, code, b"".join(f for f, why in letters.values() if why == code)))
         # frames as held (views of the log are joined where they are sent); a run untouched
         # goes whole, once per channel (rebuilt as one run, see _snap_msg), in ID order
         held = sorted(self.messages.items())
@@ -609,6 +646,25 @@ class ShadowState:
             add(m.topic, m.due, m.pending, m.raw)
         out.append((wire.SNAP_END, "", "", 0, self.max_id))
         return out
+
+
+def _split_frames(data: bytes | memoryview) -> list[bytes]:
+    """The message frames joined in ``data`` (each led by its size)."""
+    out = []
+    pos = 0
+    end = len(data)
+    while pos + 4 <= end:
+        stop = pos + 4 + _U32_AT(data, pos)[0]
+        if stop > end or stop - pos < 34:
+            break
+        out.append(bytes(data[pos:stop]))
+        pos = stop
+    return out
+
+
+def policy_record(policy: Any) -> bytes:
+    """A channel policy as a POLICY item carries it."""
+    return json.dumps(policy.to_record(), sort_keys=True).encode()
 
 
 def topology_entries(topics: Any) -> list[wire.Entry]:
@@ -654,6 +710,13 @@ def outstanding(broker: Broker, epoch: int, entry_bytes: int = SNAPSHOT_BATCH_BY
             ch = t.channels[name]
             if ch.paused:
                 head.append((wire.PAUSE, t.name, name, 0, b""))
+            if ch.policy is not None:
+                head.append((wire.POLICY, t.name, name, 0, policy_record(ch.policy)))
+            if ch.dead is not None:
+                for code, reason in enumerate(REASONS):
+                    frames = [letter.frame for letter in ch.dead if letter.reason == reason]
+                    if frames:
+                        head.append((wire.DEAD, t.name, name, code, b"".join(frames)))
             parts.append((t.name, name, 0, [f for mid, ep in ch.inflight.items()
                                              if (f := ep.msgs.get(mid)) is not None]))
             queued(t.name, name, ch.mem, ch.backend)
