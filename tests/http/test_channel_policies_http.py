@@ -218,6 +218,12 @@ async def test_dead_letters_survive_kill_9_under_sync_every_1(tmp_path: Any) -> 
         m = await sub.message()
         assert m.body == b"live"  # the one message not dead is delivered, and only it
         sub.send(command("FIN", m.id.decode()))
+        # redrive after the restart: each dead message is delivered once more, attempts fresh
+        assert (await _ok(again.http_port, "POST", "/channel/redrive?topic=t&channel=c"))["redriven"] == 5
+        back = [await sub.message() for _ in range(5)]
+        assert sorted(x.body for x in back) == [b"m%d" % i for i in range(5)] and {x.attempts for x in back} == {1}
+        for x in back:
+            sub.send(command("FIN", x.id.decode()))
         await sub.close()
     finally:
         again.signal(signal.SIGKILL)

@@ -218,15 +218,21 @@ class Channel:
         assert policy is not None
         max_attempts = policy.max_attempts or 0xFFFF
         oldest = int((now - policy.max_age) * 1e9) if policy.max_age else None
+        dead = self.dead if self.dead else None
         out: list[Run] = []
         kept = 0
         too_many: list[bytes] = []
         too_old: list[bytes] = []
+        already: list[bytes] = []
         for run in runs:
             frames = run_frames(run)
             good = []
             for f in frames:
-                if _ATTEMPTS.unpack_from(f, 16)[0] > max_attempts:
+                if dead is not None and f[18:34] in dead:
+                    # dead already: a copy a disk queue read again after a crash (its record was
+                    # released when it died, but the read position had not reached the disk)
+                    already.append(f[18:34])
+                elif _ATTEMPTS.unpack_from(f, 16)[0] > max_attempts:
                     too_many.append(f)
                 elif oldest is not None and _TS(f, 8)[0] < oldest:
                     too_old.append(f)
@@ -237,6 +243,10 @@ class Channel:
             elif good:
                 out.append(run_of_frames(good))
             kept += len(good)
+        if already:
+            release = getattr(self.backend, "release", None)
+            if release is not None:
+                release(already)
         if too_many:
             self._kill(too_many, REASON_ATTEMPTS, now)
         if too_old:
@@ -380,7 +390,7 @@ class Channel:
         police = False
         budget = 0
         if self.policy is not None:  # see :mod:`.policy`; off: NSQ's path, unchanged
-            police = bool(self.policy.max_attempts or self.policy.max_age)
+            police = bool(self.policy.max_attempts or self.policy.max_age or self.dead)
             if self.bucket is not None:
                 budget = self.bucket.available(now)
                 if budget <= 0:

@@ -71,6 +71,10 @@ class DeadLetters:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, mid: object) -> bool:
+        """True when the message ID ``mid`` is dead here."""
+        return mid in self._ids
+
     def __iter__(self) -> Iterator[DeadLetter]:
         return iter(self._items)
 
