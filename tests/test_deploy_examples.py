@@ -343,3 +343,23 @@ def test_rolling_restart_check_command_works_on_a_replicated_pair(tmp_path: Path
         if origin is not None:
             origin.stop()
         peer.stop()
+
+
+def test_the_guides_sizing_table_is_the_benchs() -> None:
+    """The guide quotes bench/bench_sizing.py's table: the same rows, in the same order."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import argparse
+
+    from bench_sizing import table
+
+    keys = ("idle_nsqd_mib", "idle_nsqlookupd_mib", "idle_nsqadmin_mib", "idle_replicated_origin_mib",
+            "idle_replicated_peer_mib", "per_connection_kib", "per_topic_kib", "per_message_memory_rss_bytes",
+            "per_message_disk_bytes", "per_message_disk_rss_bytes", "cpu_pub_percent_per_10k", "cpu_pub_rate",
+            "cpu_mpub100_percent_per_10k", "cpu_mpub100_rate")
+    printed = table(dict.fromkeys(keys, 1.0), argparse.Namespace(body_size=200))
+    rows = [re.split(r"\s{2,}", ln)[0] for ln in printed.splitlines() if ln and not ln.startswith("=")]
+    guide = GUIDE.read_text(encoding="utf-8")
+    section = guide[guide.index("\nSizing\n"):guide.index("\nA consumer connection is one")]
+    quoted = [re.split(r"\s{2,}", ln)[0] for ln in section.splitlines()
+              if re.match(r"^={10,}  =+$", ln) is None and re.match(r"^\S.*\S  +\S", ln)]
+    assert quoted == rows
