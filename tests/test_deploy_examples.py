@@ -18,7 +18,7 @@ import pytest
 
 from nsqtw.admin.options import AdminOptions
 from nsqtw.lookupd.options import LookupdOptions
-from nsqtw.options import NsqdOptions, option_fields, parse_duration
+from nsqtw.options import NsqdOptions, nsq_default, option_fields, parse_duration
 from nsqtw.runtime.flags import options_from_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def test_nsqd_stop_timeout_covers_the_drain_and_the_final_flush() -> None:
     write to disk (--stop-disk-wait), or a stop would kill a node mid-drain."""
     _, argv = exec_start("nsqd.service")
     timeout = parse_duration(unit("nsqd.service")["TimeoutStopSec"][0])
-    flush = NsqdOptions.__attrs_attrs__.stop_disk_wait.default  # type: ignore[attr-defined]  # attrs' class attribute
+    flush = nsq_default(NsqdOptions, "stop_disk_wait")
     assert timeout >= _drain_timeout(argv) + flush + 5
 
 
@@ -192,10 +192,11 @@ def _dockerfile_array(instruction: str) -> list[str]:
 
 def test_dockerfile_command_parses_with_nsqtws_options() -> None:
     entrypoint, cmd = _dockerfile_array("ENTRYPOINT"), _dockerfile_array("CMD")
-    assert entrypoint == ["nsqd"]
-    options = parse("nsqd", cmd)
+    assert entrypoint[0] == "nsqd"
+    options = parse("nsqd", entrypoint[1:] + cmd)
     assert options.data_path == "/data"
-    assert options.tcp_address == "0.0.0.0:4150"
+    assert options.tcp_address == "0.0.0.0:4150" and options.http_address == "0.0.0.0:4151"
+    assert _drain_timeout(entrypoint[1:] + cmd) > 0
     text = DOCKERFILE.read_text()
     assert re.search(r"^USER nsq$", text, re.MULTILINE) and re.search(r"^VOLUME /data$", text, re.MULTILINE)
     assert re.search(r"^STOPSIGNAL SIGTERM$", text, re.MULTILINE)
@@ -259,8 +260,10 @@ def _daemon_argv(words: list[str]) -> list[str] | None:
     if words[:2] == ["docker", "run"] and "nsqtw" in words:
         k = words.index("nsqtw")
         head = words[:k]
-        entry = head[head.index("--entrypoint") + 1] if "--entrypoint" in head else "nsqd"
-        return [entry, *words[k + 1:]]
+        if "--entrypoint" in head:
+            return [head[head.index("--entrypoint") + 1], *words[k + 1:]]
+        image = _dockerfile_array("ENTRYPOINT")
+        return [image[0], *image[1:], *words[k + 1:]]
     return None
 
 
