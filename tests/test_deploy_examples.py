@@ -366,3 +366,27 @@ def test_the_guides_sizing_table_is_the_benchs() -> None:
     quoted = [re.split(r"\s{2,}", ln)[0] for ln in section.splitlines()
               if re.match(r"^={10,}  =+$", ln) is None and re.match(r"^\S.*\S  +\S", ln)]
     assert quoted == rows
+
+
+def test_the_guides_mesh_config_is_the_example_file() -> None:
+    """The per-host TOML the guide shows is examples/systemd/nsqd.toml's (what the unit reads)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    block = _guide_block_after("**A mesh of three with replication.**")
+    assert tomllib.loads("\n".join(block)) == tomllib.loads((SYSTEMD / "nsqd.toml").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_bench_sizing_runs_and_measures_the_disk_record() -> None:
+    """bench/bench_sizing.py on small numbers (~40 s): every figure there, and a queued 200-byte
+    message on disk takes its go-diskqueue record (4-byte length, 26-byte header, the body)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sizing.py"), "--connections", "20",
+                           "--topics", "20", "--messages", "2000", "--seconds", "1", "--rate", "1000", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(proc.stdout)
+    assert abs(figures["per_message_disk_bytes"] - 230) < 1
+    assert figures["idle_nsqd_mib"] > 1 and figures["cpu_pub_rate"] > 500
