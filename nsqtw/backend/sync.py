@@ -67,8 +67,10 @@ class SyncWorker(Service):
             self._pool.start()
             self._started_at = _caller()
             # the thread never outlives the reactor, even if nobody stops this worker (an
-            # embedded broker whose stop() was forgotten): a process asked to exit exits
-            self._shutdown_trigger = self.reactor.addSystemEventTrigger("before", "shutdown",
+            # embedded broker whose stop() was forgotten): a process asked to exit exits.  In
+            # the "during" phase: twistd stops its application in "before" (after this trigger
+            # was added), and that stop, which writes everything out, must come first
+            self._shutdown_trigger = self.reactor.addSystemEventTrigger("during", "shutdown",
                                                                         self._reactor_shutdown)
 
     def stopService(self) -> Any:
