@@ -674,7 +674,7 @@ class EtcdNodeService(MultiService):
         if not self.running:
             return
         self.session.setServiceParent(self)
-        options = self.options.replace(node_id=node_id)
+        self.options = options = self.options.replace(node_id=node_id)
         try:
             self.nsqd = self.build(options, self.session)
             self.nsqd.setServiceParent(self)
