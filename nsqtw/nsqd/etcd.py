@@ -658,7 +658,15 @@ class EtcdNodeService(MultiService):
 
     def ready(self) -> defer.Deferred[Any]:
         d: defer.Deferred[Any] = defer.Deferred()
-        self._ready.addBoth(lambda r: (d.callback(r) if not isinstance(r, Failure) else d.errback(r)) or r)
+
+        def relay(result: Any) -> Any:
+            if isinstance(result, Failure):
+                d.errback(result)
+                return None  # handled by whoever waits on ready()
+            d.callback(result)
+            return result
+
+        self._ready.addBoth(relay)
         return d
 
     def startService(self) -> None:

@@ -328,6 +328,8 @@ class NsqdService(MultiService):
             doc["adoption"] = self.adoption.status()
             doc["origins"] = self.shadow_factory.link_stats()
             doc["store_error"] = self.shadow_factory.store_error
+        if self.etcd is not None:
+            doc["etcd"] = self.etcd.stats()
         return doc
 
     def _adopt(self, origin: int, state: Any, done: set[bytes]) -> tuple[int, int, defer.Deferred[Any] | None]:

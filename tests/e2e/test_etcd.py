@@ -5,7 +5,6 @@ with five ids, a node that loses its lease and stops claiming its id, states rec
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
