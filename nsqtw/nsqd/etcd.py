@@ -642,19 +642,19 @@ class EtcdNodeService(MultiService):
         self.reactor = reactor
         self.build = build
         self.session = EtcdSession(options, reactor, options.data_path or os.getcwd(), gateway=gateway)
-        self.nsqd: Any = None
+        self.inner: Any = None
         self._ready: defer.Deferred[Any] = defer.Deferred()
         self._claiming: defer.Deferred[int] | None = None
 
     def __getattr__(self, name: str) -> Any:
-        nsqd = self.__dict__.get("nsqd")
-        if nsqd is None or name.startswith("__"):
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
             raise AttributeError(name)
-        return getattr(nsqd, name)
+        return getattr(inner, name)
 
     @property
     def lost_at_shutdown(self) -> int:
-        return int(getattr(self.nsqd, "lost_at_shutdown", 0))
+        return int(getattr(self.inner, "lost_at_shutdown", 0))
 
     def ready(self) -> defer.Deferred[Any]:
         d: defer.Deferred[Any] = defer.Deferred()
@@ -684,12 +684,12 @@ class EtcdNodeService(MultiService):
         self.session.setServiceParent(self)
         self.options = options = self.options.replace(node_id=node_id)
         try:
-            self.nsqd = self.build(options, self.session)
-            self.nsqd.setServiceParent(self)
+            self.inner = self.build(options, self.session)
+            self.inner.setServiceParent(self)
         except Exception as e:
             self._failed(Failure(e))
             return
-        self.nsqd.ready().addCallbacks(lambda _: self._ready.callback(self), self._ready.errback)
+        self.inner.ready().addCallbacks(lambda _: self._ready.callback(self), self._ready.errback)
 
     def _failed(self, f: Any) -> None:
         self._claiming = None
@@ -705,9 +705,9 @@ class EtcdNodeService(MultiService):
         if self._claiming is not None:
             self._claiming.cancel()
         d: defer.Deferred[Any] = defer.succeed(None)
-        if self.nsqd is not None and self.nsqd.running:
-            d = defer.maybeDeferred(self.nsqd.stopService)
-        others = [s for s in reversed(list(self)) if s is not self.nsqd and s is not self.session and s.running]
+        if self.inner is not None and self.inner.running:
+            d = defer.maybeDeferred(self.inner.stopService)
+        others = [s for s in reversed(list(self)) if s is not self.inner and s is not self.session and s.running]
 
         def rest(_: Any) -> Any:
             waits = [defer.maybeDeferred(s.stopService) for s in others]
