@@ -26,8 +26,9 @@ ADMIN_HTTP_ADDRESS     ?= $(HOST):$(call port,21)
 ARGS ?=
 # the install is redone only when these change (a stamp file in the virtualenv)
 SOURCES := setup.cfg pyproject.toml $(wildcard plugins/*.py) $(shell find nsqtw -type f -not -name '*.pyc' 2>/dev/null)
-# Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark
-SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless
+# Debian packages the test suite uses: Chromium for the admin UI's browser tests, Java for Spark,
+# etcd for the tests of --etcd-endpoints
+SYSTEM_PACKAGES := chromium chromium-driver default-jre-headless etcd-server
 
 .PHONY: run run-nsqd test quick unit lint docs venv install install-test system-deps bench bench-spark clean
 
@@ -59,6 +60,7 @@ system-deps:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing Debian packages:$$missing"; \
@@ -66,7 +68,7 @@ system-deps:
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 		else \
 			echo "NOTE: missing$$missing (install with: sudo apt-get install$$missing);"; \
-			echo "      the browser tests and the Spark tests will be skipped and say why."; \
+			echo "      the browser, Spark and etcd tests will be skipped and say why."; \
 		fi; \
 	fi
 

@@ -60,6 +60,7 @@ TLS_REQUIRED_KIND = "tls_required"
 FLOAT = "float"
 TLS_MIN_VERSION = "tls_min_version"
 LOG_LEVEL = "log_level"
+NODE_ID = "node_id"
 
 LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 _LOG_LEVEL_NAMES = {v: k for k, v in LOG_LEVELS.items()}
@@ -153,6 +154,13 @@ def _parse_float(text: str, flag: str) -> float:
         raise OptionError(f'invalid value "{text}" for flag -{flag}: parse error') from None
 
 
+def _parse_node_id(text: str, flag: str) -> int:
+    """``--node-id``: an integer, or ``auto`` (claimed in etcd, see :class:`AutoNodeId`)."""
+    if text.strip().lower() == "auto":
+        return AUTO_NODE_ID
+    return _parse_int(text, flag)
+
+
 def _parse_tls_required(text: str, flag: str) -> int:
     low = text.strip().lower()
     if low == "tcp-https":
@@ -205,6 +213,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     FLOAT: lambda text, flag: _parse_float(text, flag),
     TLS_MIN_VERSION: _parse_tls_min_version,
     LOG_LEVEL: _parse_log_level,
+    NODE_ID: _parse_node_id,
 }
 
 
@@ -329,7 +338,7 @@ def parse_value(field: attr.Attribute[Any], value: Any) -> Any:
         value = value[-1]
     if kind == BOOL and isinstance(value, bool):
         return value
-    if kind == INT and isinstance(value, int) and not isinstance(value, bool):
+    if kind in (INT, NODE_ID) and isinstance(value, int) and not isinstance(value, bool):
         return value
     if kind == FLOAT and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -437,6 +446,21 @@ class HostNodeId(int):
     would share it)."""
 
 
+class AutoNodeId(int):
+    """``--node-id=auto``: a node id no other live node holds, claimed in etcd at start
+    (``--etcd-endpoints``) and kept under a lease; the service runs with the id it claimed."""
+
+    def __str__(self) -> str:
+        return "auto"
+
+    def __format__(self, spec: str) -> str:
+        return "auto"
+
+
+#: the value ``--node-id=auto`` parses to
+AUTO_NODE_ID = AutoNodeId(0)
+
+
 def default_node_id(hostname: str | None = None) -> int:
     """NSQ's default: ``crc32(md5(hostname)) % 1024``."""
     name = hostname if hostname is not None else socket.gethostname()
@@ -479,8 +503,9 @@ class NsqdOptions:
     log_level: int = log_level_opt()
     log_prefix: str = log_prefix_opt("nsqd")
     verbose: bool = verbose_opt()
-    node_id: int = opt(flag="node-id", cfg="id", kind=INT, factory=default_node_id,
-                       help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)")
+    node_id: int = opt(flag="node-id", cfg="id", kind=NODE_ID, factory=default_node_id,
+                       help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)"
+                            "; [nsqtw] auto: one no other live node holds, claimed in --etcd-endpoints")
     https_address: str = opt(default="0.0.0.0:4152", flag="https-address", kind=STR,
                              help="<addr>:<port> to listen on for HTTPS clients")
     http_address: str = opt(default="0.0.0.0:4151", flag="http-address", kind=STR,
@@ -644,6 +669,14 @@ class NsqdOptions:
     adopt_after: float = opt(default=10.0, flag="adopt-after", kind=DURATION,
                              help="[nsqtw] with a --replication-address: once every link from an origin has "
                                   "been down this long, deliver its unfinished messages from here")
+    etcd_endpoints: list[str] = opt(flag="etcd-endpoints", cfg="etcd_endpoints", kind=STRLIST, factory=list,
+                                    help="[nsqtw] URL[,URL...] of etcd's client endpoints (its v3 JSON gateway): "
+                                         "the node's id is held there under a lease, an origin is adopted only "
+                                         "by the peer holding its adoption lease, drain and maintenance states "
+                                         "are recorded there")
+    etcd_prefix: str = opt(default="/nsqtw", flag="etcd-prefix", kind=STR,
+                           help="[nsqtw] the etcd key prefix of this cluster's keys (one per cluster sharing "
+                                "an etcd)")
     # internal knobs NSQ does not expose as flags ------------------------------------
     #: bytes kept free in ``--data-path`` for the final flush (nsqd.reserve, deleted at the stop)
     disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT,
@@ -751,7 +784,30 @@ class NsqdOptions:
                     and not getattr(self, f.name)):
                 raise OptionError(f"--{f.metadata['flag']} is not supported: {reason}")
 
+    @property
+    def etcd_urls(self) -> list[str]:
+        """``--etcd-endpoints`` as URLs (each flag may hold several, comma-separated; a bare
+        ``host:port`` is ``http://host:port``)."""
+        out = []
+        for value in self.etcd_endpoints:
+            for part in value.split(","):
+                part = part.strip().rstrip("/")
+                if part:
+                    out.append(part if "://" in part else f"http://{part}")
+        return out
+
+    def _validate_etcd(self) -> None:
+        for url in self.etcd_urls:
+            scheme, _, rest = url.partition("://")
+            if scheme not in ("http", "https") or not rest:
+                raise OptionError(f"--etcd-endpoints: {url!r} is not an http:// or https:// URL")
+        if isinstance(self.node_id, AutoNodeId) and not self.etcd_urls:
+            raise OptionError("--node-id=auto needs --etcd-endpoints (the ids are claimed there)")
+        if self.etcd_urls and not self.etcd_prefix.startswith("/"):
+            raise OptionError(f"--etcd-prefix must start with '/', not {self.etcd_prefix!r}")
+
     def _validate_replication(self) -> None:
+        self._validate_etcd()
         replicated = bool(self.replica_peers or self.replication_address)
         if replicated and isinstance(self.node_id, HostNodeId):
             raise OptionError("--replica-peer and --replication-address need an explicit --node-id, "

@@ -39,11 +39,11 @@ from ..protocol.replication import (
 )
 from .core.broker import Broker, Event
 from .core.replication import (
-    CATCHING_UP, IN_SYNC, SNAPSHOT_BATCH_BYTES, AdoptionPolicy, OriginLink, PublishRefused, ReplicationOrigin,
+    CATCHING_UP, IN_SYNC, SNAPSHOT_BATCH_BYTES, AdoptionArbiter, AdoptionPolicy, OriginLink, PeerRule, PublishRefused, ReplicationOrigin,
     ShadowReceiver, ShadowState, iter_chunks, outstanding,
 )
 from .core.replication import PeerLag, peer_stats
-from .core.replication.adoption import FORGET, STAND_BY, choose
+from .core.replication.adoption import FORGET, STAND_BY, WAIT
 from .core.replication.broker import StoreHooks
 
 __all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path", "read_secret",
@@ -675,8 +675,10 @@ class ShadowFactory(Factory):
 
 
 class AdoptionService(Service):
-    """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so and :func:`choose`
-    picks this node among the survivors: every unfinished message is republished into this
+    """Adopts an origin's shadow when the :class:`AdoptionPolicy` says so and the
+    :class:`AdoptionArbiter` picks this node among the survivors (by default the peers' own
+    rule, :func:`choose`; with ``--etcd-endpoints``, the holder of the origin's adoption
+    lease): every unfinished message is republished into this
     node's queues (``adopt``), and the shadow retired once all of it is stored.  An adoption
     that fails (a full disk) is logged, shown in /stats, and tried again at each check (four
     times a second) for what is left; other origins are adopted meanwhile.
@@ -691,8 +693,11 @@ class AdoptionService(Service):
                  interval: float, *, node_id: int = 0,
                  peers_holding: Callable[[int], list[tuple[int, int]]] = lambda origin: [],
                  announce: Callable[[], None] = lambda: None,
-                 health: Callable[[], str] = lambda: "refused") -> None:
+                 health: Callable[[], str] = lambda: "refused",
+                 arbiter: AdoptionArbiter | None = None) -> None:
         self.setName("adoption")
+        #: who adopts an origin that is due (the peers' own rule unless another is given: etcd's)
+        self.arbiter: AdoptionArbiter = arbiter if arbiter is not None else PeerRule(node_id)
         #: what the broker says of its storage (a refused adoption's reason: "NOK - ...")
         self.health = health
         self.files = files
@@ -766,7 +771,10 @@ class AdoptionService(Service):
                 self._failed(origin, now, f"{type(e).__name__}: {e}")
 
     def _decide(self, origin: int, now: float) -> None:
-        action, peer = choose(self.node_id, self.peers_holding(origin))
+        epoch = self.files.states[origin].epoch
+        action, peer = self.arbiter.decide(origin, epoch, self.peers_holding(origin), now)
+        if action == WAIT:
+            return
         if action == FORGET:
             assert peer is not None
             kept = self.files.retire(origin, int(now * 1e9), record=False)
@@ -806,6 +814,7 @@ class AdoptionService(Service):
             if self.holding.get(origin) == wire.HELD:
                 self.holding[origin] = wire.ADOPTED
                 self.announce()
+                self.arbiter.adopted(origin, epoch)
 
         if stored is None:
             stored_here(None)
@@ -834,6 +843,7 @@ class AdoptionService(Service):
             "standing_by": [{"origin_node_id": o, "for_node_id": p} for o, p in sorted(self.standing_by.items())],
             "adopted_by_peer": [{"origin_node_id": o, "peer_node_id": p, "at": when}
                                 for o, (p, when) in sorted(self.forgotten.items())],
+            **({"arbiter": waiting} if (waiting := self.arbiter.status()) else {}),
         }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import random
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from twisted.application.service import MultiService
 from twisted.internet import defer
@@ -55,7 +55,8 @@ class NsqdService(MultiService):
     log_namespace = "nsqtw.nsqd"
 
     def __init__(self, options: NsqdOptions, reactor: Any, *, rng: random.Random | None = None,
-                 backend_factory: Any = None, sync_thread: bool = True, throwaway: bool = False) -> None:
+                 backend_factory: Any = None, sync_thread: bool = True, throwaway: bool = False,
+                 etcd: Any = None) -> None:
         """``sync_thread=False`` runs disk syncs inline (starting the thread is most of a
         start-up); ``throwaway=True`` (a data directory deleted on stop: embedded brokers, test
         fixtures) also skips every fsync, so the inline disk work stays cheap on any disk."""
@@ -65,6 +66,8 @@ class NsqdService(MultiService):
 
         self.options = options
         self.reactor = reactor
+        #: this node in etcd (--etcd-endpoints: an :class:`~nsqtw.nsqd.etcd.EtcdSession`), or None
+        self.etcd = etcd
         self.rng = rng or random.Random()
         self.data_path = options.data_path or os.getcwd()
         self.dirlock = DirLock(self.data_path)
@@ -175,7 +178,8 @@ class NsqdService(MultiService):
                 self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor, self._adopt,
                 interval=min(0.25, options.adopt_after / 4), node_id=options.node_id,
                 peers_holding=replication.peers_holding if replication is not None else (lambda origin: []),
-                announce=shadow.announce, health=lambda: self.broker.health)
+                announce=shadow.announce, health=lambda: self.broker.health,
+                arbiter=etcd.arbiter() if etcd is not None else None)
             shadow.adoption = self.adoption
             self.adoption.setServiceParent(self)
         self.http_listener: ListeningService | None = None
@@ -321,10 +325,11 @@ class NsqdService(MultiService):
         """``(ok, text)`` of replication for /ping; None when not replicated: not ok while
         publishes are refused, or while this node cannot store its origins' batches (a full
         disk) or finish an adoption."""
+        etcd_ok, etcd_text = self.etcd.health() if self.etcd is not None else (True, "OK")
         if self.replication is None and self.shadow_files is None:
-            return None
+            return None if etcd_ok else (False, etcd_text)
         ok, text = self.replication.health() if self.replication is not None else (True, "OK")
-        problems = []
+        problems = [] if etcd_ok else [etcd_text.removeprefix("NOK - ")]
         if self.shadow_files is not None:
             if self.shadow_factory.store_error:
                 problems.append(f"storing origins' batches failed: {self.shadow_factory.store_error}")
@@ -345,6 +350,8 @@ class NsqdService(MultiService):
             doc["adoption"] = self.adoption.status()
             doc["origins"] = self.shadow_factory.link_stats()
             doc["store_error"] = self.shadow_factory.store_error
+        if self.etcd is not None:
+            doc["etcd"] = self.etcd.stats()
         return doc
 
     def _adopt(self, origin: int, state: Any, done: set[bytes]) -> tuple[int, int, defer.Deferred[Any] | None]:
@@ -690,4 +697,13 @@ def _write_topic_memory(topic: Any) -> bool:
 
 def build_nsqd(options: NsqdOptions, reactor: Any, *, sync_thread: bool = True,
                throwaway: bool = False) -> NsqdService:
+    """nsqd's service tree; with ``--etcd-endpoints``, one that claims its node id in etcd
+    first and builds the nsqd once it holds it (:class:`~nsqtw.nsqd.etcd.EtcdNodeService`)."""
+    if options.etcd_endpoints:
+        from .etcd import EtcdNodeService
+
+        def build(claimed: NsqdOptions, session: Any) -> NsqdService:
+            return NsqdService(claimed, reactor, sync_thread=sync_thread, throwaway=throwaway, etcd=session)
+
+        return cast(NsqdService, EtcdNodeService(options, reactor, build))  # the nsqd's attributes, once built
     return NsqdService(options, reactor, sync_thread=sync_thread, throwaway=throwaway)

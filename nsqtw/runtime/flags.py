@@ -196,7 +196,7 @@ def usage_text(cls: type, prog: str, *, config_flag: bool = True) -> str:
         kind = f.metadata["kind"]
         typ = {"bool": "", "int": "int", "duration": "duration", "str": "string", "float": "float",
                "strlist": "value", "floatlist": "value", "tls_required": "",
-               "tls_min_version": "value", "log_level": "value"}.get(kind, "value")
+               "tls_min_version": "value", "log_level": "value", "node_id": "int"}.get(kind, "value")
         # attrs' stubs make Factory a function; at run time it is the class of f.default
         default = f.default.factory() if isinstance(f.default, attr.Factory) else f.default  # type: ignore[arg-type,union-attr]  # see above
         shown = display_default(f, default)

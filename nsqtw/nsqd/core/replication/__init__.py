@@ -13,7 +13,7 @@ Nothing here imports a reactor; times are passed in.
 
 from __future__ import annotations
 
-from .adoption import AdoptAfterTimeout, AdoptionPolicy, adopt
+from .adoption import AdoptAfterTimeout, AdoptionArbiter, AdoptionPolicy, PeerRule, adopt
 from .broker import ReplicatedBroker, ReplicatedChannel
 from .link import OriginLink, ShadowReceiver
 from .origin import (
@@ -22,7 +22,7 @@ from .origin import (
 )
 from .shadow import SNAPSHOT_BATCH_BYTES, ShadowMessage, ShadowState, iter_chunks, outstanding, topology_entries
 
-__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState",
+__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "AdoptionArbiter", "PeerRule", "adopt", "ReplicatedBroker", "ReplicatedChannel", "ShadowState",
            "ShadowMessage", "PublishRefused", "PeerState", "ReplicationOrigin", "OriginLink", "ShadowReceiver",
            "IN_SYNC", "CATCHING_UP", "CONNECTING", "OUT_OF_SYNC", "outstanding", "iter_chunks",
            "topology_entries", "MAX_LAG_MESSAGES", "SNAPSHOT_BATCH_BYTES", "SNAPSHOT_WINDOW", "PeerLag", "peer_stats"]

@@ -14,7 +14,8 @@ from ..broker import Broker
 from ..policy import REASONS, ChannelPolicy
 from .shadow import ShadowState
 
-__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "adopt", "choose", "ADOPT", "STAND_BY", "FORGET"]
+__all__ = ["AdoptionPolicy", "AdoptAfterTimeout", "AdoptionArbiter", "PeerRule", "adopt", "choose", "ADOPT",
+           "STAND_BY", "FORGET", "WAIT"]
 
 
 class AdoptionPolicy(Protocol):
@@ -106,6 +107,43 @@ def adopt(broker: Broker, state: ShadowState, now: float, done: set[bytes] | Non
 ADOPT = "adopt"
 STAND_BY = "stand_by"
 FORGET = "forget"
+#: an arbiter that has not decided yet (its answer is on its way): ask again at the next check
+WAIT = "wait"
+
+
+class AdoptionArbiter(Protocol):
+    """Who adopts an origin that is due (its links down for ``--adopt-after``): asked at each
+    check while the origin stays due, it answers at once, ``(ADOPT | STAND_BY | FORGET | WAIT,
+    the peer's node id or None)``; an arbiter that must ask elsewhere (etcd) answers ``WAIT``
+    until it knows.  :class:`PeerRule` (the peers' own rule, :func:`choose`) when none is
+    given."""
+
+    def decide(self, origin: int, epoch: int, holders: list[tuple[int, int]], now: float) -> tuple[str, int | None]:
+        """What this node does about ``origin``'s ``epoch`` now; ``holders`` as :func:`choose`
+        takes them."""
+
+    def adopted(self, origin: int, epoch: int) -> None:
+        """This node adopted ``origin``'s ``epoch`` and its own peers stored what it adopted."""
+
+    def status(self) -> list[dict[str, object]]:
+        """What the arbiter waits for, per origin (for /stats): empty when nothing."""
+
+
+class PeerRule:
+    """The peers' own rule (:func:`choose` on what the links say, HOLDS frames): the lowest
+    node id holding the shadow adopts."""
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+
+    def decide(self, origin: int, epoch: int, holders: list[tuple[int, int]], now: float) -> tuple[str, int | None]:
+        return choose(self.node_id, holders)
+
+    def adopted(self, origin: int, epoch: int) -> None:
+        pass
+
+    def status(self) -> list[dict[str, object]]:
+        return []
 
 
 def choose(node_id: int, holders: list[tuple[int, int]]) -> tuple[str, int | None]:
