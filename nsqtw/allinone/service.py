@@ -80,8 +80,11 @@ class AllInOneService(MultiService):
     def startService(self) -> None:
         super().startService()
         if self.lookupd is not None:
-            # with port 0 the real ports are known only now: point nsqd and nsqadmin at them
-            self.lookupd.ready().addCallback(self._lookupd_bound)
+            # with port 0 the real ports are known only now: point nsqd and nsqadmin at them (once
+            # nsqd is built too: with --etcd-endpoints it is made after its node id is claimed)
+            both = defer.gatherResults([self.lookupd.ready(), self.nsqd.ready()], consumeErrors=True)
+            both.addCallback(self._lookupd_bound)
+            both.addErrback(lambda f: None)  # a part that failed to start says so itself
 
     def _lookupd_bound(self, _: Any) -> None:
         lookupd = self.lookupd

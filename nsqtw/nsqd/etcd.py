@@ -638,7 +638,7 @@ class EtcdNodeService(MultiService):
     def __init__(self, options: NsqdOptions, reactor: Any, build: Callable[[NsqdOptions, EtcdSession], Any],
                  *, gateway: Any = None) -> None:
         super().__init__()
-        self.options = options
+        self._options = options
         self.reactor = reactor
         self.build = build
         self.session = EtcdSession(options, reactor, options.data_path or os.getcwd(), gateway=gateway)
@@ -651,6 +651,13 @@ class EtcdNodeService(MultiService):
         if inner is None or name.startswith("__"):
             raise AttributeError(name)
         return getattr(inner, name)
+
+    @property
+    def options(self) -> NsqdOptions:
+        """The nsqd's options once it is built (they change at runtime: ``PUT /config``,
+        lookupd addresses), the ones it will be built with until then."""
+        inner = self.__dict__.get("inner")
+        return inner.options if inner is not None else self._options
 
     @property
     def lost_at_shutdown(self) -> int:
@@ -673,7 +680,7 @@ class EtcdNodeService(MultiService):
         Service.startService(self)
         for s in list(self):  # what was attached before the start (the daemon's memory trim)
             s.startService()
-        requested = None if isinstance(self.options.node_id, AutoNodeId) else int(self.options.node_id)
+        requested = None if isinstance(self._options.node_id, AutoNodeId) else int(self._options.node_id)
         self._claiming = self.session.claim(requested)
         self._claiming.addCallbacks(self._claimed, self._failed)
 
@@ -682,7 +689,7 @@ class EtcdNodeService(MultiService):
         if not self.running:
             return
         self.session.setServiceParent(self)
-        self.options = options = self.options.replace(node_id=node_id)
+        self._options = options = self._options.replace(node_id=node_id)
         try:
             self.inner = self.build(options, self.session)
             self.inner.setServiceParent(self)

@@ -187,3 +187,27 @@ async def test_record_state_is_readable_by_every_node(tmp_path, etcd):  # noqa: 
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_all_in_one_runs_with_etcd_and_an_auto_node_id(tmp_path, etcd):  # noqa: F811
+    """``twistd nsqtw --etcd-endpoints=... --node-id=auto``: nsqd is built once its id is claimed,
+    and is pointed at the all-in-one's own nsqlookupd only then."""
+    from twisted.internet import reactor
+
+    from nsqtw.allinone.service import build_allinone
+    from nsqtw.options import NsqdOptions
+
+    options = NsqdOptions(node_id=AUTO_NODE_ID, etcd_endpoints=[etcd.url], tcp_address="127.0.0.1:0",
+                          http_address="127.0.0.1:0", https_address="", data_path=str(tmp_path),
+                          broadcast_address="127.0.0.1")
+    svc = build_allinone(options, reactor, lookupd_tcp_address="127.0.0.1:0", lookupd_http_address="127.0.0.1:0",
+                         admin_http_address="")
+    svc.startService()
+    try:
+        await svc.ready()
+        await until(lambda: any(a.endswith(f":{svc.lookupd.tcp_port}")
+                                for a in svc.nsqd.options.lookupd_tcp_addresses), 10)
+        assert list((await _ids(etcd)).keys()) == [svc.nsqd.options.node_id]
+    finally:
+        await svc.stopService()
