@@ -970,6 +970,8 @@ class ReplicationService(Service):
         #: snapshots sent after an adoption, each waiting to be stored by enough peers:
         #: (the peers sent one, fired when stored)
         self._restreams: list[tuple[list[str], defer.Deferred[None]]] = []
+        #: fired once --replication-min-acks peers are in sync (see when_in_sync)
+        self._in_sync_waiters: list[defer.Deferred[None]] = []
         self._retries: dict[str, Any] = {}
         self._connecting: dict[str, Any] = {}
         self._loop: task.LoopingCall | None = None
@@ -1078,7 +1080,23 @@ class ReplicationService(Service):
         self._check_restreams()
         return d
 
+    def when_in_sync(self) -> defer.Deferred[None]:
+        """Fires once ``--replication-min-acks`` peers are in sync (caught up with everything
+        here): at once if they are.  An adoption whose onward snapshot could not be stored (too
+        few peers then, say a partition) is known stored from then on: a peer in sync was sent
+        the whole of this node's state when it linked again."""
+        d: defer.Deferred[None] = defer.Deferred()
+        if self.origin.in_sync() >= self.origin.min_acks:
+            d.callback(None)
+        else:
+            self._in_sync_waiters.append(d)
+        return d
+
     def _check_restreams(self) -> None:
+        if self._in_sync_waiters and self.origin.in_sync() >= self.origin.min_acks:
+            waiters, self._in_sync_waiters = self._in_sync_waiters, []
+            for w in waiters:
+                w.callback(None)
         if not self._restreams:
             return
         required = self.origin.required()
@@ -1320,7 +1338,7 @@ class ReplicationService(Service):
                     link.send(frame)
         if peer.state != was and peer.state == IN_SYNC:
             log.info("REPLICATION: peer {peer} caught up, in sync", peer=address)
-        if self._restreams:
+        if self._restreams or self._in_sync_waiters:
             self._check_restreams()
 
     def _check_stalled(self) -> None:

@@ -398,7 +398,10 @@ class NsqdService(MultiService):
 
         stored: defer.Deferred[Any] = defer.Deferred()
         d.addCallbacks(lambda _: release(None), release)
-        d.addCallbacks(stored.callback, stored.errback)
+        # too few peers stored it then (a partition): it is stored once enough are in sync
+        # again (their catch-up snapshot holds it), and only then may the other survivors drop
+        # their copy of the origin
+        d.addCallbacks(stored.callback, lambda _: self.replication.when_in_sync().chainDeferred(stored))
         return stored
 
     def set_options(self, **changes: Any) -> None:
