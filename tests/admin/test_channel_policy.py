@@ -12,7 +12,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor, task
 
-from admin_helpers import call, create_channel, publish, within
+from admin_helpers import call, create_channel, publish, registered, within
 from nsqtw.admin.cluster import ChannelStats
 from nsqtw.admin.pages import confirm_text
 from nsqtw.testing import command, connect_raw
@@ -90,6 +90,21 @@ async def test_only_the_nodes_holding_the_channel_are_asked(admin, nsqds) -> Non
     assert code == 200 and doc["message"] == ""  # no CHANNEL_NOT_FOUND warning from the other node
     assert [n["node"] for n in doc["nodes"]] == [nsqds[0].http_address]
     assert (await _config(nsqds[0], "orders", "billing"))["max_attempts"] == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_through_nsqlookupd_too(cluster) -> None:
+    """With --lookupd-http-address the channel's holders come from nsqlookupd's producers."""
+    admin, _, nodes, peers = cluster
+    for n, p in zip(nodes, peers, strict=True):
+        await create_channel(n, "orders", "billing")
+        await registered(p)
+    code, doc, _ = await call("POST", admin.url + "api/topics/orders/billing/policy", {"max_depth": 10})
+    assert code == 200 and len(doc["nodes"]) == 2, doc
+    for n in nodes:
+        assert (await _config(n, "orders", "billing"))["max_depth"] == 10
+    code, doc, _ = await call("POST", admin.url + "api/topics/orders/billing", {"action": "empty_dead"})
+    assert code == 200 and (doc["emptied"], doc["dead_count"], doc["message"]) == (0, 0, "")
 
 
 @pytest.mark.admin_options(admin_users=["alice"])
@@ -249,9 +264,10 @@ async def test_policy_form_and_dead_letter_buttons_in_chromium(admin, nsqds, bro
         await browser.click('#policy-form button[type="submit"]')
         await browser.until("return document.getElementById('confirm').open", "the confirmation")
         text = await browser.text("#confirm-text")
-        assert text.startswith("Set the policy of channel orders/billing on 1 node? max age 90s: a queued message "
-                               "older than 90s is not delivered"), text
-        assert "overflow refuse: at max depth, publishes to topic orders fail (E_PUB_FAILED, HTTP 503)." in text
+        lines = text.split("\n")
+        assert lines[0] == "Set the policy of channel orders/billing on 1 node?", text
+        assert lines[1].startswith("max age 90s: a queued message older than 90s is not delivered"), text
+        assert lines[2] == "overflow refuse: at max depth, publishes to topic orders fail (E_PUB_FAILED, HTTP 503).", text
         assert "max attempts" not in text  # unchanged: not sent
         await browser.screenshot("channel-policy-confirm")
         await browser.click("#confirm-yes")

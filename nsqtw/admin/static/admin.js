@@ -1147,7 +1147,7 @@
       var value = changes[name];
       return POLICY_LABEL[name] + ' ' + (value || 'off') + ': ' + policyEffect(name, value, d.topic) + '.';
     });
-    return 'Set the policy of channel ' + d.topic + '/' + d.channel + ' ' + onNodes(n) + '? ' + lines.join(' ');
+    return 'Set the policy of channel ' + d.topic + '/' + d.channel + ' ' + onNodes(n) + '?\n' + lines.join('\n');
   }
 
   document.addEventListener('submit', function (ev) {
