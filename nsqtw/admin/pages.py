@@ -794,7 +794,7 @@ def policy_panel(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
     rows = [el("tr", el("td", _node_link(ctx, n), class_="name"), *settings(n), *counts(n),
                data_row=f"node:{n.get('node', '')}") for n in nodes]
     rows.append(el("tr", el("td", "Total", class_="name"), *settings(stats, total=True), *counts(stats),
-                   class_="total", data_row="total"))
+                   class_="policy-total", data_row="total"))
     head = el("tr", el("th", "nsqd host"),
               *[el("th", label, title=what) for _, label, what in POLICY_FIELDS],
               el("th", "Dead", class_="num", title="dead letters kept: messages given up on (redrive puts them back)"),

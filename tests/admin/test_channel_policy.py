@@ -257,7 +257,7 @@ async def test_policy_form_and_dead_letter_buttons_in_chromium(admin, nsqds, bro
     try:
         await browser.get(admin.url + "topics/orders/billing")
         await browser.until("return window.nsqadmin.polls >= 1", "the first refresh")
-        assert await browser.text('section.policy tr.total [data-v="dead_count"]') == "3"
+        assert await browser.text('section.policy tr.policy-total [data-v="dead_count"]') == "3"
         # the form sends only what changed, after a dialog naming each change and what it does
         await browser.js("document.querySelector('#policy-form [name=max_age]').value = '90s';"
                          "document.querySelector('#policy-form [name=overflow]').value = 'refuse';")
