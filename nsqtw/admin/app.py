@@ -64,6 +64,10 @@ __all__ = ["AdminHTTPAPI", "is_admin_request"]
 log = Logger(namespace="nsqtw.admin")
 
 _ACTIONS = ("pause", "unpause", "empty")
+#: nsqtw: a channel's dead letters (see nsqd's /channel/redrive and /channel/dead/empty)
+_DEAD_ACTIONS = {"redrive": ("channel/redrive", "redriven"), "empty_dead": ("channel/dead/empty", "emptied")}
+#: the settings of a channel's policy (nsqd's ``POST /channel/config`` parameters)
+POLICY_SETTINGS = ("max_attempts", "max_age", "max_depth", "overflow", "max_rate", "dead_letter_topic")
 _MAX_BODY = 1024 * 1024
 HTML_TYPE = b"text/html; charset=utf-8"
 
@@ -560,7 +564,7 @@ class AdminHTTPAPI:
         if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 1000:
             raise HTTPAPIError(400, "INVALID_N")
         state = first(params, "state") or "all"
-        if state not in ("all", "queued", "in_flight", "deferred"):
+        if state not in ("all", "queued", "in_flight", "deferred", "dead"):
             raise HTTPAPIError(400, "INVALID_STATE")
         return int(raw), state
 
@@ -676,7 +680,10 @@ class AdminHTTPAPI:
 
     async def _action(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
         self._require_admin(request)
-        action = _body_str(_read_json(request), "action")
+        doc = _read_json(request)
+        action = _body_str(doc, "action")
+        if channel and action in _DEAD_ACTIONS:
+            return await self._dead_action(request, doc, topic, channel, action)
         if action not in _ACTIONS:
             raise HTTPAPIError(400, "INVALID_ACTION")
         kind = "channel" if channel else "topic"
@@ -690,6 +697,77 @@ class AdminHTTPAPI:
         except UpstreamError as e:
             raise self._upstream(e) from None
         return self._done(request, errors)
+
+    # --- channel policies and dead letters (nsqtw): sent to every nsqd holding the channel ----------
+
+    async def _holders(self, topic: str, channel: str) -> tuple[list[Any], list[str]]:
+        if not (is_valid_name(topic) and is_valid_name(channel)):
+            raise HTTPAPIError(400, "INVALID_TOPIC_OR_CHANNEL")
+        try:
+            holders, errors = await self._ci.channel_holders(topic, channel)
+        except UpstreamError as e:
+            raise self._upstream(e) from None
+        if not holders and not errors:
+            raise HTTPAPIError(404, "CHANNEL_NOT_FOUND")
+        return holders, errors
+
+    @staticmethod
+    def _answered(answers: list[tuple[str, int, dict[str, Any], str]], errors: list[str]
+                  ) -> list[tuple[str, dict[str, Any]]]:
+        """The nodes that took the change; when none did, the error every node gave (a value all of
+        them refuse is that 400), else 502 ``UPSTREAM_ERROR``."""
+        ok = [(node, doc) for node, code, doc, _ in answers if code == 200]
+        errors.extend(error for _, code, _, error in answers if code != 200)
+        if ok:
+            return ok
+        refusals = {(code, str(doc.get("message") or "")) for _, code, doc, _ in answers}
+        if len(refusals) == 1:
+            code, text = refusals.pop()
+            if 400 <= code < 500 and text:
+                raise HTTPAPIError(code, text)
+        raise HTTPAPIError(502, "UPSTREAM_ERROR: " + "; ".join(errors))
+
+    async def _dead_action(self, request: HTTPRequest, doc: Any, topic: str, channel: str, action: str) -> bytes:
+        """``redrive`` (dead letters back into the channel with fresh attempts; ``count``: at most that
+        many per node, the oldest first) or ``empty_dead`` (dead letters dropped) on every holder."""
+        path, key = _DEAD_ACTIONS[action]
+        params = {"topic": topic, "channel": channel}
+        count = doc.get("count") if action == "redrive" else None
+        if count is not None:
+            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+                raise HTTPAPIError(400, "INVALID_COUNT")
+            params["count"] = str(count)
+        self.node.notify(f"{action}_channel", topic, channel, "", request)
+        holders, errors = await self._holders(topic, channel)
+        ok = self._answered(await self._ci.channel_post(holders, path, **params), errors) if holders else []
+        return v1(request, {"message": warning_message(errors),
+                            key: sum(int(d.get(key) or 0) for _, d in ok),
+                            "dead_count": sum(int(d.get("dead_count") or 0) for _, d in ok)})
+
+    @app.route("/api/topics/<topic>/<channel>/policy", methods=["POST"])
+    async def api_channel_policy(self, request: HTTPRequest, topic: str, channel: str) -> bytes:
+        """nsqtw: change the settings named in the body (``{"max_attempts": 3, "max_age": "90s"}``;
+        ``""`` or null turns one off) on every nsqd holding the channel."""
+        self._require_admin(request)
+        doc = _read_json(request)
+        if not isinstance(doc, dict) or not doc:
+            raise HTTPAPIError(400, "INVALID_BODY")
+        params: dict[str, str] = {}
+        for name, value in doc.items():
+            if name not in POLICY_SETTINGS:
+                raise HTTPAPIError(400, f"INVALID_SETTING: {name} (one of {', '.join(POLICY_SETTINGS)})")
+            if value is None:
+                value = ""
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise HTTPAPIError(400, "INVALID_BODY")
+            params[name] = str(value).strip()
+        self.node.notify("set_policy_channel", topic, channel, "", request)
+        holders, errors = await self._holders(topic, channel)
+        ok = self._answered(await self._ci.channel_post(
+            holders, "channel/config", topic=topic, channel=channel, **params), errors) if holders else []
+        return v1(request, {"message": warning_message(errors),
+                            "nodes": [{"node": node, "policy": {k: d.get(k) for k in POLICY_SETTINGS}}
+                                      for node, d in ok]})
 
     @app.route("/api/topics/<topic>", methods=["DELETE"])
     async def api_delete_topic(self, request: HTTPRequest, topic: str) -> bytes:

@@ -450,6 +450,15 @@ class ChannelStats(ChannelCounts):
     #: when its oldest queued message was published (unix seconds; nsqtw's nsqd says so in /stats while
     #: something is queued, Go's does not); summed channels keep the oldest of their nodes
     oldest_message_ts: int | None = attr.ib(default=None, kw_only=True)
+    #: nsqtw's channel policy (``/stats?include_policies=true``; Go's nsqd has none): whether the node(s)
+    #: reported one, the policy (None: no setting on; summed channels: the one every node has, None when
+    #: they differ, see ``policies_differ``) and what it did (dead letters kept, expired, dropped)
+    policy_known: bool = attr.ib(default=False, kw_only=True)
+    policy: dict[str, Any] | None = attr.ib(default=None, kw_only=True)
+    policies_differ: bool = attr.ib(default=False, kw_only=True)
+    dead_count: int = attr.ib(default=0, kw_only=True)
+    expired_count: int = attr.ib(default=0, kw_only=True)
+    dropped_count: int = attr.ib(default=0, kw_only=True)
 
     @classmethod
     def from_nsqd_channel(cls, doc: dict[str, Any], topic: str, node: str, hostname: str,
@@ -468,6 +477,11 @@ class ChannelStats(ChannelCounts):
             e2e_processing_latency=E2eAggregate.from_nsqd(doc.get("e2e_processing_latency")),
             oldest_message_ts=(int(doc["oldest_message_ts"]) if isinstance(doc.get("oldest_message_ts"), int)
                                and not isinstance(doc.get("oldest_message_ts"), bool) else None),
+            policy_known="policy" in doc,
+            policy=doc["policy"] if isinstance(doc.get("policy"), dict) else None,
+            dead_count=_int(doc, "dead_count"),
+            expired_count=_int(doc, "expired_count"),
+            dropped_count=_int(doc, "dropped_count"),
         )
 
     def add(self, a: ChannelCounts) -> None:
@@ -481,6 +495,17 @@ class ChannelStats(ChannelCounts):
         if a.oldest_message_ts is not None and (self.oldest_message_ts is None
                                                 or a.oldest_message_ts < self.oldest_message_ts):
             self.oldest_message_ts = a.oldest_message_ts
+        if a.policy_known:
+            if not self.policy_known:
+                self.policy = a.policy
+            elif a.policy != self.policy or a.policies_differ:
+                self.policies_differ = True
+            if self.policies_differ:
+                self.policy = None
+            self.policy_known = True
+            self.dead_count += a.dead_count
+            self.expired_count += a.expired_count
+            self.dropped_count += a.dropped_count
         if self.nodes is None:
             self.nodes = []
         self.nodes.append(a)
@@ -516,7 +541,15 @@ class ChannelStats(ChannelCounts):
             "e2e_processing_latency": (None if self.e2e_processing_latency is None
                                        else self.e2e_processing_latency.to_json()),
             **({} if self.oldest_message_ts is None else {"oldest_message_ts": self.oldest_message_ts}),
+            **(self._policy_json() if self.policy_known else {}),
         }
+
+    def _policy_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "dead_count": self.dead_count,
+                               "expired_count": self.expired_count, "dropped_count": self.dropped_count}
+        if self.policies_differ:
+            out["policies_differ"] = True
+        return out
 
 
 @attr.s(slots=True, eq=False)
@@ -966,7 +999,10 @@ class ClusterInfo:
         slowest node answered)."""
         # include_oldest_message_ts: nsqtw's nsqd adds each channel's oldest queued message (the
         # Oldest column); Go's nsqd ignores the argument
-        params: dict[str, str] = {"format": "json", "include_oldest_message_ts": "true"}
+        # include_policies: nsqtw's nsqd adds each channel's policy and its dead, expired and dropped
+        # counts (the channel page's Policy section); Go's nsqd ignores it too
+        params: dict[str, str] = {"format": "json", "include_oldest_message_ts": "true",
+                                  "include_policies": "true"}
         if topic:
             params["topic"] = topic
             if channel:
@@ -1091,6 +1127,44 @@ class ClusterInfo:
         return list(errors) + await self._producers_post(
             producers, f"channel/{action}", topic=topic, channel=channel)
 
+    # --- channel policies (nsqtw) --------------------------------------------------
+
+    async def channel_holders(self, topic: str, channel: str) -> tuple[list[Producer], list[str]]:
+        """The topic's producers that hold ``channel`` now (asked through their ``/stats``), and
+        the error texts of those that did not answer."""
+        producers, errors = await self.topic_producers(topic)
+        if not producers:
+            return [], list(errors)
+        _, channels, errs, _ = await self.nsqd_stats_failed(producers, topic, channel, False, patient=True)
+        found = channels.get(channel)
+        holding = {n.node for n in (found.nodes or [])} if found is not None else set()
+        return [p for p in producers if p.http_address in holding], list(errors) + list(errs)
+
+    async def channel_post(self, producers: Sequence[Producer], path: str, **params: str
+                           ) -> list[tuple[str, int, dict[str, Any], str]]:
+        """``POST /<path>?params`` on each producer: (node, status, JSON answer, error text); status 0
+        with the error text when a node did not answer (an answer that is not 200 is returned, not raised:
+        the caller tells a refused value from a node that failed)."""
+        async def one(p: Producer) -> tuple[str, int, dict[str, Any], str]:
+            url = _url(p.base_url, path, **params)
+            try:
+                code, phrase, content = await self.upstream._call("POST", url, None, None)
+            except FetchError as e:
+                return p.http_address, 0, {}, str(e)
+            try:
+                doc = json.loads(content) if content else {}
+            except ValueError:
+                doc = {}
+            if not isinstance(doc, dict):
+                doc = {}
+            if isinstance(doc.get("data"), dict) and "status_code" in doc:
+                doc = doc["data"]  # an answer in NSQ's old envelope
+            error = "" if code == 200 else (f'POST "{url}": got response {code} {phrase} '
+                                            f'{json.dumps(doc.get("message") or content.decode("utf-8", "replace"))}')
+            return p.http_address, code, doc, error
+
+        return list(await defer.gatherResults([defer.ensureDeferred(one(p)) for p in producers]))
+
     async def tombstone_node_for_topic(self, topic: str, node: str) -> list[str]:
         """lookupd ``/topic/tombstone`` everywhere, then ``/topic/delete`` on that node."""
         errors = await self._lookupd_post("topic/tombstone", topic=topic, node=node)
@@ -1111,7 +1185,7 @@ class ClusterInfo:
         ``messages`` is every node's part, one after the other."""
         producers, errors = await self.topic_producers(topic)
         path = "channel/peek" if channel is not None else "topic/peek"
-        states = [state] if channel is None or state != "all" else ["queued", "in_flight", "deferred"]
+        states = [state] if channel is None or state != "all" else ["queued", "in_flight", "deferred", "dead"]
 
         async def ask(p: Producer, st: str) -> tuple[int, dict[str, Any], str]:
             params = {"topic": topic, "n": str(n)}
@@ -1132,12 +1206,16 @@ class ClusterInfo:
             node: dict[str, Any] = {"node": p.http_address, "ok": False, "messages": [], "truncated": False}
             for st in states:
                 code, doc, error = await ask(p, st)
+                if st == "dead" and state == "all" and code == 400:
+                    continue  # an nsqd without dead letters (nsqtw's own before channel policies)
                 if code == 200:
                     node["ok"] = True
                     node["messages"].extend(dict(m, node=p.http_address) for m in doc.get("messages") or [])
                     node["truncated"] = node["truncated"] or bool(doc.get("truncated"))
                     node.update(depth=doc.get("depth"), in_flight_count=doc.get("in_flight_count"),
                                 deferred_count=doc.get("deferred_count"))
+                    if "dead_count" in doc:
+                        node["dead_count"] = doc["dead_count"]
                     continue
                 node["ok"] = False
                 node["messages"] = []

@@ -28,7 +28,8 @@ from .history import GROWING_POLLS, current_value, growing, last_value, rising
 from .html import Markup, commafy, el, escape, fmt_rate, fmt_seconds, join, nanotohuman, percentile_label
 
 __all__ = ["PageContext", "Page", "render", "topics_page", "topic_page", "channel_page", "nodes_page",
-           "node_page", "lookup_page", "counter_page", "error_page", "not_found_page", "confirm_text"]
+           "node_page", "lookup_page", "counter_page", "error_page", "not_found_page", "confirm_text",
+           "policy_panel", "policy_text"]
 
 CLIENT_STATES = {0: "init", 1: "disconnected", 2: "connected", 3: "subscribed", 4: "closing"}
 
@@ -456,6 +457,8 @@ def confirm_text(action: str, topic: str, channel: str, doc: dict[str, Any]) -> 
     nodes = len(doc.get("nodes") or [])
     where = _on_nodes(nodes)
     note = _missing_note(doc)
+    if channel and action in ("redrive", "empty_dead"):
+        return _dead_confirm(action, topic, channel, doc, where, note)
     if channel:
         label = f"{topic}/{channel}"
         queued, in_flight, deferred = _n(doc, "depth"), _n(doc, "in_flight_count"), _n(doc, "deferred_count")
@@ -487,6 +490,21 @@ def confirm_text(action: str, topic: str, channel: str, doc: dict[str, Any]) -> 
         return (f"Pause topic {topic} {where}? New messages queue at the topic and its channels get nothing "
                 f"until it is unpaused.{note}")
     return f"Unpause topic {topic} {where}? Messages flow to its channels again.{note}"
+
+
+def _dead_messages(n: int) -> str:
+    return f"{commafy(n)} dead message" + ("" if n == 1 else "s")
+
+
+def _dead_confirm(action: str, topic: str, channel: str, doc: dict[str, Any], where: str, note: str) -> str:
+    """What ``redrive`` and ``empty_dead`` do to the channel's dead letters (nsqtw's channel policies)."""
+    dead = _n(doc, "dead_count")
+    if action == "redrive":
+        return (f"Put the {_dead_messages(dead)} of {topic}/{channel} {where} back into the channel with fresh "
+                f"attempts; consumers receive them again.{note}")
+    dlt = (doc.get("policy") or {}).get("dead_letter_topic")
+    copies = f" Copies already published to the dead-letter topic {dlt} stay there." if dlt else ""
+    return f"Drop the {_dead_messages(dead)} of {topic}/{channel} {where} for good; they cannot be recovered.{copies}{note}"
 
 
 def _tombstone(topic: str, node: str) -> Markup:
@@ -711,6 +729,8 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
                   el("th", "Depth graph", class_="graph"), el("th", "Rate graph", class_="graph"))
         parts.append(el("section", el("h2", "Channel"),
                         _grid(el("thead", e2e_head, head), el("tbody", *rows))))
+    if any("policy" in n for n in nodes):
+        parts.append(policy_panel(ctx, topic, channel, stats))
     parts.append(_clients_table(ctx, stats.get("clients") or []))
     if nodes or missing:
         parts.append(charts_panel(ctx, ctx.url(f"/api/charts/topics/{q(topic)}/{q(channel)}"),
@@ -722,10 +742,122 @@ def channel_page(ctx: PageContext, topic: str, channel: str, stats: dict[str, An
                 history=ctx.url(f"/api/history/{q(topic)}/{q(channel)}"), nav="topics")
 
 
+#: a policy's settings as the channel page labels them: (setting, label, what it does)
+POLICY_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("max_attempts", "Max attempts", "a message delivered this many times is kept as a dead letter instead of "
+                                     "being delivered again"),
+    ("max_age", "Max age", "a queued message older than this (from its publish time) is not delivered"),
+    ("max_depth", "Max depth", "the most messages the channel queues; at the bound, overflow decides"),
+    ("max_rate", "Max rate", "messages a second delivered to all the channel's consumers together"),
+    ("dead_letter_topic", "Dead-letter topic", "each dead message is also published to this topic"),
+)
+
+
+def policy_text(policy: dict[str, Any] | None, name: str) -> str:
+    """One setting of a channel's policy as the page shows it (``off`` when it is not set)."""
+    value = (policy or {}).get(name)
+    if value is None or value == "":
+        return "off"
+    if name == "max_depth":
+        overflow = (policy or {}).get("overflow") or "drop-oldest"
+        return f"{commafy(value)} ({'refuse publishes' if overflow == 'refuse' else 'drop oldest'})"
+    if name == "max_rate":
+        return f"{value}/s"
+    if name == "max_attempts":
+        return commafy(value)
+    return str(value)
+
+
+def policy_panel(ctx: PageContext, topic: str, channel: str, stats: dict[str, Any]) -> Markup:
+    """nsqtw's channel policy (dead letters, maximum age, bounded depth, delivery rate) on each nsqd
+    holding the channel, with what it did (dead letters kept, messages expired and dropped); for admins,
+    the redrive and empty-dead-letters buttons and a form that changes the policy on every node."""
+    nodes = stats.get("nodes") or []
+    differ = bool(stats.get("policies_differ"))
+    go_title = "this nsqd does not report channel policies (Go's nsqd has none)"
+
+    def counts(doc: dict[str, Any]) -> list[Markup]:
+        if "policy" not in doc:
+            return [el("td", "–", class_="num muted", title=go_title) for _ in range(3)]
+        return [_num(doc.get("dead_count"), "dead_count"), _num(doc.get("expired_count"), "expired_count"),
+                _num(doc.get("dropped_count"), "dropped_count")]
+
+    def settings(doc: dict[str, Any], total: bool = False) -> list[Markup]:
+        if total and differ:
+            return [el("td", "differs by node", class_="muted", colspan=str(len(POLICY_FIELDS)))]
+        if "policy" not in doc:
+            return [el("td", "–", class_="muted", title=go_title) for _ in POLICY_FIELDS]
+        policy = doc.get("policy")
+        return [el("td", policy_text(policy, name), class_="muted" if policy_text(policy, name) == "off" else None,
+                   data_setting=name) for name, _, _ in POLICY_FIELDS]
+
+    rows = [el("tr", el("td", _node_link(ctx, n), class_="name"), *settings(n), *counts(n),
+               data_row=f"node:{n.get('node', '')}") for n in nodes]
+    rows.append(el("tr", el("td", "Total", class_="name"), *settings(stats, total=True), *counts(stats),
+                   class_="policy-total", data_row="total"))
+    head = el("tr", el("th", "nsqd host"),
+              *[el("th", label, title=what) for _, label, what in POLICY_FIELDS],
+              el("th", "Dead", class_="num", title="dead letters kept: messages given up on (redrive puts them back)"),
+              el("th", "Expired", class_="num", title="messages that reached max age"),
+              el("th", "Dropped", class_="num", title="messages dropped by max age or max depth without dead letters"))
+    parts: list[Any] = [el("h2", "Policy and dead letters"),
+                        _grid(el("thead", head), el("tbody", *rows), cls="grid policy-table")]
+    if differ:
+        parts.append(el("p", "The nodes holding this channel have different policies (see each row); saving "
+                             "sends the settings you change to every node.", class_="alert warning"))
+    if ctx.is_admin and nodes:
+        parts.append(el(
+            "div",
+            _button("Redrive dead letters", "redrive", "primary", confirm_text("redrive", topic, channel, stats),
+                    topic=topic, channel=channel),
+            _button("Empty dead letters", "empty_dead", "danger", confirm_text("empty_dead", topic, channel, stats),
+                    topic=topic, channel=channel),
+            class_="actions"))
+        parts.append(_policy_form(topic, channel, stats, len(nodes)))
+    return el("section", *parts, class_="policy", id="policy")
+
+
+def _policy_form(topic: str, channel: str, stats: dict[str, Any], holders: int) -> Markup:
+    """The policy editor: each field starts at the channel's setting (empty: off); the page script sends
+    only the fields changed, after a confirmation naming each change."""
+    nodes = stats.get("nodes") or []
+    policy = stats.get("policy")
+    if stats.get("policies_differ"):
+        policy = next((n.get("policy") for n in nodes if n.get("policy") is not None), None)
+    cur = policy or {}
+
+    def value(name: str) -> str:
+        v = cur.get(name)
+        return "" if v is None else str(v)
+
+    def field(name: str, label: str, **attrs: Any) -> Markup:
+        return el("label", label, el("input", name=name, value=value(name), placeholder="off", **attrs))
+
+    overflow = cur.get("overflow") or "drop-oldest"
+    return el(
+        "form",
+        field("max_attempts", "Max attempts", type="number", min="0", max="65535", step="1"),
+        field("max_age", "Max age", type="text", pattern=r"([0-9]+(\.[0-9]*)?(ns|us|ms|s|m|h))+",
+              title="a duration: 90s, 10m, 1h30m"),
+        field("max_depth", "Max depth", type="number", min="0", step="1"),
+        el("label", "Overflow", el("select", *(el("option", label, value=v, selected=v == overflow) for v, label in (
+            ("drop-oldest", "drop oldest"), ("refuse", "refuse publishes"))), name="overflow",
+            data_initial=overflow)),
+        field("max_rate", "Max rate (msg/s)", type="number", min="0", step="any"),
+        field("dead_letter_topic", "Dead-letter topic", type="text", pattern=r"[.a-zA-Z0-9_\-]+(#ephemeral)?",
+              maxlength="64"),
+        el("button", "Save policy", type="submit", class_="btn primary"),
+        el("p", "An empty field turns the setting off. Only the settings you change are sent, to the "
+                f"{_plural(holders, 'nsqd')} holding the channel.", class_="hint"),
+        id="policy-form", class_="create policy-form", data_topic=topic, data_channel=channel,
+        data_nodes=str(holders))
+
+
 def peek_panel(ctx: PageContext, api: str, states: bool) -> Markup:
     """The Messages panel: what nsqd's peek lists, loaded when asked (never on its own)."""
     state_picker = el("select", *(el("option", label, value=value) for value, label in (
-        ("all", "all states"), ("queued", "queued"), ("in_flight", "in flight"), ("deferred", "deferred"))),
+        ("all", "all states"), ("queued", "queued"), ("in_flight", "in flight"), ("deferred", "deferred"),
+        ("dead", "dead"))),
         class_="peek-state", aria_label="state") if states else ""
     return el(
         "section",

@@ -135,7 +135,7 @@
       body: payload === undefined ? undefined : JSON.stringify(payload)
     }).then(function (r) {
       return r.json().catch(function () { return {}; }).then(function (doc) {
-        return {ok: r.ok, status: r.status, message: (doc && doc.message) || ''};
+        return {ok: r.ok, status: r.status, message: (doc && doc.message) || '', doc: doc || {}};
       });
     });
   }
@@ -754,7 +754,13 @@
       })
       .then(function (html) {
         stats.fragments++;
+        var form = main.querySelector('#policy-form');
+        var typed = form && !form.dataset.saved ? policyChanges(form) : {};
         main.innerHTML = html;
+        var fresh = main.querySelector('#policy-form');
+        Object.keys(typed).forEach(function (name) {
+          if (fresh && fresh.elements[name]) { fresh.elements[name].value = typed[name]; }
+        });
         drawSparks(lastHist);
         localTimes();
         applySort();
@@ -941,6 +947,17 @@
   function confirmText(action, topic, channel, doc) {
     var where = onNodes((doc.nodes || []).length);
     var note = missingNote(doc);
+    if (channel && (action === 'redrive' || action === 'empty_dead')) {
+      var dead = num(doc, 'dead_count');
+      var msgs = commafy(dead) + ' dead message' + (dead === 1 ? '' : 's');
+      if (action === 'redrive') {
+        return 'Put the ' + msgs + ' of ' + topic + '/' + channel + ' ' + where + ' back into the channel with fresh ' +
+          'attempts; consumers receive them again.' + note;
+      }
+      var dlt = (doc.policy || {}).dead_letter_topic;
+      return 'Drop the ' + msgs + ' of ' + topic + '/' + channel + ' ' + where + ' for good; they cannot be recovered.' +
+        (dlt ? ' Copies already published to the dead-letter topic ' + dlt + ' stay there.' : '') + note;
+    }
     if (channel) {
       var label = topic + '/' + channel;
       var q = num(doc, 'depth'), f = num(doc, 'in_flight_count'), d = num(doc, 'deferred_count');
@@ -982,7 +999,8 @@
   function confirmFor(btn) {
     var d = btn.dataset;
     var live = (page === 'topic' || page === 'channel') && lastData && d.topic &&
-      ['empty', 'delete', 'pause', 'unpause'].indexOf(d.action) >= 0 && !!d.channel === (page === 'channel');
+      ['empty', 'delete', 'pause', 'unpause', 'redrive', 'empty_dead'].indexOf(d.action) >= 0 &&
+      !!d.channel === (page === 'channel');
     if (live) { return confirmText(d.action, d.topic, d.channel || '', lastData); }
     return d.confirm || ('Really ' + d.action + '?');
   }
@@ -1000,7 +1018,7 @@
   }
 
   var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
-              tombstone: 'tombstoned', forget: 'forgotten'};
+              tombstone: 'tombstoned', forget: 'forgotten', redrive: 'redriven', empty_dead: 'emptied of dead letters'};
 
   function runAction(btn) {
     var d = btn.dataset;
@@ -1032,6 +1050,11 @@
       var kind = res.message ? 'warning' : 'ok';
       var text = res.message ? (what + ' ' + DONE[action] + ' \u2013 ' + res.message)
         : (what.charAt(0).toUpperCase() + what.slice(1) + ' ' + DONE[action] + '.');
+      if (action === 'redrive' || action === 'empty_dead') {
+        var n = num(res.doc, action === 'redrive' ? 'redriven' : 'emptied');
+        text = (action === 'redrive' ? 'Redrove ' : 'Dropped ') + commafy(n) + ' dead message' + (n === 1 ? '' : 's') +
+          ' of ' + what + (res.message ? ' \u2013 ' + res.message : '.');
+      }
       if (action === 'delete' && page === 'topic' && !channel) {
         flashAfterNavigation(kind, text, base + '/topics');
         return null;
@@ -1073,6 +1096,81 @@
         flash(res.message ? 'warning' : 'ok', 'Created ' + what + (res.message ? ' \u2013 ' + res.message : '.'));
         form.reset();
         return refreshFragment();
+      });
+    });
+  });
+
+  // ---- a channel's policy (nsqtw): only the settings changed are sent, after a confirmation naming each ------
+
+  var POLICY_LABEL = {max_attempts: 'max attempts', max_age: 'max age', max_depth: 'max depth', overflow: 'overflow',
+                      max_rate: 'max rate', dead_letter_topic: 'dead-letter topic'};
+
+  function policyEffect(name, value, topic) {
+    if (name === 'max_attempts') {
+      return value ? 'a message delivered ' + value + ' times becomes a dead letter instead of being delivered again'
+        : 'messages are delivered again without limit';
+    }
+    if (name === 'max_age') {
+      return value ? 'a queued message older than ' + value + ' is not delivered (a dead letter when the channel ' +
+        'keeps them, else dropped); messages in flight are not pulled back' : 'messages never expire';
+    }
+    if (name === 'max_depth') {
+      return value ? 'the channel queues at most ' + value + ' messages (see overflow)' : 'the channel queues without bound';
+    }
+    if (name === 'overflow') {
+      return value === 'refuse' ? 'at max depth, publishes to topic ' + topic + ' fail (E_PUB_FAILED, HTTP 503)'
+        : 'at max depth, the oldest queued message is dropped for each new one';
+    }
+    if (name === 'max_rate') {
+      return value ? 'at most ' + value + ' messages a second go to all its consumers together'
+        : 'no delivery rate limit';
+    }
+    return value ? 'each dead message is also published to topic ' + value : 'dead messages are not published to a topic';
+  }
+
+  function policyChanges(form) {
+    var changes = {};
+    Array.prototype.forEach.call(form.elements, function (e) {
+      if (!e.name || !POLICY_LABEL[e.name]) { return; }
+      var initial = e.tagName === 'SELECT' ? e.dataset.initial : e.defaultValue;
+      var value = e.value.trim();
+      if (value !== initial) { changes[e.name] = value; }
+    });
+    return changes;
+  }
+  stats.policyChanges = policyChanges;
+
+  function policyConfirm(form, changes) {
+    var d = form.dataset;
+    var n = parseInt(d.nodes, 10) || 0;
+    var lines = Object.keys(changes).map(function (name) {
+      var value = changes[name];
+      return POLICY_LABEL[name] + ' ' + (value || 'off') + ': ' + policyEffect(name, value, d.topic) + '.';
+    });
+    return 'Set the policy of channel ' + d.topic + '/' + d.channel + ' ' + onNodes(n) + '?\n' + lines.join('\n');
+  }
+
+  document.addEventListener('submit', function (ev) {
+    var form = ev.target;
+    if (form.id !== 'policy-form') { return; }
+    ev.preventDefault();
+    var changes = policyChanges(form);
+    var what = 'channel ' + form.dataset.topic + '/' + form.dataset.channel;
+    if (!Object.keys(changes).length) { flash('warning', 'Nothing changed in the policy of ' + what + '.'); return; }
+    confirmAction(policyConfirm(form, changes)).then(function (yes) {
+      if (!yes) { return null; }
+      acting = true;
+      var url = base + '/api/topics/' + enc(form.dataset.topic) + '/' + enc(form.dataset.channel) + '/policy';
+      return send('POST', url, changes).then(function (res) {
+        acting = false;
+        bypassShare = true;
+        if (!res.ok) { flash('error', 'Could not set the policy of ' + what + ': ' + (res.message || res.status)); return null; }
+        flash(res.message ? 'warning' : 'ok', 'Policy of ' + what + ' set' + (res.message ? ' \u2013 ' + res.message : '.'));
+        form.dataset.saved = '1';
+        return refreshFragment();
+      }, function (err) {
+        acting = false;
+        flash('error', 'Could not set the policy of ' + what + ': ' + err.message);
       });
     });
   });

@@ -65,7 +65,7 @@
   // for the browser tests (and a curious operator, in the console)
   window.nsqadminPeek = {preview: preview};
 
-  var LABEL = {queued: 'queued', in_flight: 'in flight', deferred: 'deferred'};
+  var LABEL = {queued: 'queued', in_flight: 'in flight', deferred: 'deferred', dead: 'dead'};
 
   function bodyCell(m) {
     var p = preview(m);
@@ -116,12 +116,12 @@
 
   // "queued 6,000 · in flight 2 · deferred 1", and what of it is listed
   function counts(n, msgs) {
-    var listed = {queued: 0, in_flight: 0, deferred: 0};
+    var listed = {queued: 0, in_flight: 0, deferred: 0, dead: 0};
     msgs.forEach(function (m) { listed[m.state] = (listed[m.state] || 0) + 1; });
-    var have = {queued: n.depth, in_flight: n.in_flight_count, deferred: n.deferred_count};
+    var have = {queued: n.depth, in_flight: n.in_flight_count, deferred: n.deferred_count, dead: n.dead_count};
     var parts = [];
     var hidden = [];
-    ['queued', 'in_flight', 'deferred'].forEach(function (st) {
+    ['queued', 'in_flight', 'deferred', 'dead'].forEach(function (st) {
       if (have[st] === null || have[st] === undefined) { return; }
       if (st === 'in_flight' && !panel.querySelector('.peek-state') && !have[st]) { return; }
       parts.push(LABEL[st] + ' ' + commafy(have[st]));
