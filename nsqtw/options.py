@@ -628,6 +628,14 @@ class NsqdOptions:
     adopt_after: float = opt(default=10.0, flag="adopt-after", kind=DURATION,
                              help="[nsqtw] with a --replication-address: once every link from an origin has "
                                   "been down this long, deliver its unfinished messages from here")
+    drain_timeout: float = opt(default=0.0, flag="drain-timeout", kind=DURATION,
+                               help="[nsqtw] a stop (SIGTERM) drains first for at most this long: publishes "
+                                    "refused, topics unregistered from nsqlookupd, the backlog delivered or "
+                                    "handed to a replica peer in sync (0: stop at once)")
+    maintenance_on_stop: float = opt(default=0.0, flag="maintenance-on-stop", kind=DURATION,
+                                     help="[nsqtw] with --replica-peer: a stop tells the peers not to adopt this "
+                                          "node for this long (a planned restart keeps its messages here; 0: "
+                                          "they adopt after their --adopt-after)")
     # internal knobs NSQ does not expose as flags ------------------------------------
     #: bytes kept free in ``--data-path`` for the final flush (nsqd.reserve, deleted at the stop)
     disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT,
@@ -694,6 +702,10 @@ class NsqdOptions:
         )
         if self.stop_disk_wait < 0:
             raise OptionError("--stop-disk-wait must not be negative")
+        if self.drain_timeout < 0:
+            raise OptionError("--drain-timeout must not be negative")
+        if self.maintenance_on_stop < 0:
+            raise OptionError("--maintenance-on-stop must not be negative")
         if self.max_req_timeout < 0:
             raise OptionError("--max-req-timeout must not be negative")
         if self.msg_timeout > self.max_msg_timeout:

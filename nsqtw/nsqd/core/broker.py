@@ -25,7 +25,7 @@ from twisted.logger import Logger
 
 from ...backend.dummy import DummyQueue
 from ...backend.runs import Run, run_of_frame, run_of_frames
-from ...errors import BackendError, ChannelNotFound, Exiting, TopicNotFound
+from ...errors import BackendError, ChannelNotFound, Draining, Exiting, TopicNotFound
 from ...options import NsqdOptions
 from ...protocol.names import is_ephemeral
 from .backlog import HeldBacklog
@@ -106,6 +106,8 @@ class Broker:
         #: replicated origin restarting with a backlog waits for its peers to say whether one
         #: of them adopted it
         self.delivery_held = False
+        #: publishes are refused while True (the node drains: see nsqtw.nsqd.core.drain)
+        self.draining = False
         self._client_ids = count(1)
         self._channel_list: list[Channel] | None = None
 
@@ -346,6 +348,8 @@ class Broker:
 
     def publish(self, topic_name: str, bodies: Sequence[bytes], now: float, uniform: int | None = None) -> Topic:
         """Queue bodies on a topic (created if needed); all or nothing."""
+        if self.draining:
+            raise Draining()
         topic = self.get_topic(topic_name, now)
         topic.check_room(len(bodies))  # before IDs and frames are made for a refused batch
         run, nbytes = self.make_run(bodies, now, uniform)
@@ -365,6 +369,8 @@ class Broker:
     def publish_one(self, topic_name: str, body: bytes, now: float) -> Topic:
         """:meth:`publish` of one body (a PUB): the same checks and effects; its frame is
         made in one step."""
+        if self.draining:
+            raise Draining()
         topic = self.topics.get(topic_name)
         if topic is None:
             topic = self.get_topic(topic_name, now)
@@ -374,6 +380,8 @@ class Broker:
         return topic
 
     def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:
+        if self.draining:
+            raise Draining()
         topic = self.get_topic(topic_name, now)
         if topic.exiting:
             raise Exiting()
