@@ -40,7 +40,6 @@ __all__ = [
     "TopicNotFound",
     "ChannelNotFound",
     "Exiting",
-    "Draining",
     "QueueFull",
     "BackendError",
     "HTTPAPIError",
@@ -215,14 +214,6 @@ class Exiting(BrokerError):
     """The topic or channel is being deleted or the broker is stopping."""
 
     def __init__(self, text: str = "exiting") -> None:
-        super().__init__(text)
-
-
-class Draining(BrokerError):
-    """The node drains (``POST /drain``): it refuses publishes (``E_PUB_FAILED``, HTTP 503
-    ``DRAINING``) while it delivers or hands off what it holds."""
-
-    def __init__(self, text: str = "draining") -> None:
         super().__init__(text)
 
 

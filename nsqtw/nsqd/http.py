@@ -19,8 +19,9 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from .. import NSQ_VERSION
-from ..errors import BrokerError, ChannelNotFound, Draining, HTTPAPIError, TopicNotFound
+from ..errors import BrokerError, ChannelNotFound, HTTPAPIError, TopicNotFound
 from ..options import LOG_LEVELS, OptionError, config_value, parse_duration
+from .core.broker import Draining
 from .core.peek import DEFAULT_N, MAX_N, peek_channel, peek_topic
 from .core.peek import STATES as PEEK_STATES
 from ..protocol.names import is_valid_name

@@ -802,6 +802,9 @@ class AdoptionService(Service):
         self._done: dict[int, set[bytes]] = {}
         #: (origin, messages, when) of every hand-off a draining origin made to this node
         self.handed_over: list[tuple[int, int, float]] = []
+        #: the origins' maintenance windows: an origin due while in one is kept pending (not
+        #: adopted) until the window is over or it is back (None: no windows)
+        self.maintenance: MaintenanceWindows | None = None
         self._loop: task.LoopingCall | None = None
 
     def startService(self) -> None:
@@ -809,6 +812,8 @@ class AdoptionService(Service):
         now = self.reactor.seconds()
         for origin in self.files.states:  # shadows from before the start: adopt unless they link
             if not self.links.get(origin):
+                if self.maintenance is not None:
+                    self.maintenance.down(origin)
                 self.policy.origin_down(origin, now)
         self._loop = task.LoopingCall(self.check)
         self._loop.clock = self.reactor
@@ -821,6 +826,8 @@ class AdoptionService(Service):
         self._loop = None
 
     def origin_up(self, origin: int) -> None:
+        if self.maintenance is not None:
+            self.maintenance.up(origin)
         self.links[origin] = self.links.get(origin, 0) + 1
         self.policy.origin_up(origin, self.reactor.seconds())
         self.pending.pop(origin, None)
@@ -834,6 +841,8 @@ class AdoptionService(Service):
             self.links[origin] = n
             return
         self.links.pop(origin, None)
+        if self.maintenance is not None:
+            self.maintenance.down(origin)
         self.policy.origin_down(origin, self.reactor.seconds())
 
     def check(self) -> None:
@@ -844,6 +853,8 @@ class AdoptionService(Service):
             if self.links.get(origin) or origin not in self.files.states:
                 self.pending.pop(origin, None)
                 continue
+            if self.maintenance is not None and self.maintenance.active(origin, now):
+                continue  # down for maintenance: kept pending until its window is over
             try:
                 self._decide(origin, now)
             except Exception as e:  # never the loop's end: the other origins go on

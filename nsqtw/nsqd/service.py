@@ -162,17 +162,16 @@ class NsqdService(MultiService):
                                                          "REPLICATION", "replication-address")
             self.replication_listener.setServiceParent(self)
             from .core.replication import AdoptAfterTimeout
-            from .core.replication.maintenance import MaintenancePolicy, MaintenanceWindows
+            from .core.replication.maintenance import MaintenanceWindows
             from .replication import AdoptionService
             replication = self.replication
-            shadow.maintenance = windows = MaintenanceWindows()
             self.adoption = AdoptionService(
-                self.shadow_files, MaintenancePolicy(AdoptAfterTimeout(options.adopt_after), windows), reactor,
-                self._adopt,
+                self.shadow_files, AdoptAfterTimeout(options.adopt_after), reactor, self._adopt,
                 interval=min(0.25, options.adopt_after / 4), node_id=options.node_id,
                 peers_holding=replication.peers_holding if replication is not None else (lambda origin: []),
                 announce=shadow.announce, health=lambda: self.broker.health)
             shadow.adoption = self.adoption
+            shadow.maintenance = self.adoption.maintenance = MaintenanceWindows()
             self.adoption.setServiceParent(self)
         self.http_listener: ListeningService | None = None
         self.https_listener: ListeningService | None = None

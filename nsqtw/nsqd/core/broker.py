@@ -25,7 +25,7 @@ from twisted.logger import Logger
 
 from ...backend.dummy import DummyQueue
 from ...backend.runs import Run, run_of_frame, run_of_frames
-from ...errors import BackendError, ChannelNotFound, Draining, Exiting, TopicNotFound
+from ...errors import BackendError, BrokerError, ChannelNotFound, Exiting, TopicNotFound
 from ...options import NsqdOptions
 from ...protocol.names import is_ephemeral
 from .backlog import HeldBacklog
@@ -34,12 +34,21 @@ from .client import ClientState
 from .guid import GUIDFactory
 from .topic import Topic
 
+
+class Draining(BrokerError):
+    """The node drains (``POST /drain``): it refuses publishes (``E_PUB_FAILED``, HTTP 503
+    ``DRAINING``) while it delivers or hands off what it holds."""
+
+    def __init__(self, text: str = "draining") -> None:
+        super().__init__(text)
+
+
 if TYPE_CHECKING:
     from ...backend import IBackendQueue
 
 log = Logger(namespace="nsqtw.nsqd")
 
-__all__ = ["Broker", "Event"]
+__all__ = ["Broker", "Event", "Draining"]
 
 _SIZE = struct.Struct(">i").pack
 _MID = struct.Struct(">iqH").pack  # frame type, timestamp, attempts

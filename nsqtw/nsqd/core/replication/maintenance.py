@@ -1,15 +1,14 @@
 """
 Planned maintenance (sans-IO): an origin going down on purpose tells its peers (a MAINT frame)
 not to adopt it for a while; each peer keeps that window on its own clock, through the link's
-loss, until the time is up or the origin is back (:class:`MaintenanceWindows`), and its
-adoption policy skips the origin meanwhile (:class:`MaintenancePolicy`).
+loss, until the time is up or the origin is back (:class:`MaintenanceWindows`); the peer's
+adoption keeps an origin that is due back while it is in a window, whatever decided it was due
+(the adoption policy), and adopts it once the window is over if it has not come back.
 """
 
 from __future__ import annotations
 
-from .adoption import AdoptionPolicy
-
-__all__ = ["MaintenanceWindows", "MaintenancePolicy"]
+__all__ = ["MaintenanceWindows"]
 
 
 class MaintenanceWindows:
@@ -62,30 +61,3 @@ class MaintenanceWindows:
             self.until.pop(origin, None)
             return True
         return False
-
-
-class MaintenancePolicy:
-    """An :class:`AdoptionPolicy` around another: an origin it says is due while the origin is
-    in a maintenance window is kept back, and due once the window is over (if the origin has
-    not come back meanwhile)."""
-
-    def __init__(self, inner: AdoptionPolicy, windows: MaintenanceWindows) -> None:
-        self.inner = inner
-        self.windows = windows
-        #: origins due and kept back by their window
-        self.kept: set[int] = set()
-
-    def origin_up(self, origin: int, now: float) -> None:
-        self.kept.discard(origin)
-        self.windows.up(origin)
-        self.inner.origin_up(origin, now)
-
-    def origin_down(self, origin: int, now: float) -> None:
-        self.windows.down(origin)
-        self.inner.origin_down(origin, now)
-
-    def due(self, now: float) -> list[int]:
-        self.kept.update(self.inner.due(now))
-        out = sorted(o for o in self.kept if not self.windows.active(o, now))
-        self.kept.difference_update(out)
-        return out
