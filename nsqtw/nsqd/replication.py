@@ -882,10 +882,11 @@ class AdoptionService(Service):
         self.standing_by.pop(origin, None)
         self._adopt_now(origin, now)
 
-    def _adopt_now(self, origin: int, now: float) -> tuple[int, defer.Deferred[Any] | None]:
+    def _adopt_now(self, origin: int, now: float, handoff: bool = False) -> tuple[int, defer.Deferred[Any] | None]:
         """Adopt ``origin``'s shadow now: ``(messages adopted, fired once this node's peers
         stored them or None)``; raises when this node's queues refuse some (tried again for
-        what is left)."""
+        what is left).  A hand-off (the origin drains) is recorded in :attr:`handed_over`,
+        not among the adoptions of lost origins."""
         self.holding[origin] = wire.HELD
         done = self._done.setdefault(origin, set())
         state = self.files.states[origin]
@@ -898,10 +899,15 @@ class AdoptionService(Service):
         del self._done[origin]
         self.pending.pop(origin, None)
         failure = self.failures.pop(origin, None)
-        self.adopted.append((origin, total, 0, now))
-        log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here{retried} "
-                 "(its shadow log kept as {kept})", id=origin, n=total, kept=kept,
-                 retried=f" after {failure[2]} failed tries" if failure else "")
+        if handoff:
+            self.handed_over.append((origin, total, now))
+            log.info("REPLICATION: took over node {id}'s messages (it drains): {n} republished here "
+                     "(its shadow log kept as {kept})", id=origin, n=total, kept=kept)
+        else:
+            self.adopted.append((origin, total, 0, now))
+            log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here{retried} "
+                     "(its shadow log kept as {kept})", id=origin, n=total, kept=kept,
+                     retried=f" after {failure[2]} failed tries" if failure else "")
 
         def stored_here(_: Any) -> None:
             if self.holding.get(origin) == wire.HELD:
@@ -928,10 +934,9 @@ class AdoptionService(Service):
                                                          f"not {epoch}"))
         top = state.max_id
         try:
-            total, stored = self._adopt_now(origin, self.reactor.seconds())
+            total, stored = self._adopt_now(origin, self.reactor.seconds(), handoff=True)
         except Exception as e:  # what was republished stays (a later adoption skips it)
             return defer.succeed((False, wire.NO_ID, 0, f"adopting failed: {e}"))
-        self.handed_over.append((origin, total, self.reactor.seconds()))
         result = (True, top, total, "")
         if stored is None:
             return defer.succeed(result)
@@ -1532,6 +1537,9 @@ class ReplicationService(Service):
             log.info("REPLICATION: peer {peer} adopted {n} messages of this node", peer=address, n=handed.count)
             self._adopted_by(address, handed.adopted)
             self.settle()
+            # every peer's shadow of this node: what is left here (nothing, unless some was kept),
+            # of the new epoch (a later hand-off names it)
+            self.restream().addErrback(lambda f: None)
         d.callback(handed)
 
     def settle(self) -> None:

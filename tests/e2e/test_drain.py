@@ -155,6 +155,16 @@ async def test_a_drain_hands_the_backlog_to_a_peer_in_sync_at_once(tmp_path):
         rest = await drain(peer.tcp_port, "t", "c", set(acknowledged) - set(done_here))
         assert count(acknowledged, done_here + rest) == (0, 0)
         assert b"E_PUB_FAILED" in await pub_refused(origin.tcp_port)
+        assert not peer._service.adoption.adopted  # a hand-off, not the adoption of a lost node
+        # cancelled, it serves again; a second drain hands off what came since (a new epoch)
+        r = await treq.delete(f"http://127.0.0.1:{origin.http_port}/drain")
+        assert json.loads(await r.content())["state"] == "serving"
+        again = await publish(origin.tcp_port, "t", b"again", 5)
+        await until(lambda: peer._service.shadow_files.states[1].count() == 5)
+        await post(origin.http_port, "/drain")
+        await until(lambda: origin._service.drain.drain.state == "drained", 10)
+        assert [n for _, n, _ in peer._service.adoption.handed_over] == [50 - len(done_here), 5]
+        assert count(again, await drain(peer.tcp_port, "t", "c", set(again))) == (0, 0)
     finally:
         await origin.stop()
         await peer.stop()
