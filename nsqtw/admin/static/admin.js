@@ -1000,7 +1000,7 @@
   }
 
   var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
-              tombstone: 'tombstoned', forget: 'forgotten'};
+              tombstone: 'tombstoned', forget: 'forgotten', drain: 'draining', undrain: 'serving again'};
 
   function runAction(btn) {
     var d = btn.dataset;
@@ -1012,9 +1012,9 @@
     if (action === 'tombstone') {
       what = 'topic ' + topic + ' on ' + d.node;
       req = send('DELETE', base + '/api/nodes/' + enc(d.node), {topic: topic});
-    } else if (action === 'forget') {
+    } else if (action === 'forget' || action === 'drain' || action === 'undrain') {
       what = 'node ' + d.node;
-      req = send('POST', base + '/api/nodes/' + enc(d.node), {action: 'forget'});
+      req = send('POST', base + '/api/nodes/' + enc(d.node), {action: action});
     } else {
       var url = base + '/api/topics/' + enc(topic) + (channel ? '/' + enc(channel) : '');
       req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});
