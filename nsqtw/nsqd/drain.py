@@ -62,6 +62,8 @@ class DrainService(Service):
         self._held = False
         self._waiters: list[defer.Deferred[None]] = []
         self._handing: defer.Deferred[Any] | None = None
+        #: ends a stop's drain before its --drain-timeout (see :meth:`cut_short`)
+        self._cut: Callable[[], None] | None = None
 
     @property
     def draining(self) -> bool:
@@ -130,23 +132,41 @@ class DrainService(Service):
         out: defer.Deferred[None] = defer.Deferred()
 
         def done(_: Any) -> None:
+            self._cut = None
             if call.active():
                 call.cancel()
             if not out.called:
                 out.callback(None)
 
         def late() -> None:
+            self._cut = None
             doc = self.progress()
-            log.warn("DRAIN: --drain-timeout passed with {q} messages queued and {f} in flight: stopping "
-                     "(they stay in the data path)", q=doc["queued"], f=doc["in_flight"])
+            log.warn("DRAIN: stopping before the drain is done (--drain-timeout passed, or asked again) with "
+                     "{q} messages queued and {f} in flight (they stay in the data path)", q=doc["queued"],
+                     f=doc["in_flight"])
             if d in self._waiters:
                 self._waiters.remove(d)
             if not out.called:
                 out.callback(None)
 
+        def cut() -> None:
+            if call.active():
+                call.cancel()
+                late()
+
         call = self.reactor.callLater(timeout, late)
+        self._cut = cut
         d.addCallback(done)
         return out
+
+    def cut_short(self) -> bool:
+        """A stop that drains (``--drain-timeout``) stops now (a second SIGTERM); False when no
+        such stop waits."""
+        cut, self._cut = self._cut, None
+        if cut is None:
+            return False
+        cut()
+        return True
 
     # --- steps ------------------------------------------------------------------
 

@@ -192,3 +192,67 @@ def test_the_hello_feature_byte_is_read_as_part_of_the_name_by_an_older_node():
     assert frame[5 + 2 + 2 + 16 + 8 + 16 + 16 + 32:].decode() == "node-a\x00\x01"
     assert wire.decode_handoff(wire.encode_handoff(4, 42)[5:]) == (4, 42)
     assert wire.decode_maintenance(wire.encode_maintenance(5, 1500)[5:]) == (5, 1500)
+
+
+class _Topic:
+    ephemeral = False
+    channels: dict[str, Any] = {}
+
+    def __init__(self, depth: int) -> None:
+        self.queued = depth
+
+    def depth(self) -> int:
+        return self.queued
+
+
+class _Node:
+    """What DrainService needs of its nsqd: a broker (topics, draining, delivery_held), no
+    replication, no nsqlookupd."""
+
+    def __init__(self, topic: _Topic) -> None:
+        self.broker = type("B", (), {"topics": {"t": topic}, "draining": False, "delivery_held": False})()
+        self.replication = None
+        self.lookup_peers = None
+        self.settled = 0
+
+    def settle(self) -> None:
+        self.settled += 1
+
+
+def test_a_stop_drains_until_drained_or_its_timeout_and_a_second_signal_cuts_it_short():
+    from nsqtw.nsqd.drain import DrainService
+
+    clock = task.Clock()
+    topic = _Topic(3)
+    node = _Node(topic)
+    service = DrainService(node, clock)
+    states: list[str] = []
+    service.listeners.append(lambda state, doc: states.append(state))
+    service.startService()
+    stopped = service.drain_for_stop(30.0)
+    assert node.broker.draining and not stopped.called and states == ["draining"]
+    clock.pump([0.1] * 50)
+    assert not stopped.called
+    topic.queued = 0  # the consumers took it all
+    clock.advance(0.1)
+    assert stopped.called and states == ["draining", "drained"]
+    assert not service.cut_short()
+    service.stopService()
+    # the timeout: what is left stays
+    clock = task.Clock()
+    node = _Node(_Topic(3))
+    service = DrainService(node, clock)
+    service.startService()
+    stopped = service.drain_for_stop(5.0)
+    clock.pump([0.1] * 49)
+    assert not stopped.called
+    clock.pump([0.1] * 2)
+    assert stopped.called and service.drain.state == DRAINING
+    service.stopService()
+    # a second SIGTERM (the CLI calls cut_short)
+    clock = task.Clock()
+    service = DrainService(_Node(_Topic(3)), clock)
+    service.startService()
+    stopped = service.drain_for_stop(30.0)
+    assert service.cut_short() and stopped.called
+    service.stopService()
