@@ -257,8 +257,38 @@ async def test_sigterm_with_drain_timeout_drains_before_the_process_exits(tmp_pa
             got.append(m.body)
             c.send(command("FIN", text_id(m.id)))
         assert count(acknowledged, got) == (0, 0)
-        await child.ended
+        await until(lambda: child.ended.called, 10)
         assert any("DRAIN: drained" in line for line in child.lines), child.lines[-10:]
         await c.close()
+    finally:
+        await child.kill()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_sigterm_stops_at_once_and_what_is_left_stays_in_the_data_path(tmp_path):
+    path = data_dir(tmp_path, "node")
+    child = await ChildNsqd.start(path, "--drain-timeout=10m")
+    try:
+        acknowledged = await publish(child.tcp_port, "t", b"m", 3)
+        c = await connect_raw(child.tcp_port)
+        c.send(command("SUB", "t", "c"))  # a consumer that takes nothing: the drain cannot finish
+        assert await c.response() == b"OK"
+        child.signal(signal.SIGTERM)
+        for _ in range(200):
+            r = await treq.get(f"http://127.0.0.1:{child.http_port}/ping")
+            await r.content()
+            if r.code == 503:
+                break
+            await sleep(0.02)
+        assert r.code == 503 and not child.ended.called
+        child.signal(signal.SIGTERM)
+        await until(lambda: child.ended.called, 10)  # not the ten minutes of its --drain-timeout
+        assert any("stopping before the drain is done" in line for line in child.lines), child.lines[-10:]
+        await c.close()
+    finally:
+        await child.kill()
+    child = await ChildNsqd.start(path)
+    try:
+        assert count(acknowledged, await drain(child.tcp_port, "t", "c", set(acknowledged))) == (0, 0)
     finally:
         await child.kill()
