@@ -91,6 +91,8 @@ async def test_a_drain_without_a_peer_refuses_publishes_leaves_lookupd_and_deliv
         assert progress["peer"] is None
         stats = await get_json(node.http_port, "/stats?format=json")
         assert stats["drain"]["state"] == "draining"
+        text = (await (await treq.get(f"http://127.0.0.1:{node.http_port}/stats")).content()).decode()
+        assert "Drain: draining: " in text
         # the connected consumer still gets everything
         c.send(command("RDY", 50))
         got = []
@@ -110,6 +112,7 @@ async def test_a_drain_without_a_peer_refuses_publishes_leaves_lookupd_and_deliv
         r = await treq.delete(f"http://127.0.0.1:{node.http_port}/drain")
         assert json.loads(await r.content())["state"] == "serving"
         assert await publish(node.tcp_port, "t", b"again", 1) == [b"again0"]
+        assert "drain" not in await get_json(node.http_port, "/stats?format=json")  # Go's document again
         for _ in range(100):
             if await producers():
                 break
