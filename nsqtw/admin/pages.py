@@ -1043,7 +1043,7 @@ def drain_panel(ctx: PageContext, node: str, drain: dict[str, Any] | None, rep: 
             parts.append(_button("Drain", "drain", "warn", drain_confirm_text(node, rep),
                                  label=f"drain node {node}", node=node))
         else:
-            parts.append(_button("Undrain", "undrain", "link",
+            parts.append(_button("Undrain", "undrain", "primary",
                                  f"Undrain node {node}? It accepts publishes again and registers its topics with "
                                  "nsqlookupd again.", label=f"undrain node {node}", node=node))
     if not parts:

@@ -1000,7 +1000,7 @@
   }
 
   var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
-              tombstone: 'tombstoned', forget: 'forgotten', drain: 'draining', undrain: 'serving again'};
+              tombstone: 'tombstoned', forget: 'forgotten', drain: 'draining (its progress below)', undrain: 'serving again'};
 
   function runAction(btn) {
     var d = btn.dataset;
