@@ -193,7 +193,9 @@ class DrainService(Service):
         if drain.state == SERVING:
             return
         replication = self.node.replication
-        peer = replication.handoff_peer() if replication is not None else None
+        peer = None
+        if replication is not None:  # a peer that has not refused this drain, else any
+            peer = replication.handoff_peer(drain.refused) or replication.handoff_peer()
         queued, in_flight = backlog(self.node.broker)
         was = drain.state
         action = drain.step(self.reactor.seconds(), queued=queued, in_flight=in_flight, peer=peer)
@@ -220,7 +222,7 @@ class DrainService(Service):
 
     def _handed(self, handed: Any) -> None:
         self._handing = None
-        self.drain.handed(handed.ok, handed.count, handed.reason)
+        self.drain.handed(handed.ok, handed.count, handed.reason, self.reactor.seconds())
         if not handed.ok:
             log.warn("DRAIN: hand-off to {peer} failed: {why}; delivering meanwhile", peer=self.drain.peer,
                      why=handed.reason)

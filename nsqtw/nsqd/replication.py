@@ -597,6 +597,8 @@ class ShadowFactory(Factory):
         #: the origins' maintenance windows (MAINT), kept on this node's clock and in its data
         #: path (see :func:`save_window`); None: the adoption policy does not look at them
         self.maintenance: MaintenanceWindows | None = None
+        #: why this node takes no hand-off now (e.g. it drains itself): "" when it takes them
+        self.refuse_handoff: Callable[[], str] = lambda: ""
         #: the last error storing a batch ("" once a batch is stored again): a full disk
         self.store_error = ""
         #: connections closed because too many were unauthenticated
@@ -676,9 +678,10 @@ class ShadowFactory(Factory):
             self._hand_off(proto, origin.node_id, counter, value)
 
     def _hand_off(self, proto: _ShadowProtocol, origin: int, counter: int, epoch: int) -> None:
-        if self.adoption is None:
+        why = self.refuse_handoff()
+        if self.adoption is None or why:
             d: defer.Deferred[tuple[bool, bytes, int, str]] = defer.succeed(
-                (False, wire.NO_ID, 0, "this node does not adopt"))
+                (False, wire.NO_ID, 0, why or "this node does not adopt"))
         else:
             log.info("REPLICATION: node {id} drains and hands its messages to this node", id=origin)
             d = self.adoption.take_handoff(origin, epoch)
@@ -1500,10 +1503,12 @@ class ReplicationService(Service):
 
     # --- drain and maintenance ---------------------------------------------------
 
-    def handoff_peer(self) -> str | None:
+    def handoff_peer(self, exclude: set[str] | frozenset[str] = frozenset()) -> str | None:
         """A peer this node can hand its backlog to now: linked, in sync (its shadow of this
-        node is whole) and speaking HANDOFF; None when there is none."""
+        node is whole), speaking HANDOFF and not in ``exclude``; None when there is none."""
         for address, link in sorted(self.links.items()):
+            if address in exclude:
+                continue
             peer = self.origin.peers.get(address)
             if (link.up and link.transport is not None and peer is not None and peer.state == IN_SYNC
                     and peer.catchup is None and link.link.speaks_handoff):

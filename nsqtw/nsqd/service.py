@@ -216,6 +216,8 @@ class NsqdService(MultiService):
         #: (``"maintenance"``, ``{"seconds": left}``): the hook a coordinator records them by
         self.state_listeners: list[Any] = []
         self.drain.listeners.append(lambda state, doc: self._state_changed("drain", doc))
+        if self.shadow_factory is not None:  # a draining node takes no other node's backlog
+            self.shadow_factory.refuse_handoff = lambda: "this node drains too" if self.drain.draining else ""
         if self.replication is not None:
             self.replication.maintenance_listeners.append(
                 lambda seconds: self._state_changed("maintenance", {"seconds": seconds}))

@@ -295,3 +295,23 @@ async def test_a_second_sigterm_stops_at_once_and_what_is_left_stays_in_the_data
         assert count(acknowledged, await drain(child.tcp_port, "t", "c", set(acknowledged))) == (0, 0)
     finally:
         await child.kill()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_that_drains_too_refuses_the_hand_off_and_the_node_keeps_its_messages(tmp_path):
+    origin, peer = await replicated_pair(tmp_path)
+    try:
+        acknowledged = await publish(origin.tcp_port, "t", b"m", 10)
+        await until(lambda: peer._service.shadow_files.states[1].count() == 10)
+        assert (await post(peer.http_port, "/drain"))[0] == 200
+        await post(origin.http_port, "/drain")
+        await until(lambda: origin._service.drain.drain.handoff_error, 10)
+        progress = await get_json(origin.http_port, "/drain")
+        assert progress["handoff_error"] == "this node drains too" and progress["state"] == "draining"
+        assert progress["queued"] == 10 and not peer._service.adoption.handed_over
+        # delivered from the origin meanwhile: nothing lost, nothing twice
+        assert count(acknowledged, await drain(origin.tcp_port, "t", "c", set(acknowledged))) == (0, 0)
+        await until(lambda: origin._service.drain.drain.state == "drained", 10)
+    finally:
+        await origin.stop()
+        await peer.stop()

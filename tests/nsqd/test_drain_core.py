@@ -64,13 +64,16 @@ def test_no_in_flight_hands_off_at_once_and_a_lost_peer_releases_delivery():
 
 def test_a_peer_that_keeps_refusing_is_tried_max_handoffs_times_then_the_node_delivers():
     clock = task.Clock()
-    d = Drain(max_handoffs=2)
+    d = Drain(max_handoffs=2, retry_after=5.0)
     d.start(clock.seconds())
     for _ in range(2):
         assert d.step(clock.seconds(), queued=4, in_flight=0, peer="p:1") == HOLD
         assert d.step(clock.seconds(), queued=4, in_flight=0, peer="p:1") == HANDOFF
-        d.handed(False, reason="disk full")
-        assert d.handoff_error == "disk full"
+        d.handed(False, reason="disk full", now=clock.seconds())
+        assert d.handoff_error == "disk full" and d.refused == {"p:1"}
+        clock.advance(4.9)  # not again before retry_after
+        assert d.step(clock.seconds(), queued=4, in_flight=0, peer="p:1") == NOTHING
+        clock.advance(0.1)
     assert d.step(clock.seconds(), queued=4, in_flight=0, peer="p:1") == NOTHING and d.state == DRAINING
     assert d.progress(clock.seconds(), queued=4, in_flight=0)["handoff_error"] == "disk full"
 

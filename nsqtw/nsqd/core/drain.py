@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["Drain", "SERVING", "DRAINING", "HOLDING", "HANDING_OFF", "DRAINED",
-           "NOTHING", "HOLD", "RELEASE", "HANDOFF", "DONE", "INFLIGHT_WAIT", "MAX_HANDOFFS"]
+           "NOTHING", "HOLD", "RELEASE", "HANDOFF", "DONE", "INFLIGHT_WAIT", "MAX_HANDOFFS", "RETRY_AFTER"]
 
 #: the states, as ``GET /drain`` says them
 SERVING = "serving"
@@ -36,14 +36,18 @@ DONE = "done"
 INFLIGHT_WAIT = 2.0
 #: hand-offs tried in one drain (a peer that keeps refusing: the node delivers what is left)
 MAX_HANDOFFS = 3
+#: seconds between a refused hand-off and the next try
+RETRY_AFTER = 5.0
 
 
 class Drain:
     """One node's drain, from :meth:`start` to :data:`DRAINED` (or :meth:`cancel`)."""
 
-    def __init__(self, inflight_wait: float = INFLIGHT_WAIT, max_handoffs: int = MAX_HANDOFFS) -> None:
+    def __init__(self, inflight_wait: float = INFLIGHT_WAIT, max_handoffs: int = MAX_HANDOFFS,
+                 retry_after: float = RETRY_AFTER) -> None:
         self.inflight_wait = inflight_wait
         self.max_handoffs = max_handoffs
+        self.retry_after = retry_after
         self.state = SERVING
         #: when the drain started, and when it ended (drained)
         self.started: float | None = None
@@ -55,7 +59,10 @@ class Drain:
         self.handoffs = 0
         #: why the last hand-off failed ("" : none did)
         self.handoff_error = ""
+        #: peers that refused a hand-off in this drain (the next is asked of another)
+        self.refused: set[str] = set()
         self._held_since = 0.0
+        self._retry_at = 0.0
 
     @property
     def active(self) -> bool:
@@ -72,6 +79,8 @@ class Drain:
         self.peer = None
         self.handed_off = self.handoffs = 0
         self.handoff_error = ""
+        self.refused = set()
+        self._retry_at = 0.0
         return True
 
     def cancel(self) -> bool:
@@ -92,7 +101,7 @@ class Drain:
                 self.state = DRAINED
                 self.finished = now
                 return DONE
-            if peer is not None and self.handoffs < self.max_handoffs:
+            if peer is not None and self.handoffs < self.max_handoffs and now >= self._retry_at:
                 self.state = HOLDING
                 self.peer = peer
                 self._held_since = now
@@ -114,10 +123,11 @@ class Drain:
             return self.step(now, queued=queued, in_flight=in_flight, peer=peer)
         return NOTHING
 
-    def handed(self, ok: bool, count: int = 0, reason: str = "") -> None:
+    def handed(self, ok: bool, count: int = 0, reason: str = "", now: float = 0.0) -> None:
         """The peer's answer to the hand-off: it adopted ``count`` messages, or refused (or was
-        lost) for ``reason``; either way the node goes on draining (delivery released), and
-        is drained at the next step if nothing is left."""
+        lost) for ``reason`` (the next try comes ``retry_after`` after ``now``, preferably to
+        another peer: see :attr:`refused`); either way the node goes on draining (delivery
+        released), and is drained at the next step if nothing is left."""
         if self.state != HANDING_OFF:
             return
         self.state = DRAINING
@@ -126,6 +136,9 @@ class Drain:
             self.handoff_error = ""
         else:
             self.handoff_error = reason or "refused"
+            self._retry_at = now + self.retry_after
+            if self.peer is not None:
+                self.refused.add(self.peer)
 
     def progress(self, now: float, *, queued: int, in_flight: int) -> dict[str, Any]:
         """``GET /drain``'s answer."""
