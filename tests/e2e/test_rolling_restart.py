@@ -67,6 +67,8 @@ async def test_a_rolling_restart_of_a_drained_mesh_loses_nothing_and_always_acce
     acknowledged: list[bytes] = []
     moments_refused_everywhere: list[int] = []
     refusals = {n: 0 for n in mesh.ids}
+    #: body -> (node, why) of each refused attempt before it was accepted
+    attempts: dict[bytes, list[tuple[int, str]]] = {}
     stop: list[bool] = []
 
     async def load() -> None:
@@ -78,8 +80,9 @@ async def test_a_rolling_restart_of_a_drained_mesh_loses_nothing_and_always_acce
                 n = mesh.ids[(turn + attempt) % len(mesh.ids)]
                 try:
                     await producers[n].publish("t", body)
-                except Exception:
+                except Exception as e:
                     refusals[n] += 1
+                    attempts.setdefault(body, []).append((n, f"{type(e).__name__}: {e}"))
                     continue
                 acknowledged.append(body)
                 turn = (turn + attempt) % len(mesh.ids)
@@ -116,11 +119,18 @@ async def test_a_rolling_restart_of_a_drained_mesh_loses_nothing_and_always_acce
         assert all(handed[n] > 0 for n in mesh.ids), handed
         want = set(acknowledged)
         delivered: list[bytes] = []
+        where: dict[bytes, list[int]] = {}
         for n in mesh.ids:
-            delivered += await drain(mesh.tcp[n], "t", "c", want - set(delivered), seconds=3.0)
+            got = await drain(mesh.tcp[n], "t", "c", want - set(delivered), seconds=3.0)
+            for b in got:
+                where.setdefault(b, []).append(n)
+            delivered += got
         lost, duplicated = count(acknowledged, delivered)
         print(f"\nrolling restart: {len(acknowledged)} acknowledged, {lost} lost, {duplicated} duplicated; "
               f"handed off per drain {handed}; refusals per node {refusals}")
+        for body, nodes in where.items():
+            if len(nodes) > 1:  # a publish refused by one node (stored there all the same) and retried on another
+                print(f"  duplicated {body!r}: delivered by nodes {nodes}; refused before: {attempts.get(body)}")
         assert lost == 0
         assert not any(mesh.nodes[n]._service.adoption.adopted for n in mesh.ids)  # drains, not adoptions
     finally:
