@@ -133,6 +133,10 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
 
     def on_signal(signum: int, frame: Any) -> None:
         status["signals"] += 1
+        drain = getattr(service, "drain", None)
+        if status["signals"] > 1 and drain is not None:  # a stop drains (--drain-timeout): stop now
+            reactor.callFromThread(drain.cut_short)
+            return
         reactor.callFromThread(lambda: reactor.stop() if reactor.running else None)
 
     def start() -> None:

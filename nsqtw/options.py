@@ -677,6 +677,14 @@ class NsqdOptions:
     etcd_prefix: str = opt(default="/nsqtw", flag="etcd-prefix", kind=STR,
                            help="[nsqtw] the etcd key prefix of this cluster's keys (one per cluster sharing "
                                 "an etcd)")
+    drain_timeout: float = opt(default=0.0, flag="drain-timeout", kind=DURATION,
+                               help="[nsqtw] a stop (SIGTERM) drains first for at most this long: publishes "
+                                    "refused, topics unregistered from nsqlookupd, the backlog delivered or "
+                                    "handed to a replica peer in sync (0: stop at once)")
+    maintenance_on_stop: float = opt(default=0.0, flag="maintenance-on-stop", kind=DURATION,
+                                     help="[nsqtw] with --replica-peer: a stop tells the peers not to adopt this "
+                                          "node for this long (a planned restart keeps its messages here; 0: "
+                                          "they adopt after their --adopt-after)")
     # internal knobs NSQ does not expose as flags ------------------------------------
     #: bytes kept free in ``--data-path`` for the final flush (nsqd.reserve, deleted at the stop)
     disk_reserve_bytes: int = opt(default=1024 * 1024, flag=None, kind=INT,
@@ -753,6 +761,10 @@ class NsqdOptions:
             raise OptionError(f"--channel-overflow must be drop-oldest or refuse, not {self.channel_overflow!r}")
         if not 0 <= self.max_channel_rate < 1e9:
             raise OptionError("--max-channel-rate must not be negative")
+        if self.drain_timeout < 0:
+            raise OptionError("--drain-timeout must not be negative")
+        if self.maintenance_on_stop < 0:
+            raise OptionError("--maintenance-on-stop must not be negative")
         if self.max_req_timeout < 0:
             raise OptionError("--max-req-timeout must not be negative")
         if self.msg_timeout > self.max_msg_timeout:

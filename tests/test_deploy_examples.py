@@ -31,7 +31,6 @@ OPTIONS = {"nsqd": NsqdOptions, "nsqlookupd": LookupdOptions, "nsqadmin": AdminO
 #: flags the guide documents for work that lands beside this one (drain, etcd): checked for their
 #: value's syntax and otherwise left out of the parse while the options do not have them yet; once
 #: they do, they are parsed like any other flag (and a rename of theirs fails like any other)
-PENDING = {"drain-timeout": parse_duration, "etcd-endpoints": str}
 
 
 def _known(cls: type) -> set[str]:
@@ -40,18 +39,7 @@ def _known(cls: type) -> set[str]:
 
 def parse(daemon: str, argv: list[str]) -> Any:
     """``argv`` through the daemon's own flag parser (Go's syntax, ``--config`` files, validation)."""
-    cls = OPTIONS[daemon]
-    known = _known(cls)
-    kept = []
-    for arg in argv:
-        name, _, value = arg.lstrip("-").partition("=")
-        if name in PENDING and name not in known:
-            PENDING[name](value)
-            continue
-        if name == "node-id" and value == "auto" and "etcd-endpoints" not in known:
-            continue  # --node-id=auto comes with --etcd-endpoints
-        kept.append(arg)
-    return options_from_argv(cls, kept)
+    return options_from_argv(OPTIONS[daemon], list(argv))
 
 
 def unit(name: str) -> dict[str, list[str]]:

@@ -39,7 +39,7 @@ from ..runtime.responses import first, install_error_handlers, plain, query, v1,
 from werkzeug.exceptions import NotFound
 
 from . import pages
-from .cluster import UpstreamError, counter_stats, topic_totals, warning_message
+from .cluster import FetchError, UpstreamError, counter_stats, topic_totals, warning_message
 
 from .cluster import ClusterInfo
 from .history import History
@@ -398,6 +398,8 @@ class AdminHTTPAPI:
                "status": state.to_json(self._now()) if state is not None else None}
         if state is not None and state.replication is not None:
             doc["replication"] = state.replication  # nsqtw's replication section, only when the node has one
+        if state is not None and state.drain is not None:
+            doc["drain"] = state.drain  # nsqtw's drain section, only while the node drains
         if not per_node and state is not None and state.status != "ok":
             # no answer: no current numbers (the page shows the last ones it knows, marked as such)
             doc.update(total_messages=None, total_clients=None)
@@ -792,9 +794,24 @@ class AdminHTTPAPI:
     @app.route("/api/nodes/<node>", methods=["POST"])
     async def api_node_action(self, request: HTTPRequest, node: str) -> bytes:
         """nsqtw: ``{"action": "forget"}`` drops a node that left nsqlookupd (gone) from nsqadmin's book
-        now instead of after ``--history-retention``: its row goes and totals stop being partial."""
+        now instead of after ``--history-retention``: its row goes and totals stop being partial;
+        ``{"action": "drain"}`` (or ``"undrain"``) starts (or cancels) the node's drain (its ``/drain``)."""
         self._require_admin(request)
         action = _body_str(_read_json(request), "action")
+        if action in ("drain", "undrain"):
+            try:
+                producers, errors = await self._ci.nsqd_producers([node])
+            except UpstreamError as e:
+                raise self._upstream(e) from None
+            if not producers:
+                raise HTTPAPIError(404, "NODE_NOT_FOUND")
+            try:
+                await self._ci.upstream.request("POST" if action == "drain" else "DELETE",
+                                                f"{producers[0].base_url}/drain")
+            except FetchError as e:
+                raise HTTPAPIError(502, f"UPSTREAM_ERROR: {e}") from None
+            self.node.notify(f"{action}_node", "", "", node, request)
+            return self._done(request, list(errors))
         if action != "forget":
             raise HTTPAPIError(400, "INVALID_ACTION")
         state = self._ci.book.get(node)

@@ -51,11 +51,13 @@ class NodeState:
     replication: dict[str, Any] | None = attr.ib(default=None)
     #: its /stats ``health`` ("OK", or "NOK - ..." while its disk refuses writes)
     health: str = attr.ib(default="OK")
+    #: the ``drain`` section of its last /stats (nsqtw, only while it drains; None otherwise)
+    drain: dict[str, Any] | None = attr.ib(default=None)
 
     @property
     def alerts(self) -> list[dict[str, str]]:
         """What an operator must see of it on every page (see :func:`node_alerts`)."""
-        return node_alerts(self.replication, self.health) if self.status == OK else []
+        return node_alerts(self.replication, self.health, self.drain) if self.status == OK else []
 
     @property
     def status(self) -> str:
@@ -95,12 +97,21 @@ class NodeState:
         return doc
 
 
-def node_alerts(rep: dict[str, Any] | None, health: str = "OK") -> list[dict[str, str]]:
+def node_alerts(rep: dict[str, Any] | None, health: str = "OK",
+                drain: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """``{"label", "kind", "title"}`` of each thing wrong with an answering node that its
     Reachability does not show: it refuses publishes (replication degraded under ``refuse``, a
-    disk refusing writes), it cannot store its origins' batches, an adoption fails; and that it
-    holds an adopted origin's backlog."""
+    disk refusing writes, a drain), it cannot store its origins' batches, an adoption fails; and
+    that it holds an adopted origin's backlog, or is (or keeps a peer) in a maintenance window."""
     out: list[dict[str, str]] = []
+    if drain and drain.get("state", "serving") != "serving":
+        state = drain["state"]
+        peer = f"; handed {drain.get('handed_off', 0)} messages to {drain['peer']}" if drain.get("peer") else ""
+        out.append({"label": "drained" if state == "drained" else "draining", "kind": "warn",
+                    "title": f"publishes refused and topics unregistered from nsqlookupd ({state}): "
+                             f"{drain.get('queued', 0)} messages queued, {drain.get('in_flight', 0)} in flight"
+                             f"{peer}" + (f"; last hand-off failed: {drain['handoff_error']}"
+                                          if drain.get("handoff_error") else "")})
     rep = rep or {}
     status = rep.get("status")
     if status == "degraded-refusing":
@@ -119,6 +130,14 @@ def node_alerts(rep: dict[str, Any] | None, health: str = "OK") -> list[dict[str
     for f in (rep.get("adoption") or {}).get("failing") or []:
         out.append({"label": f"adopting node {f.get('origin_node_id')} failing", "kind": "danger",
                     "title": f"{f.get('error')} ({f.get('tries')} tries; retried until it succeeds)"})
+    maintenance = rep.get("maintenance") or {}
+    if maintenance.get("active"):
+        out.append({"label": "maintenance", "kind": "info",
+                    "title": f"its replica peers do not adopt it for {maintenance.get('remaining_seconds')}s "
+                             "(a planned restart keeps its messages here)"})
+    for w in rep.get("maintenance_windows") or []:
+        out.append({"label": f"node {w.get('origin_node_id')} in maintenance", "kind": "info",
+                    "title": f"not adopted here for {w.get('remaining_seconds')}s unless it is back sooner"})
     for ad in rep.get("adopted") or []:
         out.append({"label": f"adopted node {ad.get('origin_node_id')}", "kind": "info",
                     "title": f"{ad.get('messages', 0)} messages of node {ad.get('origin_node_id')} were "
@@ -213,6 +232,8 @@ class NodeBook:
         state.replication = rep if isinstance(rep, dict) else None
         if isinstance(doc.get("health"), str):
             state.health = doc["health"]
+        drain = doc.get("drain")
+        state.drain = drain if isinstance(drain, dict) else None
         if full:
             state.topics, state.counts, state.depth, state.clients = stats_summary(doc)
             return

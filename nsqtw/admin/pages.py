@@ -1126,6 +1126,7 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
         el("header", el("h1", el("span", "nsqd", class_="kind"), " ", node), class_="page-head"),
         state_line,
         _warning(message), cards, table,
+        drain_panel(ctx, node, doc.get("drain"), doc.get("replication"), down),
         replication_panel(doc.get("replication")),
         charts_panel(ctx, ctx.url(f"/api/charts/nodes/{q(node)}"), f"node {node}"),
     ])
@@ -1133,6 +1134,53 @@ def node_page(ctx: PageContext, node: str, doc: dict[str, Any], message: str) ->
 
 
 _SYNC_BADGES = {"in_sync": ("in sync", "ok"), "catching_up": ("catching up", "warn"), "down": ("down", "danger")}
+
+
+def drain_confirm_text(node: str, rep: dict[str, Any] | None) -> str:
+    """What the drain dialog says will happen to ``node`` (its /stats replication section
+    says whether a replica peer can take its messages)."""
+    peers = [p for p in (rep or {}).get("peers") or [] if p.get("sync_state") == "in_sync"]
+    if peers:
+        rest = (f"Then it holds delivery, gives the messages in flight up to 2 seconds to be finished, and "
+                f"hands everything still queued, deferred or in flight to a replica peer in sync "
+                f"({', '.join(str(p.get('address')) for p in peers)}), which adopts it at once; messages still "
+                "in flight then may be delivered twice.")
+    elif rep and "peers" in rep:
+        rest = ("No replica peer is in sync now: it keeps delivering to its connected consumers, and hands "
+                "what is left to a peer as soon as one is in sync.")
+    else:
+        rest = ("It keeps delivering its messages to the consumers connected to it; what they do not take "
+                "stays on it.")
+    return (f"Drain node {node}? It refuses every publish from now on (producers get E_PUB_FAILED, HTTP 503 "
+            "DRAINING, and /ping answers 503, so they move to other nodes) and unregisters its topics from "
+            f"nsqlookupd (consumers stop discovering it). {rest} It stays up until it is stopped; "
+            "the Undrain button makes it serve again.")
+
+
+def drain_panel(ctx: PageContext, node: str, drain: dict[str, Any] | None, rep: dict[str, Any] | None,
+                down: bool) -> Markup:
+    """A node's drain (nsqtw): its progress while it drains; for an admin, the button that starts
+    it (with a dialog saying what happens) or cancels it."""
+    parts: list[Any] = []
+    state = (drain or {}).get("state", "serving")
+    if state != "serving":
+        assert drain is not None
+        peer = f", {commafy(drain.get('handed_off', 0))} handed off to {drain['peer']}" if drain.get("peer") else ""
+        parts.append(el("p", el("span", state, class_="badge warn"), " ",
+                        f"publishes refused, topics unregistered from nsqlookupd; {commafy(drain.get('queued', 0))} "
+                        f"messages queued, {commafy(drain.get('in_flight', 0))} in flight{peer}",
+                        class_="drain-status", data_row=f"drain:{state}"))
+    if ctx.is_admin and not down:
+        if state == "serving":
+            parts.append(_button("Drain", "drain", "warn", drain_confirm_text(node, rep),
+                                 label=f"drain node {node}", node=node))
+        else:
+            parts.append(_button("Undrain", "undrain", "primary",
+                                 f"Undrain node {node}? It accepts publishes again and registers its topics with "
+                                 "nsqlookupd again.", label=f"undrain node {node}", node=node))
+    if not parts:
+        return Markup("")
+    return el("section", el("h2", "Drain"), *parts, class_="drain")
 
 
 def replication_panel(rep: dict[str, Any] | None) -> Markup:

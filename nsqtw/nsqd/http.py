@@ -20,7 +20,8 @@ from twisted.web.iweb import IRequest
 
 from .. import NSQ_VERSION
 from ..errors import BrokerError, ChannelNotFound, HTTPAPIError, TopicNotFound
-from ..options import LOG_LEVELS, config_value
+from ..options import LOG_LEVELS, OptionError, config_value, parse_duration
+from .core.broker import Draining
 from .core.peek import DEFAULT_N, MAX_N, peek_channel, peek_topic
 from .core.peek import STATES as PEEK_STATES
 from ..protocol.names import is_valid_name
@@ -74,6 +75,11 @@ class NsqdNode(Protocol):
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None: ...
 
+    #: the node's drain (:class:`~nsqtw.nsqd.drain.DrainService`)
+    drain: Any
+    #: its links to its replica peers (None: not replicated)
+    replication: Any
+
 __all__ = ["NsqdHTTPAPI"]
 
 
@@ -95,6 +101,14 @@ def replication_text(doc: dict[str, Any]) -> str:
         lines.append(f"\nShadow of node {sh['origin_node_id']}: {sh['unfinished_messages']} unfinished messages, "
                      f"{sh['topics']} topics, log {sh['log_bytes']} bytes")
     return "\n".join(lines) + "\n"
+
+def drain_text(doc: dict[str, Any]) -> str:
+    """The drain section of the text /stats."""
+    peer = f", peer {doc['peer']}" if doc.get("peer") else ""
+    error = f" (last hand-off failed: {doc['handoff_error']})" if doc.get("handoff_error") else ""
+    return (f"\nDrain: {doc['state']}: {doc['queued']} queued, {doc['in_flight']} in flight, "
+            f"{doc['handed_off']} handed off{peer}{error}\n")
+
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
 _PEEK_N = re.compile(r"[0-9]{1,9}\Z")
@@ -149,6 +163,8 @@ class NsqdHTTPAPI:
     @app.route("/ping", methods=["GET"])
     def ping(self, request: IRequest) -> bytes:
         self._guard(request)
+        if self._broker.draining:  # producers and load balancers move on
+            return plain(request, "NOK - draining", 503)
         health = self._broker.health_status()
         if health != "OK":
             return plain(request, health, 500)
@@ -205,6 +221,8 @@ class NsqdHTTPAPI:
                 self._broker.publish_deferred(topic, body, delay, now)
             else:
                 self._broker.publish(topic, [body], now)
+        except Draining:
+            raise HTTPAPIError(503, "DRAINING") from None
         except BrokerError:
             raise HTTPAPIError(503, "EXITING") from None
         self._settle()
@@ -231,6 +249,8 @@ class NsqdHTTPAPI:
             raise HTTPAPIError(413, "BODY_TOO_BIG")
         params = query(request)
         topic = self._topic_param(params)
+        if self._broker.draining:
+            raise HTTPAPIError(503, "DRAINING")
         self._broker.get_topic(topic, self.node.now())
         binary = False
         raw = first(params, "binary")
@@ -252,6 +272,8 @@ class NsqdHTTPAPI:
         if bodies:
             try:
                 self._broker.publish(topic, bodies, self.node.now())
+            except Draining:
+                raise HTTPAPIError(503, "DRAINING") from None
             except BrokerError:
                 raise HTTPAPIError(503, "EXITING") from None
             self._settle()
@@ -306,10 +328,14 @@ class NsqdHTTPAPI:
         replication = self.node.replication_stats()
         if replication is not None:
             doc["replication"] = replication  # nsqtw addition, only when --replica-peer is given
+        if self.node.drain.draining:
+            doc["drain"] = self.node.drain.progress()  # nsqtw addition, only while draining
         if fmt != "json":
             text = render_text(doc, now, self._broker.start_time)
             if replication is not None:
                 text += replication_text(replication)
+            if "drain" in doc:
+                text += drain_text(doc["drain"])
             return v1(request, text)
         return v1(request, doc)
 
@@ -327,6 +353,7 @@ class NsqdHTTPAPI:
         replication = self.node.replication_stats()
         if replication is not None:
             doc["replication"] = replication
+        doc["drain"] = self.node.drain.progress()  # /metrics always says the drain's state
         request.setHeader(b"Content-Type", CONTENT_TYPE.encode())
         body = render_metrics(doc)
         request.setHeader(b"Content-Length", b"%d" % len(body))
@@ -586,3 +613,43 @@ class NsqdHTTPAPI:
         except KeyError:
             raise HTTPAPIError(400, "INVALID_OPTION") from None
         return v1(request, value)
+
+    # --- drain and maintenance (nsqtw) ----------------------------------------------------
+
+    @app.route("/drain", methods=["GET", "POST", "DELETE"])
+    def drain(self, request: IRequest) -> bytes:
+        """nsqtw addition: ``POST`` starts draining (publishes refused, topics unregistered
+        from nsqlookupd, the backlog delivered or handed to a replica peer in sync),
+        ``DELETE`` cancels, ``GET`` reports the progress."""
+        self._guard(request)
+        drain = self.node.drain
+        if request.method == b"POST":
+            doc = drain.start()
+            drain.step()
+            doc = drain.progress()
+        elif request.method == b"DELETE":
+            doc = drain.cancel()
+        else:
+            doc = drain.progress()
+        return v1(request, doc)
+
+    @app.route("/replication/maintenance", methods=["GET", "POST"])
+    def maintenance(self, request: IRequest) -> bytes:
+        """nsqtw addition: ``POST ?for=DURATION`` asks this node's replica peers not to adopt
+        it for that long (``for=0``: the window is over); ``GET`` shows the window."""
+        self._guard(request)
+        replication = self.node.replication
+        if replication is None:
+            raise HTTPAPIError(400, "NOT_REPLICATED")
+        if request.method == b"POST":
+            raw = first(query(request), "for")
+            if raw is None:
+                raise HTTPAPIError(400, "MISSING_ARG_FOR")
+            try:
+                seconds = parse_duration(raw, "for")
+            except OptionError:
+                raise HTTPAPIError(400, "INVALID_FOR") from None
+            if seconds < 0:
+                raise HTTPAPIError(400, "INVALID_FOR")
+            return v1(request, replication.maintenance(seconds))
+        return v1(request, replication.maintenance_stats())

@@ -224,6 +224,9 @@ class LookupPeersService(MultiService):
         self._loop: task.LoopingCall | None = None
         self._precreating: set[defer.Deferred] = set()
         self._idle_waiters: list[defer.Deferred] = []
+        #: the node drains: its topics are unregistered and nothing is registered (consumers
+        #: stop discovering it) until :meth:`restore`
+        self.withdrawn = False
 
     # --- what the peers ask of the nsqd ---------------------------------------------
 
@@ -243,7 +246,10 @@ class LookupPeersService(MultiService):
         }
 
     def registration_commands(self) -> list[bytes]:
-        """The replay: REGISTER every topic without channels and every channel."""
+        """The replay: REGISTER every topic without channels and every channel (nothing while
+        :attr:`withdrawn`)."""
+        if self.withdrawn:
+            return []
         commands = [register_command(topic, channel) if channel is not None else register_command(topic)
                     for topic, channel in self.nsqd.broker.registrations()]
         return commands
@@ -296,9 +302,29 @@ class LookupPeersService(MultiService):
                 peer.last_ping = d
                 log.debug("LOOKUPD({peer}): sending heartbeat", peer=peer.address)
 
+    def withdraw(self) -> None:
+        """A drain: UNREGISTER every topic (nsqlookupd drops its channels with it) from every
+        peer, and register nothing until :meth:`restore`; the node stays connected (and PINGs)."""
+        if self.withdrawn:
+            return
+        topics = dict.fromkeys(topic for topic, _ in self.nsqd.broker.registrations())
+        self.withdrawn = True
+        for topic in topics:
+            self.send(unregister_command(topic))
+
+    def restore(self) -> None:
+        """A drain cancelled: REGISTER everything again."""
+        if not self.withdrawn:
+            return
+        self.withdrawn = False
+        for command in self.registration_commands():
+            self.send(command)
+
     # --- broker events ------------------------------------------------------------
 
     def _on_event(self, event: str, topic: str, channel: str | None) -> None:
+        if self.withdrawn and event in (Event.TOPIC_CREATED, Event.CHANNEL_CREATED):
+            return
         try:
             if event == Event.TOPIC_CREATED:
                 self.send(register_command(topic))

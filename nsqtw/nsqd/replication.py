@@ -44,10 +44,11 @@ from .core.replication import (
 )
 from .core.replication import PeerLag, peer_stats
 from .core.replication.adoption import FORGET, STAND_BY, WAIT
+from .core.replication.maintenance import MaintenanceWindows
 from .core.replication.broker import StoreHooks
 
 __all__ = ["AdoptionService", "ReplicationService", "ShadowFactory", "ShadowFiles", "shadow_path", "read_secret",
-           "tune_link_socket"]
+           "tune_link_socket", "save_window", "load_windows"]
 
 log = Logger(namespace="nsqtw.nsqd")
 
@@ -123,6 +124,43 @@ def read_secret(path: str) -> bytes:
         log.warn("REPLICATION: --replication-secret-file {path} is readable by other users (chmod 600 it)",
                  path=path)
     return secret
+
+
+_WINDOW_NAME = re.compile(r"nsqtw-maintenance\.([0-9]+)\Z")
+
+
+def save_window(data_path: str, origin: int, until: float | None) -> None:
+    """Keep an origin's maintenance window (until when, on this node's clock: seconds since the
+    epoch) in the data path, so a restart of this node within it does not adopt the origin
+    (None: the window is over, the file goes)."""
+    path = os.path.join(data_path, f"nsqtw-maintenance.{origin}")
+    try:
+        if until is None:
+            if os.path.exists(path):
+                os.unlink(path)
+        else:
+            os.makedirs(data_path, exist_ok=True)
+            _write_file(path, b"%.3f\n" % until)
+    except OSError as e:
+        log.warn("REPLICATION: cannot keep node {id}'s maintenance window in {path}: {err}", id=origin,
+                 path=path, err=e)
+
+
+def load_windows(data_path: str) -> dict[int, float]:
+    """The maintenance windows kept in the data path (:func:`save_window`)."""
+    out: dict[int, float] = {}
+    if not os.path.isdir(data_path):
+        return out
+    for name in os.listdir(data_path):
+        m = _WINDOW_NAME.match(name)
+        if m is None:
+            continue
+        try:
+            with open(os.path.join(data_path, name), "rb") as f:
+                out[int(m.group(1))] = float(f.read().strip())
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def shadow_path(data_path: str, origin_node_id: int) -> str:
@@ -521,6 +559,9 @@ class _ShadowProtocol(Protocol):
         self.factory.files.apply()
         if receiver.origin is not None and was is None:
             self.factory.linked(self, receiver.origin)
+        if receiver.requests:  # after the batches before them are stored and applied
+            requests, receiver.requests = receiver.requests, []
+            self.factory.requested(self, requests)
         if receiver.closed:
             why = out[5:].decode(errors="replace")
             if why.startswith("E_STORE_FAILED"):
@@ -553,6 +594,11 @@ class ShadowFactory(Factory):
         self.max_frame = max_frame
         self.protocols: set[_ShadowProtocol] = set()
         self.adoption: AdoptionService | None = None
+        #: the origins' maintenance windows (MAINT), kept on this node's clock and in its data
+        #: path (see :func:`save_window`); None: the adoption policy does not look at them
+        self.maintenance: MaintenanceWindows | None = None
+        #: why this node takes no hand-off now (e.g. it drains itself): "" when it takes them
+        self.refuse_handoff: Callable[[], str] = lambda: ""
         #: the last error storing a batch ("" once a batch is stored again): a full disk
         self.store_error = ""
         #: connections closed because too many were unauthenticated
@@ -610,6 +656,45 @@ class ShadowFactory(Factory):
                          id=origin.node_id, peer=other.transport.getPeer())
                 other.transport.abortConnection()
         self.announce()
+
+    def requested(self, proto: _ShadowProtocol, requests: list[tuple[str, int, int]]) -> None:
+        """What an origin asked on its link (see ``ShadowReceiver.requests``): a maintenance
+        window, kept here; a hand-off, adopted now and answered (HANDED) on the same link."""
+        origin = proto.receiver.origin
+        assert origin is not None
+        now = self.reactor.seconds() if self.reactor is not None else 0.0
+        for what, counter, value in requests:
+            if what == "maintenance":
+                if self.maintenance is None:
+                    continue
+                self.maintenance.set(origin.node_id, value / 1000, now)
+                save_window(self.files.data_path, origin.node_id, now + value / 1000 if value else None)
+                if value:
+                    log.info("REPLICATION: node {id} is going down for maintenance: not adopted for {s}s "
+                             "unless it is back sooner", id=origin.node_id, s=round(value / 1000, 3))
+                else:
+                    log.info("REPLICATION: node {id}'s maintenance window is over", id=origin.node_id)
+                continue
+            self._hand_off(proto, origin.node_id, counter, value)
+
+    def _hand_off(self, proto: _ShadowProtocol, origin: int, counter: int, epoch: int) -> None:
+        why = self.refuse_handoff()
+        if self.adoption is None or why:
+            d: defer.Deferred[tuple[bool, bytes, int, str]] = defer.succeed(
+                (False, wire.NO_ID, 0, why or "this node does not adopt"))
+        else:
+            log.info("REPLICATION: node {id} drains and hands its messages to this node", id=origin)
+            d = self.adoption.take_handoff(origin, epoch)
+
+        def answer(result: tuple[bool, bytes, int, str]) -> None:
+            ok, adopted, count, reason = result
+            if not ok:
+                log.warn("REPLICATION: hand-off from node {id} refused: {why}", id=origin, why=reason)
+            if proto in self.protocols and not proto.receiver.closed:
+                proto.send(proto.receiver.handed(counter, ok, adopted, count, reason))
+
+        d.addCallback(answer)
+        d.addErrback(lambda f: log.failure("REPLICATION: answering a hand-off failed", f))
 
     def holds(self) -> dict[int, int]:
         """The origins whose shadow this node holds (or is adopting), and those it adopted."""
@@ -723,6 +808,11 @@ class AdoptionService(Service):
         self.holding: dict[int, int] = {}
         #: message IDs already republished, per origin whose adoption is not finished
         self._done: dict[int, set[bytes]] = {}
+        #: (origin, messages, when) of every hand-off a draining origin made to this node
+        self.handed_over: list[tuple[int, int, float]] = []
+        #: the origins' maintenance windows: an origin due while in one is kept pending (not
+        #: adopted) until the window is over or it is back (None: no windows)
+        self.maintenance: MaintenanceWindows | None = None
         self._loop: task.LoopingCall | None = None
 
     def startService(self) -> None:
@@ -730,6 +820,8 @@ class AdoptionService(Service):
         now = self.reactor.seconds()
         for origin in self.files.states:  # shadows from before the start: adopt unless they link
             if not self.links.get(origin):
+                if self.maintenance is not None:
+                    self.maintenance.down(origin)
                 self.policy.origin_down(origin, now)
         self._loop = task.LoopingCall(self.check)
         self._loop.clock = self.reactor
@@ -742,6 +834,8 @@ class AdoptionService(Service):
         self._loop = None
 
     def origin_up(self, origin: int) -> None:
+        if self.maintenance is not None:
+            self.maintenance.up(origin)
         self.links[origin] = self.links.get(origin, 0) + 1
         self.policy.origin_up(origin, self.reactor.seconds())
         self.pending.pop(origin, None)
@@ -755,6 +849,8 @@ class AdoptionService(Service):
             self.links[origin] = n
             return
         self.links.pop(origin, None)
+        if self.maintenance is not None:
+            self.maintenance.down(origin)
         self.policy.origin_down(origin, self.reactor.seconds())
 
     def check(self) -> None:
@@ -765,6 +861,8 @@ class AdoptionService(Service):
             if self.links.get(origin) or origin not in self.files.states:
                 self.pending.pop(origin, None)
                 continue
+            if self.maintenance is not None and self.maintenance.active(origin, now):
+                continue  # down for maintenance: kept pending until its window is over
             try:
                 self._decide(origin, now)
             except Exception as e:  # never the loop's end: the other origins go on
@@ -793,9 +891,17 @@ class AdoptionService(Service):
             self.standing_by[origin] = peer
             return
         self.standing_by.pop(origin, None)
+        self._adopt_now(origin, now)
+
+    def _adopt_now(self, origin: int, now: float, handoff: bool = False) -> tuple[int, defer.Deferred[Any] | None]:
+        """Adopt ``origin``'s shadow now: ``(messages adopted, fired once this node's peers
+        stored them or None)``; raises when this node's queues refuse some (tried again for
+        what is left).  A hand-off (the origin drains) is recorded in :attr:`handed_over`,
+        not among the adoptions of lost origins."""
         self.holding[origin] = wire.HELD
         done = self._done.setdefault(origin, set())
         state = self.files.states[origin]
+        epoch = state.epoch
         adopted, refused, stored = self.adopt_into(origin, state, done)
         if refused:
             raise OSError(f"{refused} of {refused + len(done)} messages refused by this node's queues "
@@ -805,10 +911,15 @@ class AdoptionService(Service):
         del self._done[origin]
         self.pending.pop(origin, None)
         failure = self.failures.pop(origin, None)
-        self.adopted.append((origin, total, 0, now))
-        log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here{retried} "
-                 "(its shadow log kept as {kept})", id=origin, n=total, kept=kept,
-                 retried=f" after {failure[2]} failed tries" if failure else "")
+        if handoff:
+            self.handed_over.append((origin, total, now))
+            log.info("REPLICATION: took over node {id}'s messages (it drains): {n} republished here "
+                     "(its shadow log kept as {kept})", id=origin, n=total, kept=kept)
+        else:
+            self.adopted.append((origin, total, 0, now))
+            log.warn("REPLICATION: adopted node {id}: {n} unfinished messages republished here{retried} "
+                     "(its shadow log kept as {kept})", id=origin, n=total, kept=kept,
+                     retried=f" after {failure[2]} failed tries" if failure else "")
 
         def stored_here(_: Any) -> None:
             if self.holding.get(origin) == wire.HELD:
@@ -820,6 +931,31 @@ class AdoptionService(Service):
             stored_here(None)
         else:
             stored.addBoth(lambda r: stored_here(None) if not isinstance(r, Failure) else None)
+        return total, stored
+
+    def take_handoff(self, origin: int, epoch: int) -> defer.Deferred[tuple[bool, bytes, int, str]]:
+        """A draining origin hands its backlog over (HANDOFF): adopt its shadow now, with its
+        consent, whatever the policy says; fires with ``(adopted, highest ID adopted, messages,
+        why not)`` once this node's own peers stored what it adopted (or could not)."""
+        state = self.files.states.get(origin)
+        if state is None:
+            return defer.succeed((False, wire.NO_ID, 0, f"this node holds no shadow of node {origin}"))
+        if state.catching_up:
+            return defer.succeed((False, wire.NO_ID, 0, "its shadow here is still catching up"))
+        if state.epoch != epoch:
+            return defer.succeed((False, wire.NO_ID, 0, f"the shadow here is of epoch {state.epoch}, "
+                                                         f"not {epoch}"))
+        top = state.max_id
+        try:
+            total, stored = self._adopt_now(origin, self.reactor.seconds(), handoff=True)
+        except Exception as e:  # what was republished stays (a later adoption skips it)
+            return defer.succeed((False, wire.NO_ID, 0, f"adopting failed: {e}"))
+        result = (True, top, total, "")
+        if stored is None:
+            return defer.succeed(result)
+        out: defer.Deferred[tuple[bool, bytes, int, str]] = defer.Deferred()
+        stored.addBoth(lambda _: out.callback(result))
+        return out
 
     def _failed(self, origin: int, now: float, why: str) -> None:
         prev = self.failures.get(origin)
@@ -916,6 +1052,8 @@ class _PeerLink(Protocol):
             self.holds = ev.holds
         for seq in ev.acks:
             self.service.acked(self.address, seq)
+        for handed in ev.handed:
+            self.service.handed(self.address, handed)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         if self._seam is not None:
@@ -984,6 +1122,14 @@ class ReplicationService(Service):
         #: peers not yet heard from since the start while delivery is held (see _hold)
         self._unanswered: set[str] = set()
         self._hold_call: Any = None
+        #: hand-offs waiting for the peer's HANDED: (peer address, counter) -> fired with it
+        self._handoffs: dict[tuple[str, int], defer.Deferred[wire.Handed]] = {}
+        #: until when (this node's clock) its peers were asked not to adopt it (0: no window)
+        self.maintenance_until = 0.0
+        #: the peers told of the window now running
+        self.maintenance_told: set[str] = set()
+        #: called with the seconds left of a maintenance window when one is set or ended (0)
+        self.maintenance_listeners: list[Callable[[float], None]] = []
 
     @property
     def hooks(self) -> StoreHooks:
@@ -1155,6 +1301,8 @@ class ReplicationService(Service):
         doc["peers"] = peer_stats(self.origin, self.lag, now)
         doc["epoch"] = self.epoch
         doc["delivery_held"] = self.broker.delivery_held
+        if self.maintenance_until > now:
+            doc["maintenance"] = self.maintenance_stats(now)
         if self.adoptions_reported:
             doc["adoptions_reported"] = [{"peer": a, "dropped": d, "kept": k}
                                          for a, d, k in self.adoptions_reported]
@@ -1215,6 +1363,8 @@ class ReplicationService(Service):
 
     def stopService(self) -> None:
         super().stopService()
+        if self.options.maintenance_on_stop > 0:  # before the links close (their last frames)
+            self.maintenance(self.options.maintenance_on_stop)
         self._release_delivery("exiting")
         for loop in (self._loop, self._state_loop):
             if loop is not None and loop.running:
@@ -1284,6 +1434,10 @@ class ReplicationService(Service):
             link.send(frame)
         log.info("REPLICATION: peer {peer} ({name}, node {id}) linked, catching up from a snapshot",
                  peer=link.address, name=hello.name, id=hello.node_id)
+        left = self.maintenance_until - now
+        if left > 0 and link.link.speaks_handoff:  # a window asked for while this peer was away
+            link.writev(link.link.maintenance(left))
+            self.maintenance_told.add(link.address)
         self._answered(link.address)
 
     def _adopted_by(self, address: str, adopted_id: bytes) -> None:
@@ -1315,13 +1469,19 @@ class ReplicationService(Service):
                      "(duplicates possible)", peer=address, epoch=self.epoch, n=count)
         self.epoch = new_epoch(self.data_path, int(self.reactor.seconds() * 1e9), self.epoch)
 
+    def _handoffs_lost(self, address: str, reason: str) -> None:
+        for key in [k for k in self._handoffs if k[0] == address]:
+            self._handoffs.pop(key).callback(wire.Handed(key[1], False, wire.NO_ID, 0, f"link lost: {reason}"))
+
     def link_failed(self, link: _PeerLink, reason: str) -> None:
+        self._handoffs_lost(link.address, reason)
         link.up = False
         self.links.pop(link.address, None)
         self._down(link.address, reason)
 
     def link_lost(self, link: _PeerLink, reason: str) -> None:
         if self.links.get(link.address) is link:
+            self._handoffs_lost(link.address, reason)
             del self.links[link.address]
             self._down(link.address, f"link lost: {reason}")
 
@@ -1378,6 +1538,84 @@ class ReplicationService(Service):
                 dropped.transport.abortConnection()
             if pending is not None:
                 pending.cancel()
+
+    # --- drain and maintenance ---------------------------------------------------
+
+    def handoff_peer(self, exclude: set[str] | frozenset[str] = frozenset()) -> str | None:
+        """A peer this node can hand its backlog to now: linked, in sync (its shadow of this
+        node is whole), speaking HANDOFF and not in ``exclude``; None when there is none."""
+        for address, link in sorted(self.links.items()):
+            if address in exclude:
+                continue
+            peer = self.origin.peers.get(address)
+            if (link.up and link.transport is not None and peer is not None and peer.state == IN_SYNC
+                    and peer.catchup is None and link.link.speaks_handoff):
+                return address
+        return None
+
+    def hand_off(self, address: str) -> defer.Deferred[wire.Handed]:
+        """Ask the peer at ``address`` to adopt this node's backlog now (a drain): what was
+        recorded and finished so far goes first, then HANDOFF; fires with the peer's answer
+        (refused when the link is lost first).  When it adopted, the backlog here is dropped
+        (as after an adoption reported at link set-up) and a new epoch starts."""
+        link = self.links.get(address)
+        if link is None or not link.up or link.transport is None or not link.link.speaks_handoff:
+            return defer.succeed(wire.Handed(0, False, wire.NO_ID, 0, "the peer is not linked"))
+        self._consumer_state()
+        self.flush()
+        counter, parts = link.link.handoff(self.epoch)
+        d: defer.Deferred[wire.Handed] = defer.Deferred()
+        self._handoffs[(address, counter)] = d
+        link.writev(parts)
+        log.info("REPLICATION: handing this node's messages to peer {peer} (epoch {epoch})", peer=address,
+                 epoch=self.epoch)
+        return d
+
+    def handed(self, address: str, handed: wire.Handed) -> None:
+        """The peer's HANDED: drop what it adopted, then fire the hand-off's Deferred."""
+        d = self._handoffs.pop((address, handed.counter), None)
+        if d is None:
+            return
+        if handed.ok:
+            log.info("REPLICATION: peer {peer} adopted {n} messages of this node", peer=address, n=handed.count)
+            self._adopted_by(address, handed.adopted)
+            self.settle()
+            # every peer's shadow of this node: what is left here (nothing, unless some was kept),
+            # of the new epoch (a later hand-off names it)
+            self.restream().addErrback(lambda f: None)
+        d.callback(handed)
+
+    def settle(self) -> None:
+        self.broker.settle(self.reactor.seconds())
+
+    def maintenance(self, seconds: float) -> dict[str, Any]:
+        """Ask every peer not to adopt this node for ``seconds`` (0: the window is over), on
+        their own clocks: the window outlives the links (a restart); a peer not linked now is
+        told when it links, if the window still runs."""
+        now = self.reactor.seconds()
+        self.maintenance_until = now + seconds if seconds > 0 else 0.0
+        self.maintenance_told = set()
+        for address, link in sorted(self.links.items()):
+            if link.up and link.transport is not None and link.link.speaks_handoff:
+                link.writev(link.link.maintenance(seconds))
+                self.maintenance_told.add(address)
+        if seconds > 0:
+            log.info("REPLICATION: maintenance: peers asked not to adopt this node for {s}s (told: {told})",
+                     s=seconds, told=", ".join(sorted(self.maintenance_told)) or "none")
+        else:
+            log.info("REPLICATION: maintenance window over (peers told: {told})",
+                     told=", ".join(sorted(self.maintenance_told)) or "none")
+        for listener in list(self.maintenance_listeners):
+            listener(seconds if seconds > 0 else 0.0)
+        return self.maintenance_stats(now)
+
+    def maintenance_stats(self, now: float | None = None) -> dict[str, Any]:
+        now = self.reactor.seconds() if now is None else now
+        left = max(0.0, self.maintenance_until - now)
+        return {"active": left > 0, "remaining_seconds": round(left, 3),
+                "until": self.maintenance_until if left > 0 else None,
+                "peers_told": sorted(self.maintenance_told) if left > 0 else [],
+                "peers_not_told": sorted(set(self.origin.peers) - self.maintenance_told) if left > 0 else []}
 
     def peers_holding(self, origin: int) -> list[tuple[int, int]]:
         """``(node id, HELD or ADOPTED)`` of each peer linked and live (in sync or catching

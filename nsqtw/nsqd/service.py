@@ -172,6 +172,7 @@ class NsqdService(MultiService):
                                                          "REPLICATION", "replication-address")
             self.replication_listener.setServiceParent(self)
             from .core.replication import AdoptAfterTimeout
+            from .core.replication.maintenance import MaintenanceWindows
             from .replication import AdoptionService
             replication = self.replication
             self.adoption = AdoptionService(
@@ -181,6 +182,7 @@ class NsqdService(MultiService):
                 announce=shadow.announce, health=lambda: self.broker.health,
                 arbiter=etcd.arbiter() if etcd is not None else None)
             shadow.adoption = self.adoption
+            shadow.maintenance = self.adoption.maintenance = MaintenanceWindows()
             self.adoption.setServiceParent(self)
         self.http_listener: ListeningService | None = None
         self.https_listener: ListeningService | None = None
@@ -216,6 +218,20 @@ class NsqdService(MultiService):
         if options.lookupd_tcp_addresses:
             self._lookup_peers_service()
         self._stopping: defer.Deferred | None = None
+        from .drain import DrainService
+        #: the drain (POST /drain, or a stop with --drain-timeout)
+        self.drain = DrainService(self, reactor)
+        self.drain.setServiceParent(self)
+        #: called with ``(kind, doc)`` when the node's drain changes state (``"drain"``, the
+        #: progress GET /drain shows) or its maintenance window is set or ended
+        #: (``"maintenance"``, ``{"seconds": left}``): the hook a coordinator records them by
+        self.state_listeners: list[Any] = []
+        self.drain.listeners.append(lambda state, doc: self._state_changed("drain", doc))
+        if self.shadow_factory is not None:  # a draining node takes no other node's backlog
+            self.shadow_factory.refuse_handoff = lambda: "this node drains too" if self.drain.draining else ""
+        if self.replication is not None:
+            self.replication.maintenance_listeners.append(
+                lambda seconds: self._state_changed("maintenance", {"seconds": seconds}))
 
     def _http_site(self, tls_only_http: bool) -> Any:
         from .http import NsqdHTTPAPI
@@ -344,6 +360,14 @@ class NsqdService(MultiService):
         if self.replication is None and self.shadow_files is None:
             return None
         doc: dict[str, Any] = self.replication.stats() if self.replication is not None else {}
+        if self.shadow_files is not None and self.shadow_factory.maintenance is not None:
+            left = self.shadow_factory.maintenance.remaining(self.reactor.seconds())
+            if left:
+                doc["maintenance_windows"] = [{"origin_node_id": o, "remaining_seconds": s}
+                                              for o, s in left.items()]
+        if self.adoption is not None and self.adoption.handed_over:
+            doc["handed_over"] = [{"origin_node_id": o, "messages": n, "at": when}
+                                  for o, n, when in self.adoption.handed_over]
         if self.shadow_files is not None:
             doc["shadows"] = self.shadow_files.stats()
             doc["adopted"] = self.adoption.stats()
@@ -478,6 +502,9 @@ class NsqdService(MultiService):
                 broker.loading = False
             if self.shadow_files is not None:
                 self.shadow_files.load()  # the origins' shadows this node keeps
+                from .replication import load_windows
+                for origin, until in load_windows(self.data_path).items():  # maintenance windows
+                    self.shadow_factory.maintenance.restore(origin, until)
             # as Go's nsqd, refuse to start when nsqd.dat cannot be written (read-only data path)
             try:
                 self.sync_worker.run_here(partial(write_metadata, self.data_path, metadata_from_broker(broker)))
@@ -526,10 +553,27 @@ class NsqdService(MultiService):
         self.sync_worker.stopService()
         self.dirlock.unlock()
 
+    def _state_changed(self, kind: str, doc: dict[str, Any]) -> None:
+        for listener in list(self.state_listeners):
+            try:
+                listener(kind, doc)
+            except Exception:
+                log.failure("a state listener failed")
+
     def stopService(self) -> defer.Deferred:
-        """nsqd's Exit: stop listening, close every client, write everything held to disk."""
+        """nsqd's Exit: stop listening, close every client, write everything held to disk;
+        with ``--drain-timeout``, after draining for at most that long."""
         if self._stopping is not None:
             return self._stopping
+        if self.options.drain_timeout > 0 and self.running and self.drain.running:
+            d = self.drain.drain_for_stop(self.options.drain_timeout)
+            d.addCallback(lambda _: self._stop_now())
+            self._stopping = d
+            return d
+        self._stopping = self._stop_now()
+        return self._stopping
+
+    def _stop_now(self) -> defer.Deferred:
         meter = IReactorWorkMeter(self.reactor, None)
         if meter is not None:
             meter.measure_work(None)
@@ -572,7 +616,6 @@ class NsqdService(MultiService):
 
         d.addCallback(stop_worker)
         d.addBoth(unlock)
-        self._stopping = d
         return d
 
     # --- the disk at a stop ---------------------------------------------------------

@@ -41,6 +41,16 @@ An origin nsqd connects to each ``--replica-peer``'s ``--replication-address`` a
            each (:data:`HELD`, or :data:`ADOPTED` once it adopted that origin and its own
            peers stored what it adopted)
 ``ERROR``  utf-8 text; the sender closes the link after it
+``HANDOFF`` (origin to peer) u64 counter, u64 epoch: a draining origin asks the peer to adopt
+           its shadow now (everything before it on the link is stored first)
+``HANDED`` (peer to origin) u64 counter (the HANDOFF's), u8 status (0: adopted, 1: refused),
+           16-byte highest ID adopted, u32 messages adopted, utf-8 reason (when refused)
+``MAINT``  (origin to peer) u64 counter, u64 milliseconds: do not adopt this origin for that
+           long, counted on the peer's own clock (0: the window is over)
+
+The three last are sent only to a node whose HELLO carries :data:`FEATURE_HANDOFF` in its
+feature byte: a NUL and one byte after the HELLO's name (a node without them would read both as
+part of the name, which it only logs).
 
 With a shared secret, every frame after the handshake is sealed: 16 bytes between the frame's
 type and its body, a keyed BLAKE2b (:func:`seal_tag`, keyed by :func:`session_key` of the
@@ -75,6 +85,9 @@ __all__ = [
     "shadow_record", "shadow_record_head", "read_shadow_records", "shadow_records_at", "shadow_records_placed",
     "shadow_pad",
     "SHADOW_PAD", "split_frames",
+    "HANDOFF", "HANDED", "MAINT", "FEATURE_HANDOFF", "FEATURES", "HANDED_OK", "HANDED_REFUSED",
+    "encode_handoff", "decode_handoff", "encode_handed", "decode_handed", "Handed",
+    "encode_maintenance", "decode_maintenance",
 ]
 
 MAGIC = b"  NSQTWR1"
@@ -87,7 +100,19 @@ ERROR = 4
 AUTH = 5
 BEAT = 6
 HOLDS = 7
-_TYPES = frozenset((HELLO, BATCH, ACK, ERROR, AUTH, BEAT, HOLDS))
+HANDOFF = 8
+HANDED = 9
+MAINT = 10
+_TYPES = frozenset((HELLO, BATCH, ACK, ERROR, AUTH, BEAT, HOLDS, HANDOFF, HANDED, MAINT))
+
+#: a HELLO's feature bits: the node speaks HANDOFF, HANDED and MAINT
+FEATURE_HANDOFF = 1
+#: what this node's HELLO says it speaks
+FEATURES = FEATURE_HANDOFF
+
+#: a HANDED's status
+HANDED_OK = 0
+HANDED_REFUSED = 1
 
 #: the states of a HOLDS item
 HELD = 0
@@ -148,11 +173,11 @@ class LinkError(ValueError):
 class Hello:
     """Who is at the other end of a link."""
 
-    __slots__ = ("version", "node_id", "instance", "name", "epoch", "adopted", "nonce", "proof")
+    __slots__ = ("version", "node_id", "instance", "name", "epoch", "adopted", "nonce", "proof", "features")
 
     def __init__(self, version: int, node_id: int, instance: bytes, name: str,
                  epoch: int = 0, adopted: bytes = NO_ID, nonce: bytes = bytes(16),
-                 proof: bytes = _NO_PROOF) -> None:
+                 proof: bytes = _NO_PROOF, features: int = 0) -> None:
         self.version = version
         self.node_id = node_id
         self.instance = instance
@@ -164,6 +189,8 @@ class Hello:
         self.nonce = nonce
         #: (a peer's answer) its proof of the secret (zeros: it has none)
         self.proof = proof
+        #: what the sender speaks beyond the version's frames (:data:`FEATURE_HANDOFF`)
+        self.features = features
 
     @property
     def proves(self) -> bool:
@@ -311,9 +338,10 @@ def epoch_data(epoch: int) -> bytes:
 
 
 def encode_hello(node_id: int, instance: bytes, name: str, epoch: int = 0, adopted: bytes = NO_ID,
-                 nonce: bytes = bytes(16), proof: bytes = _NO_PROOF) -> bytes:
+                 nonce: bytes = bytes(16), proof: bytes = _NO_PROOF, features: int = FEATURES) -> bytes:
+    trailer = b"\0" + bytes((features,)) if features else b""
     return encode_frame(HELLO, _HELLO.pack(VERSION, node_id, instance, epoch, adopted, nonce, proof)
-                        + name.encode()[:1024])
+                        + name.encode().replace(b"\0", b"")[:1024] + trailer)
 
 
 def decode_hello(body: bytes | memoryview) -> Hello:
@@ -323,11 +351,12 @@ def decode_hello(body: bytes | memoryview) -> Hello:
     if len(body) < _HELLO.size:
         raise LinkError("short HELLO")
     version, node_id, instance, epoch, adopted, nonce, proof_ = _HELLO.unpack_from(body)
+    raw, _, trailer = bytes(body[_HELLO.size:]).partition(b"\0")
     try:
-        name = bytes(body[_HELLO.size:]).decode()
+        name = raw.decode()
     except UnicodeDecodeError:
         raise LinkError("HELLO name is not utf-8") from None
-    return Hello(version, node_id, instance, name, epoch, adopted, nonce, proof_)
+    return Hello(version, node_id, instance, name, epoch, adopted, nonce, proof_, trailer[0] if trailer else 0)
 
 
 def encode_auth(proof_: bytes) -> bytes:
@@ -349,6 +378,64 @@ def decode_holds(body: bytes | memoryview) -> dict[int, int]:
     if len(body) % _HOLD.size:
         raise LinkError("malformed HOLDS")
     return {o: st for o, st in _HOLD.iter_unpack(body)}
+
+
+_HANDOFF = struct.Struct(">QQ")
+_HANDED = struct.Struct(">QB16sI")
+
+
+def encode_handoff(counter: int, epoch: int) -> bytes:
+    return encode_frame(HANDOFF, _HANDOFF.pack(counter, epoch))
+
+
+def decode_handoff(body: bytes | memoryview) -> tuple[int, int]:
+    """``(counter, epoch)`` of a HANDOFF."""
+    if len(body) != _HANDOFF.size:
+        raise LinkError("malformed HANDOFF")
+    counter, epoch = _HANDOFF.unpack(body)
+    return int(counter), int(epoch)
+
+
+class Handed:
+    """A peer's answer to a HANDOFF."""
+
+    __slots__ = ("counter", "ok", "adopted", "count", "reason")
+
+    def __init__(self, counter: int, ok: bool, adopted: bytes, count: int, reason: str = "") -> None:
+        self.counter = counter
+        self.ok = ok
+        #: the highest message ID the peer adopted (NO_ID: none)
+        self.adopted = adopted
+        #: messages it adopted
+        self.count = count
+        self.reason = reason
+
+
+def encode_handed(counter: int, ok: bool, adopted: bytes = NO_ID, count: int = 0, reason: str = "") -> bytes:
+    return encode_frame(HANDED, _HANDED.pack(counter, HANDED_OK if ok else HANDED_REFUSED, adopted, count)
+                        + reason.encode()[:1024])
+
+
+def decode_handed(body: bytes | memoryview) -> Handed:
+    if len(body) < _HANDED.size:
+        raise LinkError("malformed HANDED")
+    counter, status, adopted, count = _HANDED.unpack_from(body)
+    if status not in (HANDED_OK, HANDED_REFUSED):
+        raise LinkError(f"malformed HANDED (status {status})")
+    return Handed(counter, status == HANDED_OK, bytes(adopted), count,
+                  bytes(body[_HANDED.size:]).decode(errors="replace"))
+
+
+def encode_maintenance(counter: int, milliseconds: int) -> bytes:
+    return encode_frame(MAINT, _HANDOFF.pack(counter, max(0, milliseconds)))
+
+
+def decode_maintenance(body: bytes | memoryview) -> tuple[int, int]:
+    """``(counter, milliseconds)`` of a MAINT."""
+    if len(body) != _HANDOFF.size:
+        raise LinkError("malformed MAINT")
+    counter, ms = _HANDOFF.unpack(body)
+    return int(counter), int(ms)
 
 
 #: (kind, topic, channel) -> the entry head's bytes before its due time (a replicated

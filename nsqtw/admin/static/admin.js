@@ -1018,7 +1018,8 @@
   }
 
   var DONE = {pause: 'paused', unpause: 'unpaused', empty: 'emptied', 'delete': 'deleted',
-              tombstone: 'tombstoned', forget: 'forgotten', redrive: 'redriven', empty_dead: 'emptied of dead letters'};
+              tombstone: 'tombstoned', forget: 'forgotten', redrive: 'redriven', empty_dead: 'emptied of dead letters',
+              drain: 'draining (its progress below)', undrain: 'serving again'};
 
   function runAction(btn) {
     var d = btn.dataset;
@@ -1030,9 +1031,9 @@
     if (action === 'tombstone') {
       what = 'topic ' + topic + ' on ' + d.node;
       req = send('DELETE', base + '/api/nodes/' + enc(d.node), {topic: topic});
-    } else if (action === 'forget') {
+    } else if (action === 'forget' || action === 'drain' || action === 'undrain') {
       what = 'node ' + d.node;
-      req = send('POST', base + '/api/nodes/' + enc(d.node), {action: 'forget'});
+      req = send('POST', base + '/api/nodes/' + enc(d.node), {action: action});
     } else {
       var url = base + '/api/topics/' + enc(topic) + (channel ? '/' + enc(channel) : '');
       req = action === 'delete' ? send('DELETE', url) : send('POST', url, {action: action});

@@ -36,12 +36,21 @@ from .guid import GUIDFactory
 from .policy import ChannelPolicy, default_policy
 from .topic import Topic
 
+
+class Draining(BrokerError):
+    """The node drains (``POST /drain``): it refuses publishes (``E_PUB_FAILED``, HTTP 503
+    ``DRAINING``) while it delivers or hands off what it holds."""
+
+    def __init__(self, text: str = "draining") -> None:
+        super().__init__(text)
+
+
 if TYPE_CHECKING:
     from ...backend import IBackendQueue
 
 log = Logger(namespace="nsqtw.nsqd")
 
-__all__ = ["Broker", "Event"]
+__all__ = ["Broker", "Event", "Draining"]
 
 _SIZE = struct.Struct(">i").pack
 _MID = struct.Struct(">iqH").pack  # frame type, timestamp, attempts
@@ -110,6 +119,8 @@ class Broker:
         #: replicated origin restarting with a backlog waits for its peers to say whether one
         #: of them adopted it
         self.delivery_held = False
+        #: publishes are refused while True (the node drains: see nsqtw.nsqd.core.drain)
+        self.draining = False
         self._client_ids = count(1)
         self._channel_list: list[Channel] | None = None
         #: channels whose delivery rate (``max_rate``) held messages back: the queue scan
@@ -403,6 +414,8 @@ class Broker:
 
     def publish(self, topic_name: str, bodies: Sequence[bytes], now: float, uniform: int | None = None) -> Topic:
         """Queue bodies on a topic (created if needed); all or nothing."""
+        if self.draining:
+            raise Draining()
         topic = self.get_topic(topic_name, now)
         topic.check_room(len(bodies))  # before IDs and frames are made for a refused batch
         run, nbytes = self.make_run(bodies, now, uniform)
@@ -422,6 +435,8 @@ class Broker:
     def publish_one(self, topic_name: str, body: bytes, now: float) -> Topic:
         """:meth:`publish` of one body (a PUB): the same checks and effects; its frame is
         made in one step."""
+        if self.draining:
+            raise Draining()
         topic = self.topics.get(topic_name)
         if topic is None:
             topic = self.get_topic(topic_name, now)
@@ -431,6 +446,8 @@ class Broker:
         return topic
 
     def publish_deferred(self, topic_name: str, body: bytes, delay: float, now: float) -> Topic:
+        if self.draining:
+            raise Draining()
         topic = self.get_topic(topic_name, now)
         if topic.exiting:
             raise Exiting()

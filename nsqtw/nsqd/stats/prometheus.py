@@ -202,6 +202,7 @@ def render_metrics(stats_doc: Mapping[str, Any], *, labels: Mapping[str, str] | 
         fam.add("nsq_held_timeouts_extended_total", "counter", "In-flight timeouts extended because held "
                 "memory was at --max-held-bytes.", (), held["timeout_extended_count"])
     _replication(fam, stats_doc.get("replication"))
+    _drain(fam, stats_doc.get("drain"))
     mem = stats_doc.get("memory")
     if mem:
         for name, key, help_text in _MEM_GAUGES:
@@ -218,6 +219,27 @@ def _client_labels(client: Mapping[str, Any]) -> Labels:
     return (("client_id", str(client.get("client_id", ""))), ("hostname", str(client.get("hostname", ""))),
             ("remote_address", str(client.get("remote_address", ""))),
             ("user_agent", str(client.get("user_agent", ""))))
+
+
+#: the states of a drain, as /metrics gives them (nsq_drain_state{state=...} is 1 for the current one)
+DRAIN_STATES = ("serving", "draining", "holding", "handing_off", "drained")
+
+
+def _drain(fam: _Families, drain: Mapping[str, Any] | None) -> None:
+    """nsqtw's drain (``GET /drain``): its state, what is left and what was handed off."""
+    if not drain:
+        return
+    fam.add("nsq_drain_draining", "gauge", "1 while the node drains or is drained (publishes refused).", (),
+            drain.get("state", "serving") != "serving")
+    for state in DRAIN_STATES:
+        fam.add("nsq_drain_state", "gauge", "1 for the drain's current state.", (("state", state),),
+                drain.get("state") == state)
+    fam.add("nsq_drain_queued_messages", "gauge", "Messages still queued (deferred included) on a draining node.",
+            (), drain.get("queued", 0))
+    fam.add("nsq_drain_in_flight_messages", "gauge", "Messages still in flight on a draining node.", (),
+            drain.get("in_flight", 0))
+    fam.add("nsq_drain_handed_off_messages_total", "counter", "Messages a replica peer adopted from this node's "
+            "drain.", (), drain.get("handed_off", 0))
 
 
 def _replication(fam: _Families, rep: Mapping[str, Any] | None) -> None:
@@ -270,6 +292,15 @@ def _replication(fam: _Families, rep: Mapping[str, Any] | None) -> None:
         ol = (("origin_node_id", str(sb.get("origin_node_id", ""))),)
         fam.add("nsq_replication_adoption_standing_by", "gauge", "1 while this node stands by for a peer "
                 "with a lower --node-id that adopts the origin.", ol, 1)
+    maintenance = rep.get("maintenance")
+    if "epoch" in rep:  # an origin: its own window (0 when none)
+        fam.add("nsq_replication_maintenance_seconds", "gauge", "Seconds left of the maintenance window this "
+                "node asked its peers for (they do not adopt it meanwhile); 0: none.", (),
+                (maintenance or {}).get("remaining_seconds", 0.0))
+    for w in rep.get("maintenance_windows") or []:
+        ol = (("origin_node_id", str(w.get("origin_node_id", ""))),)
+        fam.add("nsq_replication_origin_maintenance_seconds", "gauge", "Seconds left of an origin's maintenance "
+                "window: it is not adopted here meanwhile.", ol, w.get("remaining_seconds", 0.0))
     if "store_error" in rep:
         fam.add("nsq_replication_store_failing", "gauge", "1 while this node cannot store its origins' "
                 "batches (a full disk).", (), bool(rep.get("store_error")))

@@ -16,7 +16,9 @@ proofs are empty and frames are not sealed; a link between a node with a secret 
 without is refused, saying which.
 
 After the handshake: the origin sends BATCHes (the peer stores each and ACKs), the peer sends
-HOLDS (the shadows it holds, see :mod:`.adoption`), and either end sends a BEAT when it sent
+HOLDS (the shadows it holds, see :mod:`.adoption`); a draining origin sends HANDOFF (the peer
+adopts it now and answers HANDED) and one going down for maintenance MAINT (the peer does not
+adopt it for that long), to a peer whose HELLO says it speaks them; either end sends a BEAT when it sent
 nothing else for a while: a link silent for ``--replication-timeout`` is dead, whatever TCP
 says (a frozen process, a silent partition, a host gone without a FIN).
 """
@@ -40,13 +42,15 @@ class LinkEvents:
     """What one read of an origin's link brought: the peer's HELLO (once), the sequences it
     acknowledged, its HOLDS (the last of the read), and the bytes to send it back (the AUTH)."""
 
-    __slots__ = ("hello", "acks", "holds", "out")
+    __slots__ = ("hello", "acks", "holds", "out", "handed")
 
     def __init__(self) -> None:
         self.hello: wire.Hello | None = None
         self.acks: list[int] = []
         self.holds: dict[int, int] | None = None
         self.out = b""
+        #: the peer's answers to this node's HANDOFFs
+        self.handed: list[wire.Handed] = []
 
 
 class OriginLink:
@@ -65,9 +69,27 @@ class OriginLink:
         #: seals this link's frames once the handshake is done (None: no secret)
         self.sealer: wire.Sealer | None = None
         self._ack_size = _ACK_PLAIN
+        #: the last counter of the HANDOFFs and MAINTs sent (each must grow on a sealed link)
+        self._counter = 0
 
     def start(self) -> bytes:
         return self._greeting
+
+    @property
+    def speaks_handoff(self) -> bool:
+        """The peer (after its HELLO) speaks HANDOFF, HANDED and MAINT."""
+        return self.hello is not None and bool(self.hello.features & wire.FEATURE_HANDOFF)
+
+    def handoff(self, epoch: int) -> tuple[int, list[bytes | memoryview]]:
+        """A HANDOFF to send (the peer must :attr:`speaks_handoff`): its counter, which the
+        peer's HANDED repeats, and its parts."""
+        self._counter += 1
+        return self._counter, self.seal(wire.encode_handoff(self._counter, epoch))
+
+    def maintenance(self, seconds: float) -> list[bytes | memoryview]:
+        """A MAINT to send: do not adopt this node for ``seconds`` (0: the window is over)."""
+        self._counter += 1
+        return self.seal(wire.encode_maintenance(self._counter, int(seconds * 1000)))
 
     def ack(self, data: bytes) -> int | None:
         """The sequence ``data`` acknowledges when it is exactly one ACK after the handshake
@@ -126,6 +148,8 @@ class OriginLink:
                 ev.acks.append(wire.decode_ack(body))
             elif kind == wire.HOLDS:
                 ev.holds = wire.decode_holds(body)
+            elif kind == wire.HANDED:
+                ev.handed.append(wire.decode_handed(body))
             elif kind != wire.BEAT:
                 raise wire.LinkError(f"unexpected frame type {kind}")
         return ev
@@ -184,6 +208,10 @@ class ShadowReceiver:
         self.batches = 0
         self.last_seq = 0
         self._decoder = wire.LinkDecoder(expect_magic=True, max_frame=wire.HANDSHAKE_FRAME)
+        #: what the origin asked since the glue last looked, in order, after the batches
+        #: before it were stored: ``("handoff", counter, epoch)`` or ``("maintenance", 0,
+        #: milliseconds)``
+        self.requests: list[tuple[str, int, int]] = []
 
     @property
     def buffered(self) -> int:
@@ -241,6 +269,14 @@ class ShadowReceiver:
                     return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
                 self.batches += 1
                 self.last_seq = acked = seq
+            elif kind == wire.HANDOFF or kind == wire.MAINT:
+                try:
+                    if kind == wire.HANDOFF:
+                        self.requests.append(("handoff", *wire.decode_handoff(body)))
+                    else:
+                        self.requests.append(("maintenance", 0, wire.decode_maintenance(body)[1]))
+                except wire.LinkError as e:
+                    return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL {e}")
             elif kind != wire.BEAT:
                 return b"".join(out) + self._refuse(f"E_BAD_PROTOCOL unexpected frame type {kind}")
         if acked:
@@ -296,6 +332,11 @@ class ShadowReceiver:
             return wire.encode_beat(0)
         self.sealer.beats += 1
         return b"".join(self.sealer.seal(wire.encode_beat(self.sealer.beats)))
+
+    def handed(self, counter: int, ok: bool, adopted: bytes = wire.NO_ID, count: int = 0, reason: str = "") -> bytes:
+        """A HANDED to send: the answer to the origin's HANDOFF ``counter``."""
+        frame = wire.encode_handed(counter, ok, adopted, count, reason)
+        return frame if self.sealer is None else b"".join(self.sealer.seal(frame))
 
     def holds(self, holds: dict[int, int]) -> bytes:
         """A HOLDS frame to send (after the handshake)."""
