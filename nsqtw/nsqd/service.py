@@ -226,6 +226,8 @@ class NsqdService(MultiService):
         #: progress GET /drain shows) or its maintenance window is set or ended
         #: (``"maintenance"``, ``{"seconds": left}``): the hook a coordinator records them by
         self.state_listeners: list[Any] = []
+        if self.etcd is not None:  # recorded in etcd where the cluster agrees (see nsqtw.nsqd.etcd)
+            self.state_listeners.append(self._record_state)
         self.drain.listeners.append(lambda state, doc: self._state_changed("drain", doc))
         if self.shadow_factory is not None:  # a draining node takes no other node's backlog
             self.shadow_factory.refuse_handoff = lambda: "this node drains too" if self.drain.draining else ""
@@ -552,6 +554,12 @@ class NsqdService(MultiService):
                     pass
         self.sync_worker.stopService()
         self.dirlock.unlock()
+
+    def _record_state(self, kind: str, doc: dict[str, Any]) -> None:
+        """A drain or maintenance state goes to etcd (``<prefix>/nodes/<id>/state``); a node
+        serving again, or a window ended, removes it there."""
+        over = doc.get("state") == "serving" if kind == "drain" else not doc.get("seconds")
+        self.etcd.record_state(kind, None if over else doc).addErrback(lambda f: None)  # logged there
 
     def _state_changed(self, kind: str, doc: dict[str, Any]) -> None:
         for listener in list(self.state_listeners):

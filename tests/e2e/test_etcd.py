@@ -217,3 +217,37 @@ async def test_the_all_in_one_runs_with_etcd_and_an_auto_node_id(tmp_path, etcd)
         assert list((await _ids(etcd)).keys()) == [svc.nsqd.options.node_id]
     finally:
         await svc.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_drain_is_recorded_in_etcd_and_removed_when_it_is_cancelled(tmp_path, etcd):  # noqa: F811
+    """POST /drain on a node with --etcd-endpoints: its drain is in <prefix>/nodes/<id>/state for
+    the other nodes to read; DELETE /drain (serving again) removes it."""
+    a = await start_nsqd(node_id=6, etcd_endpoints=[etcd.url], data_path=data_dir(tmp_path, "a"))
+    b = await start_nsqd(node_id=7, etcd_endpoints=[etcd.url], data_path=data_dir(tmp_path, "b"))
+    try:
+        resp = await treq.post(f"http://127.0.0.1:{a.http_port}/drain")
+        await resp.content()
+        assert resp.code == 200
+        states: dict[str, Any] = {}
+
+        async def read() -> bool:
+            states.clear()
+            states.update(await b._service.etcd.read_state(6))
+            return "drain" in states
+
+        for _ in range(250):
+            if await read():
+                break
+            await sleep(0.02)
+        assert states["drain"]["state"] in ("draining", "drained")
+        resp = await treq.delete(f"http://127.0.0.1:{a.http_port}/drain")
+        await resp.content()
+        for _ in range(250):
+            if not await read():
+                break
+            await sleep(0.02)
+        assert "drain" not in states
+    finally:
+        await a.stop()
+        await b.stop()
