@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -125,6 +126,14 @@ def get(address: str, path: str, method: str = "GET") -> bytes:
 def create(address: str, topic: str) -> None:
     get(address, f"/topic/create?topic={topic}", "POST")
     get(address, f"/channel/create?topic={topic}&channel=c", "POST")
+
+
+def producers(address: str, topic: str) -> list:
+    try:
+        doc = json.loads(get(address, f"/lookup?topic={topic}"))
+    except urllib.error.HTTPError:  # 404 TOPIC_NOT_FOUND until it registers
+        return []
+    return list((doc.get("data", doc) or {}).get("producers") or [])
 
 
 def have_go(name: str) -> bool:
@@ -266,7 +275,7 @@ def lookupd_cpu(kind: str) -> tuple[float, int]:
             for t in range(TOPICS):
                 create(nsqd.addresses["HTTP"], f"idle{t}")
             deadline = time.monotonic() + 30
-            while b"idle" not in get(lookupd.addresses["HTTP"], f"/lookup?topic=idle{TOPICS - 1}"):
+            while not producers(lookupd.addresses["HTTP"], f"idle{TOPICS - 1}"):
                 if time.monotonic() > deadline:
                     raise RuntimeError("nsqlookupd never learnt the topics")
                 time.sleep(0.1)
