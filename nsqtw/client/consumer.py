@@ -294,7 +294,7 @@ class Consumer(ConnectionDelegate):
         self.lookupd_urls.remove(url)
         self._regroup()
 
-    def _poll_key(self) -> tuple:
+    def _poll_key(self) -> tuple[Any, ...]:
         """What consumers must have in common to share the periodic poll (nsqtw.client.polling)."""
         auth = self.config.auth_secret if self.config.skip_lookupd_authorization else ""
         return (self.topic, tuple(sorted(self.lookupd_urls)), self.config.lookupd_poll_interval,

@@ -23,13 +23,13 @@ __all__ = ["PollGroup", "join_poll_group"]
 log = Logger(namespace="nsqtw.client")
 
 #: clock -> group key -> group (a clock that is gone takes its groups with it)
-_GROUPS: weakref.WeakKeyDictionary[Any, dict[tuple, PollGroup]] = weakref.WeakKeyDictionary()
+_GROUPS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], PollGroup]] = weakref.WeakKeyDictionary()
 
 
 class PollGroup:
     """The consumers sharing one periodic lookupd query (see the module's docstring)."""
 
-    def __init__(self, clock: Any, key: tuple, interval: float) -> None:
+    def __init__(self, clock: Any, key: tuple[Any, ...], interval: float) -> None:
         self.clock = clock
         self.key = key
         self.interval = interval
@@ -65,7 +65,7 @@ class PollGroup:
         # every member is querying already: each of those answers reaches its own consumer
 
 
-def join_poll_group(consumer: Any, key: tuple) -> PollGroup:
+def join_poll_group(consumer: Any, key: tuple[Any, ...]) -> PollGroup:
     """Put ``consumer`` in the group for ``key`` on its clock (made if needed) and return it."""
     clock = consumer.reactor
     groups = _GROUPS.setdefault(clock, {})
