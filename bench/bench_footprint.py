@@ -7,14 +7,19 @@ Four figures, each printed with Go's beside it (or why Go's is missing):
 * **idle RSS** of nsqd and of nsqlookupd (``VmRSS`` from ``/proc``), started as the drop-in
   commands, after one ``GET /ping`` (so nsqd's HTTP API is built) and a short settle;
 * **client CPU holding N idle consumers**: one process of nsqtw's client holds N consumers
-  (spread over T topics), each discovering its nsqd through nsqlookupd with the client's default
-  heartbeats and lookupd polls; its CPU (user + system, percent of one core) over a window.
+  (spread over T topics, each topic on every one of the nsqd), each discovering its nsqd through
+  nsqlookupd with go-nsq's default heartbeats and lookupd polls; its CPU (user + system, percent
+  of one core) over a window.
   There is no Go consumer program here (go-nsq is a library); the line says so;
 * **nsqlookupd CPU under /lookup polling**: the same request rate of ``GET /lookup?topic=...``
   (keep-alive connections, T topics registered by one nsqd) against nsqtw's and Go's nsqlookupd,
   CPU of each over the same window;
 * **nsqadmin /api/nodes latency** with N nsqd registered (median and 90th percentile of
   sequential requests after a warm-up); Go's nsqadmin is not among the anchors, the line says so.
+
+Before the numbers: nsqtw's version of each daemon is started as ``python -m nsqtw.cli`` with this
+interpreter, so the ``nsqtw`` package it imports is the one in the current directory if there is
+one (run it from the project's root to measure the tree you are in).
 
     python bench/bench_footprint.py                         # a few minutes: 100 consumers, 5 nodes
     FOOTPRINT_CONSUMERS=530 FOOTPRINT_TOPICS=50 FOOTPRINT_NODES=20 python bench/bench_footprint.py
@@ -24,7 +29,8 @@ Knobs (environment): ``FOOTPRINT_CONSUMERS`` (100), ``FOOTPRINT_TOPICS`` (10),
 ``FOOTPRINT_WINDOW`` (seconds of CPU measured, 60: the client's default poll interval),
 ``FOOTPRINT_POLL`` (the consumers' lookupd poll interval, 60 s as go-nsq's),
 ``FOOTPRINT_HEARTBEAT`` (30 s as go-nsq's), ``FOOTPRINT_LOOKUP_RATE`` (/lookup requests a
-second, 200), ``FOOTPRINT_NODES`` (nsqd behind nsqadmin, 5), ``FOOTPRINT_ADMIN_REQUESTS`` (50),
+second, 200), ``FOOTPRINT_NODES`` (nsqd holding the consumers' topics, and behind nsqadmin, 5),
+``FOOTPRINT_ADMIN_REQUESTS`` (50),
 ``GO_NSQ`` (the directory of Go's binaries; default ``../shared/anchors/go-nsq-1.3.0`` beside
 the project, when present), ``NSQTW_PYTHON`` (the interpreter running nsqtw; default this one).
 The machine may be shared: compare the two columns of one run, not runs with each other.
@@ -191,6 +197,7 @@ import sys
 from twisted.internet import reactor
 from nsqtw.client import Config, Consumer
 lookupd, n, topics, poll, heartbeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+nodes = int(sys.argv[6])
 consumers = []
 def start():
     for i in range(n):
@@ -199,7 +206,7 @@ def start():
         c.connect_to_nsqlookupd(lookupd)
         consumers.append(c)
     def check():
-        ready = sum(1 for c in consumers if c.connections)
+        ready = sum(1 for c in consumers if len(c.connections) == nodes)
         if ready == n:
             print("READY", flush=True)
         else:
@@ -213,26 +220,36 @@ reactor.run()
 def section_client() -> None:
     with tempfile.TemporaryDirectory() as data:
         lookupd = Daemon(lookupd_argv("tw"))
-        nsqd = Daemon(nsqd_argv("tw", data, lookupd.addresses["TCP"]))
+        nodes: list[Daemon] = []
         holder = None
         try:
-            for t in range(TOPICS):
-                create(nsqd.addresses["HTTP"], f"idle{t}")
+            for n in range(NODES):  # every topic on every node, as in a fleet
+                path = os.path.join(data, str(n))
+                os.mkdir(path)
+                nodes.append(Daemon(nsqd_argv("tw", path, lookupd.addresses["TCP"])))
+                for t in range(TOPICS):
+                    create(nodes[-1].addresses["HTTP"], f"idle{t}")
+            deadline = time.monotonic() + 30
+            while len(producers(lookupd.addresses["HTTP"], f"idle{TOPICS - 1}")) < NODES:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("not every nsqd registered its topics")
+                time.sleep(0.1)
             holder = subprocess.Popen([PY, "-c", HOLDER, lookupd.addresses["HTTP"], str(CONSUMERS), str(TOPICS),
-                                       str(POLL), str(HEARTBEAT)], stdout=subprocess.PIPE, text=True,
+                                       str(POLL), str(HEARTBEAT), str(NODES)], stdout=subprocess.PIPE, text=True,
                                       start_new_session=True)
             assert holder.stdout is not None
             if holder.stdout.readline().strip() != "READY":
                 raise RuntimeError("the consumers' process did not connect them all")
             time.sleep(2.0)
             cpu = cpu_percent(holder.pid, WINDOW)
-            row(f"client CPU, {CONSUMERS} idle consumers ({WINDOW:.0f} s)",
-                f"{cpu:.2f} % ({cpu / CONSUMERS * 1000:.2f}/1000)", "no Go consumer here")
+            row(f"client CPU, {CONSUMERS} idle consumers x {NODES} nsqd ({WINDOW:.0f} s)",
+                f"{cpu:.2f} %", "no Go consumer here")
         finally:
             if holder is not None:
                 holder.kill()
                 holder.wait()
-            nsqd.stop()
+            for node in nodes:
+                node.stop()
             lookupd.stop()
 
 
