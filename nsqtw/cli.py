@@ -37,7 +37,6 @@ from collections.abc import Callable
 
 from . import version_line as _version_line
 from .options import OptionError
-from .runtime.reactor import resolve_reactor
 
 __all__ = ["nsqd_main", "nsqlookupd_main", "nsqadmin_main", "run_daemon", "main", "DAEMONS"]
 
@@ -54,8 +53,12 @@ def version_line(prog: str) -> str:
 def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[Any, Any], Any],
                prefix: str, defaults: dict | None = None,
                after_build: Callable[[Any], None] | None = None,
-               startup_lines: Callable[[Any], list[str]] | None = None) -> int:
-    """Parse Go-style flags, start the service tree, run the reactor until a signal."""
+               startup_lines: Callable[[Any], list[str]] | None = None, lean: bool = False) -> int:
+    """Parse Go-style flags, start the service tree, run the reactor until a signal.
+
+    ``lean``: before anything of Twisted is imported, leave out what the daemon does not use
+    (:func:`nsqtw.runtime.lean.apply_lean_imports`: no TLS stack when its options ask for no
+    TLS); ``build`` should then import the service tree itself, when called."""
     from .runtime.flags import FlagSyntaxError, HelpRequested, VersionRequested, options_from_argv, usage_text
     from .runtime.golog import go_log_line
 
@@ -84,6 +87,10 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
         fatal(f"failed to instantiate {prog} - {e}")
         return 1
 
+    if lean:  # first: nothing of Twisted imported yet
+        from .runtime.lean import apply_lean_imports
+        apply_lean_imports(options)
+    from .runtime.reactor import resolve_reactor
     from .runtime.spinreactor import install_if_unset
     install_if_unset()  # the epoll reactor that polls briefly before sleeping (NSQTW_SPIN_US)
     reactor = resolve_reactor()
@@ -166,20 +173,26 @@ def run_daemon(prog: str, argv: list[str], options_class: Any, build: Callable[[
 def nsqd_main(argv: list[str] | None = None) -> int:
     """The ``nsqd`` command."""
     from .options import NsqdOptions
-    from .nsqd.service import build_nsqd
+
+    def build_nsqd(options: Any, reactor: Any) -> Any:  # imported once the lean imports are in place
+        from .nsqd.service import build_nsqd
+        return build_nsqd(options, reactor)
 
     args = sys.argv[1:] if argv is None else argv
     return run_daemon("nsqd", args, NsqdOptions, build_nsqd, "[nsqd] ",
-                      startup_lines=lambda o: [version_line("nsqd"), f"ID: {o.node_id}"])
+                      startup_lines=lambda o: [version_line("nsqd"), f"ID: {o.node_id}"], lean=True)
 
 
 def nsqlookupd_main(argv: list[str] | None = None) -> int:
     """The ``nsqlookupd`` command."""
     from .lookupd.options import LookupdOptions
-    from .lookupd.service import build_lookupd
+
+    def build_lookupd(options: Any, reactor: Any) -> Any:  # imported once the lean imports are in place
+        from .lookupd.service import build_lookupd
+        return build_lookupd(options, reactor)
 
     args = sys.argv[1:] if argv is None else argv
-    return run_daemon("nsqlookupd", args, LookupdOptions, build_lookupd, "[nsqlookupd] ")
+    return run_daemon("nsqlookupd", args, LookupdOptions, build_lookupd, "[nsqlookupd] ", lean=True)
 
 
 def nsqadmin_main(argv: list[str] | None = None) -> int:

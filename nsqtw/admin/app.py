@@ -342,13 +342,25 @@ class AdminHTTPAPI:
         doc["message"] = warning_message(list(errors) + list(errs))
         return self._partial(doc, len(present), self._missing_json(missing))
 
+    def _recently_answered(self, address: str, now: float) -> bool:
+        """Whether the node answered a full ``/stats`` (the history poller's, or a page's) within
+        the last two history intervals and has not failed since: the node list shows that answer
+        rather than asking the node again."""
+        state = self._ci.book.get(address)
+        window = 2 * float(getattr(self._opts, "history_interval", 0.0) or 0.0)
+        return (state is not None and state.last_seen is not None and state.unreachable_since is None
+                and window > 0 and now - state.last_seen <= window)
+
     async def _nodes_doc(self) -> dict[str, Any]:
         producers, errors = await self._ci.producers()
         lookupds, _ = self._ci.addresses()
         errs: list[str] = []
-        if lookupds and producers:
+        # lookupd's list, and of each node what nsqadmin's recent polls know; only a node not
+        # heard from lately (new, failing, or the poller is behind) is asked now
+        stale = [p for p in producers if not self._recently_answered(p.http_address, self._now())]
+        if lookupds and stale:
             try:
-                _, _, errs, _ = await self._ci.nsqd_stats_failed(producers, "", "", False)
+                _, _, errs, _ = await self._ci.nsqd_stats_failed(stale, "", "", False)
             except UpstreamError as e:
                 errs = [str(e)]
         now = self._now()

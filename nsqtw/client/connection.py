@@ -116,6 +116,10 @@ class NSQConnection(Protocol):
         self._close_guard: Any = None
         #: commands written while a read is being handled go out as one write after it
         self._batch: list[bytes] | None = None
+        #: the eager write and reused-buffer read on a plain TCP connection once it is ready
+        #: (nsqtw.runtime.seam): a heartbeat's NOP or a FIN is one send(), not a buffered write
+        #: and two epoll changes in the next reactor turn
+        self._seam: Any = None
         # consumer bookkeeping (go-nsq Conn fields), read and written by the RDY logic
         self.rdy = 0
         self.last_rdy_time = 0.0
@@ -188,6 +192,7 @@ class NSQConnection(Protocol):
         self._open = False
         self.lost = True
         self.ready = False
+        self._detach_seam()
         self.core.close()
         for call in (self._deadline, self._write_stall, self._close_guard):
             if call is not None and call.active():
@@ -224,14 +229,21 @@ class NSQConnection(Protocol):
         if batch is not None:
             batch.append(data)
         elif self._open:
-            self.transport.write(self.core.encode(data))
+            seam = self._seam
+            (seam.write if seam is not None else self.transport.write)(self.core.encode(data))
 
     def _flush_batch(self) -> None:
         batch = self._batch
         if batch:
             self._batch = []
             if self._open and not self.lost:
-                self.transport.write(self.core.encode(b"".join(batch)))
+                seam = self._seam
+                (seam.write if seam is not None else self.transport.write)(self.core.encode(b"".join(batch)))
+
+    def _detach_seam(self) -> None:
+        seam, self._seam = self._seam, None
+        if seam is not None:
+            seam.detach()
 
     def _hang_up(self) -> None:
         """loseConnection, after unregistering as the transport's producer (TLS waits for that)."""
@@ -420,6 +432,9 @@ class NSQConnection(Protocol):
 
     def _on_ready(self) -> None:
         self.ready = True
+        if self._seam is None and self._open:
+            from ..runtime import seam
+            self._seam = seam.attach_client(self.transport, self.dataReceived)
         hb = self.config.heartbeat_interval
         self._timeout = 2 * hb if hb > 0 else self.config.read_timeout
         self._arm_deadline(self._timeout)

@@ -112,7 +112,7 @@ class Consumer(ConnectionDelegate):
         self._requery = False
         self._recheck_call: Any = None
         self._jitter_call: Any = None
-        self._lookupd_loop: task.LoopingCall | None = None
+        self._poll_group: Any = None
         self._rdy_loop: task.LoopingCall | None = None
         self._reconnect_calls: dict[str, Any] = {}
         self._queue: deque[Message] = deque()
@@ -272,6 +272,7 @@ class Consumer(ConnectionDelegate):
         self.lookupd_urls.append(url)
         self._start_rdy_loop()
         if len(self.lookupd_urls) > 1:
+            self._regroup()
             return defer.succeed(None)
         d = self._query_lookupd()
         jitter = self.rng.random() * self.config.lookupd_poll_jitter * self.config.lookupd_poll_interval
@@ -291,18 +292,34 @@ class Consumer(ConnectionDelegate):
         if len(self.lookupd_urls) == 1:
             raise ConfigError(f"cannot disconnect from only remaining nsqlookupd HTTP address {address}")
         self.lookupd_urls.remove(url)
+        self._regroup()
+
+    def _poll_key(self) -> tuple[Any, ...]:
+        """What consumers must have in common to share the periodic poll (nsqtw.client.polling)."""
+        auth = self.config.auth_secret if self.config.skip_lookupd_authorization else ""
+        return (self.topic, tuple(sorted(self.lookupd_urls)), self.config.lookupd_poll_interval,
+                self.config.lookupd_poll_timeout, auth, id(self._http_client) if self._http_client else None)
 
     def _start_lookupd_loop(self) -> None:
         self._jitter_call = None
         if self._stopping:
             return
-        loop = task.LoopingCall(self._poll_lookupd)
-        loop.clock = self.reactor
-        self._lookupd_loop = loop
-        loop.start(self.config.lookupd_poll_interval, now=False)
+        from .polling import join_poll_group
+        self._poll_group = join_poll_group(self, self._poll_key())
 
-    def _poll_lookupd(self) -> None:
-        self._query_lookupd()
+    def _regroup(self) -> None:
+        """The lookupd addresses changed: move to the group of the new set."""
+        group = self._poll_group
+        if group is not None and group.key != self._poll_key():
+            group.leave(self)
+            self._poll_group = None
+            self._start_lookupd_loop()
+
+    def _leave_poll_group(self) -> None:
+        group, self._poll_group = self._poll_group, None
+        if group is not None:
+            group.leave(self)
+
 
     def _recheck_lookupd(self) -> None:
         """A connection closed: ask lookupd again right away (go-nsq ``lookupdRecheckChan``)."""
@@ -328,8 +345,9 @@ class Consumer(ConnectionDelegate):
             self._http_client = HTTPClient(Agent(self.reactor, pool=pool))
         return self._http_client
 
-    def _query_lookupd(self) -> defer.Deferred[Any]:
-        """One poll: one lookupd (round-robin), up to 3 tries; then connect to what it lists."""
+    def _query_lookupd(self, others: list[Consumer] | None = None) -> defer.Deferred[Any]:
+        """One poll: one lookupd (round-robin), up to 3 tries; then connect to what it lists
+        (and so does each of ``others``)."""
         if self._stopping or not self.lookupd_urls:
             return defer.succeed(None)
         if self._querying is not None:
@@ -360,14 +378,8 @@ class Consumer(ConnectionDelegate):
             d.addCallbacks(found, failed)
 
         def found(addresses: list[str]) -> None:
-            if self.discovery_filter is not None:
-                addresses = list(self.discovery_filter(addresses))
-            for addr in addresses:
-                if self._stopping:
-                    break
-                if addr in self.rdy.conns or addr in self.pending_connections:
-                    continue
-                self.connect_to_nsqd(addr).addErrback(self._discovered_failed, addr)
+            for consumer in (self, *(others or ())):
+                consumer._connect_discovered(addresses)
             finish(None)
 
         def finish(_: Any) -> None:
@@ -380,6 +392,17 @@ class Consumer(ConnectionDelegate):
         result = done.when()
         attempt(0)
         return result
+
+    def _connect_discovered(self, addresses: list[str]) -> None:
+        """Connect to the nsqd a lookupd listed that this consumer lacks (after its filter)."""
+        if self.discovery_filter is not None:
+            addresses = list(self.discovery_filter(addresses))
+        for addr in addresses:
+            if self._stopping:
+                break
+            if addr in self.rdy.conns or addr in self.pending_connections:
+                continue
+            self.connect_to_nsqd(addr).addErrback(self._discovered_failed, addr)
 
     def _discovered_failed(self, f: Failure, addr: str) -> None:
         if not f.check(AlreadyConnected, Stopped):
@@ -535,8 +558,7 @@ class Consumer(ConnectionDelegate):
             if call is not None and call.active():
                 call.cancel()
         self._jitter_call = self._recheck_call = None
-        if self._lookupd_loop is not None and self._lookupd_loop.running:
-            self._lookupd_loop.stop()
+        self._leave_poll_group()
         for conn in list(self.pending_connections.values()):
             conn.abort(Stopped("consumer stopped"))
         conns = list(self.rdy.conns.values())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from klein import Klein
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
+from twisted.web.resource import Resource
 
 from .. import NSQ_VERSION
 from ..errors import HTTPAPIError
@@ -67,6 +68,28 @@ def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
+class _LookupFirst(Resource):
+    """The app's resource, with ``GET /lookup`` (what every consumer polls) answered without
+    klein's routing and Deferred machinery; anything else, and a ``/lookup`` that fails (a
+    missing or bad topic, an unknown one), goes through klein as before, which gives the
+    answer, errors included."""
+
+    isLeaf = True
+
+    def __init__(self, api: LookupdHTTPAPI, inner: Any) -> None:
+        super().__init__()
+        self.api = api
+        self.inner = inner
+
+    def render(self, request: Any) -> Any:
+        if request.method == b"GET" and request.path == b"/lookup":
+            try:
+                return self.api.lookup(request)
+            except Exception:
+                pass  # klein answers it
+        return self.inner.render(request)
+
+
 class LookupdHTTPAPI:
     """The klein app of one nsqlookupd; ``node`` is the running LookupdService (a :class:`LookupdNode`)."""
 
@@ -77,7 +100,7 @@ class LookupdHTTPAPI:
         self.node = node
 
     def resource(self) -> Any:
-        return self.app.resource()
+        return _LookupFirst(self, self.app.resource())
 
     @property
     def _db(self) -> Any:

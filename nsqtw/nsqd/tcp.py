@@ -35,7 +35,6 @@ from ..protocol.frames import HEARTBEAT_FRAME, OK_FRAME
 from ..runtime import seam
 from ..runtime.turn import TurnBatcher
 from ..runtime.address import format_peer
-from ..runtime.tls import tls_details
 
 __all__ = ["NsqdProtocol", "NsqdFactory"]
 
@@ -250,6 +249,7 @@ class NsqdProtocol(Protocol):
             if self._seam is not None:
                 self._seam.detach()  # TLS reads and writes through its own layer
                 self._seam = None
+            from ..runtime.tls import tls_details
             transport.startTLS(self.factory.tls_context)
             client.writer = transport.write  # from now on through the TLS layer
             client.tls = True

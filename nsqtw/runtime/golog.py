@@ -7,7 +7,11 @@ import time
 from typing import Any, TextIO
 from collections.abc import Callable, Mapping
 
-__all__ = ["GoLogObserver", "begin_logging", "go_log_line"]
+__all__ = ["GoLogObserver", "begin_logging", "go_log_line", "direct_observer"]
+
+#: the observer :func:`begin_logging` installed (a daemon's own process), for lines written
+#: without a Twisted log event (:meth:`GoLogObserver.write_line`); None anywhere else
+_direct: GoLogObserver | None = None
 
 
 #: nsqtw's NSQ log levels (``--log-level``): 1 debug .. 5 fatal
@@ -62,6 +66,18 @@ class GoLogObserver:
         return {LogLevel.debug: 1, LogLevel.info: 2, LogLevel.warn: 3, LogLevel.error: 4,
                 LogLevel.critical: 5}.get(lvl, 2)
 
+    def write_line(self, namespace: str, level: int, text: str) -> None:
+        """Write one line as :meth:`__call__` would for an event of ``namespace`` at ``level``
+        whose text is ``text`` (no ``drop`` hook: for lines it never drops, such as access lines),
+        without building and formatting a Twisted log event."""
+        if level < self.level or (not namespace.startswith(self.namespaces) and level < self.others_from):
+            return
+        try:
+            self.stream.write(go_log_line(self.prefix_for(namespace), level, text))
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed stderr must not kill the app
+            pass
+
     def __call__(self, event: dict[str, Any]) -> None:
         from twisted.logger import formatEvent
 
@@ -91,9 +107,17 @@ def begin_logging(prefix: str, level: int = 2, stream: TextIO | None = None,
     """Send Twisted's global log to stderr, Go-style (only ``main()`` does this)."""
     from twisted.logger import globalLogBeginner
 
+    global _direct
     observer = GoLogObserver(stream or sys.stderr, prefix, level, drop=drop)
+    _direct = observer
     # an ILogObserver by shape (called with each event); no zope declaration: start-up time counts
     observers: list[Any] = [observer]
     globalLogBeginner.beginLoggingTo(observers, redirectStandardIO=False,
                                      discardBuffer=True)
     return observer
+
+
+def direct_observer() -> GoLogObserver | None:
+    """The observer a daemon's ``main()`` began logging to (:func:`begin_logging`), or None (an
+    embedded daemon, whose lines go through Twisted's log as the application set it up)."""
+    return _direct

@@ -24,6 +24,8 @@ from twisted.web import server as _web_server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from .golog import direct_observer
+
 from ..errors import HTTPAPIError
 from ..protocol.names import is_valid_name
 from ..protocol.gojson import go_json
@@ -370,6 +372,7 @@ class GoAccessLog:
         from twisted.logger import Logger
 
         self._log = Logger(namespace=namespace)
+        self._namespace = namespace
         self.quiet_paths = quiet_paths
 
     def __call__(self, request: Any, now: float) -> None:
@@ -382,9 +385,14 @@ class GoAccessLog:
         host = str(getattr(peer, "host", ""))
         where = f"[{host}]:{getattr(peer, 'port', '')}" if ":" in host else f"{host}:{getattr(peer, 'port', '')}"
         agent = request.getHeader(b"User-Agent") or b""
-        emit = self._log.debug if agent.startswith(b"nsqadmin/") else self._log.info
-        emit("{code} {method} {uri} ({peer}) {elapsed}", code=request.code,
-             method=request.method.decode("latin-1"), uri=request.uri.decode("latin-1"),
+        quiet = agent.startswith(b"nsqadmin/")
+        method, uri = request.method.decode("latin-1"), request.uri.decode("latin-1")
+        direct = direct_observer()
+        if direct is not None:  # a daemon's own process: the line straight to its log
+            direct.write_line(self._namespace, 1 if quiet else 2, f"{request.code} {method} {uri} ({where}) {elapsed}")
+            return
+        emit = self._log.debug if quiet else self._log.info
+        emit("{code} {method} {uri} ({peer}) {elapsed}", code=request.code, method=method, uri=uri,
              peer=where, elapsed=elapsed)
 
 

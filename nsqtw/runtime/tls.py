@@ -9,19 +9,21 @@ any client certificate, ``require-verify`` also checks it against
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
-
-from OpenSSL import SSL
-from twisted.internet import ssl
-from twisted.internet.ssl import TLSVersion
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 from ..options import NsqdOptions
 
 __all__ = ["server_context", "tls_details", "replication_contexts"]
 
-_VERSIONS = {0x0301: TLSVersion.TLSv1_0, 0x0302: TLSVersion.TLSv1_1, 0x0303: TLSVersion.TLSv1_2,
-             0x0304: TLSVersion.TLSv1_3}
+# The TLS stack (pyOpenSSL, cryptography, Twisted's ssl) is imported by the calls that need it,
+# never with this module: a daemon without TLS options runs without it (nsqtw.runtime.lean).
+
+
+def _versions() -> dict[int, Any]:
+    from twisted.internet.ssl import TLSVersion
+    return {0x0301: TLSVersion.TLSv1_0, 0x0302: TLSVersion.TLSv1_1, 0x0303: TLSVersion.TLSv1_2,
+            0x0304: TLSVersion.TLSv1_3}
 
 
 def _read(path: str, flag: str) -> bytes:
@@ -32,17 +34,23 @@ def _read(path: str, flag: str) -> bytes:
         raise ValueError(f"failed to build TLS config - {flag} {path}: {e.strerror or e}") from None
 
 
-class _AnyClientCertificate(ssl.CertificateOptions):
+@cache
+def _any_client_certificate() -> type:
     """``require``: the client must present a certificate, any certificate (set on each
     server connection through the public ``IOpenSSLServerConnectionCreator`` method)."""
+    from OpenSSL import SSL
+    from twisted.internet import ssl
 
-    def serverConnectionForTLS(self, protocol: Any) -> SSL.Connection:
-        conn = super().serverConnectionForTLS(protocol)
-        conn.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _accept_any)
-        return conn
+    class _AnyClientCertificate(ssl.CertificateOptions):
+        def serverConnectionForTLS(self, protocol: Any) -> Any:
+            conn = super().serverConnectionForTLS(protocol)
+            conn.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _accept_any)
+            return conn
+
+    return _AnyClientCertificate
 
 
-def _accept_any(conn: SSL.Connection, cert: Any, errno: int, depth: int, ok: int) -> bool:
+def _accept_any(conn: Any, cert: Any, errno: int, depth: int, ok: int) -> bool:
     return True
 
 
@@ -50,6 +58,8 @@ def server_context(options: NsqdOptions) -> Any | None:
     """The server context factory, or None when no certificate is configured."""
     if not (options.tls_cert and options.tls_key):
         return None
+    from twisted.internet import ssl
+    from twisted.internet.ssl import TLSVersion
     try:
         pair = ssl.PrivateCertificate.loadPEM(_read(options.tls_cert, "--tls-cert") + b"\n"
                                               + _read(options.tls_key, "--tls-key"))
@@ -60,7 +70,7 @@ def server_context(options: NsqdOptions) -> Any | None:
     # cryptography objects: pyOpenSSL deprecates its own X509/PKey in its APIs
     kwargs: dict = dict(privateKey=pair.privateKey.original.to_cryptography_key(),
                         certificate=pair.original.to_cryptography(),
-                        raiseMinimumTo=_VERSIONS.get(options.tls_min_version, TLSVersion.TLSv1_0))
+                        raiseMinimumTo=_versions().get(options.tls_min_version, TLSVersion.TLSv1_0))
     policy = options.tls_client_auth_policy
     if policy == "require-verify":
         if not options.tls_root_ca_file:
@@ -68,12 +78,13 @@ def server_context(options: NsqdOptions) -> Any | None:
         ca = ssl.Certificate.loadPEM(_read(options.tls_root_ca_file, "--tls-root-ca-file"))
         return ssl.CertificateOptions(verify=True, caCerts=[ca.original], requireCertificate=True, **kwargs)
     if policy == "require":
-        return _AnyClientCertificate(**kwargs)
+        return _any_client_certificate()(**kwargs)
     return ssl.CertificateOptions(**kwargs)
 
 
 def tls_details(transport: Any) -> tuple[str, str, str]:
     """(version as Go names it, cipher, peer common name) of a TLS connection, or blanks."""
+    from twisted.protocols.tls import TLSMemoryBIOProtocol
     conn = None
     # the TLS protocol's public getHandle (the OpenSSL connection): the transport itself behind
     # a TLS endpoint, the transport's protocol after startTLS
@@ -106,6 +117,8 @@ def replication_contexts(options: NsqdOptions) -> tuple[Any, Any] | None:
         return None
     if not (options.tls_cert and options.tls_key):
         raise ValueError("--replication-tls needs --tls-cert and --tls-key")
+    from twisted.internet import ssl
+    from twisted.internet.ssl import TLSVersion
     try:
         pair = ssl.PrivateCertificate.loadPEM(_read(options.tls_cert, "--tls-cert") + b"\n"
                                               + _read(options.tls_key, "--tls-key"))

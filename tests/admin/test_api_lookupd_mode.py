@@ -210,3 +210,28 @@ async def test_channels_lookupd_knows_are_listed_not_no_channels(cluster) -> Non
     assert 'data-row="elsewhere:audit"' in html and "registered with nsqlookupd; no answering nsqd has it" in html
     code, html, _ = await call("GET", admin.url + "topics/refunds/audit")
     assert code == 200 and "No nsqd has this channel now." in html
+
+
+@pytest.mark.admin_options(history_interval=3600.0)
+@pytest_twisted.ensureDeferred
+async def test_the_node_list_answers_from_lookupd_and_recent_polls(cluster) -> None:
+    """/api/nodes asks nsqlookupd for the nodes and shows what nsqadmin's recent /stats polls
+    learnt of each: a node heard from within two history intervals is not asked again; a node
+    not heard from lately is (issue 47)."""
+    admin, lookupd, nodes, peers = cluster
+    for p in peers:
+        await registered(p)
+    service = admin._service
+    await service.poller.poll_once()
+    book = service.cluster.book
+    seen = {n.http_address: book.get(n.http_address).last_seen for n in nodes}
+    assert all(v is not None for v in seen.values())
+    code, doc, _ = await call("GET", admin.url + "api/nodes")
+    assert code == 200 and len(doc["nodes"]) == 2 and "partial" not in doc
+    assert {n.http_address: book.get(n.http_address).last_seen for n in nodes} == seen  # nobody asked
+    old = nodes[1].http_address
+    book.get(old).last_seen -= 3 * 3600.0  # not heard from for three intervals
+    code, doc, _ = await call("GET", admin.url + "api/nodes")
+    assert code == 200 and len(doc["nodes"]) == 2
+    assert book.get(old).last_seen > seen[old]  # asked now
+    assert book.get(nodes[0].http_address).last_seen == seen[nodes[0].http_address]

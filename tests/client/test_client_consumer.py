@@ -494,3 +494,45 @@ def test_disconnect_rules_for_lookupd():
     c.disconnect_from_nsqlookupd("127.0.0.1:4161")
     assert c.lookupd_urls == ["http://127.0.0.1:4162/lookup?topic=t"]
     results(c.stop())
+
+
+def test_consumers_of_one_topic_share_the_periodic_lookupd_poll():
+    """Three consumers of one topic on one clock and lookupd: each asks at once when it connects,
+    then one query per interval serves all three (each dials what it lacks), a consumer of another
+    topic polls on its own, and the shared poll goes on for the others when one stops, and stops
+    with the last."""
+    fake = FakeLookupd()
+    fake.body = lookup_body(4150)
+    stub = StubTreq(fake)
+    clock = task.Clock()
+    cfg = dict(max_in_flight=1, lookupd_poll_interval=10, lookupd_poll_jitter=0.5)
+    made = []
+    for topic in ("t", "t", "t", "other"):
+        connector = WireConnector()
+        c = Consumer(topic, "ch", lambda m: None, Config(**cfg), reactor=clock, connector=connector,
+                     rng=ScriptedRandom(None, None), http_client=stub)
+        c.connect_to_nsqlookupd("127.0.0.1:4161")
+        made.append((c, connector))
+    stub.flush()
+    assert len(fake.requests) == 4
+    assert all(connector.dials == [ADDR] for _, connector in made)
+    for _, connector in made:
+        connector.handshake(ADDR).feed(response(b"OK"))
+    fake.body = lookup_body(4150, 4250)  # a second producer appears
+    clock.advance(0.5 * 0.5 * 10)  # the jitter: the consumers join their poll groups
+    clock.advance(10)
+    stub.flush()
+    topics = [uri for uri, _, _ in fake.requests[4:]]
+    assert sorted(topics) == [b"/lookup?topic=other", b"/lookup?topic=t"]  # one poll per topic, not per consumer
+    assert all(connector.dials == [ADDR, "127.0.0.1:4250"] for _, connector in made)
+    results(made[0][0].stop())
+    clock.advance(10)
+    stub.flush()
+    assert sorted(uri for uri, _, _ in fake.requests[6:]) == [b"/lookup?topic=other", b"/lookup?topic=t"]
+    for c, _ in made[1:]:
+        results(c.stop())
+    clock.advance(HARD_STOP_TIMEOUT + 10)
+    stub.flush()
+    assert len(fake.requests) == 8  # no group left polling
+    assert not any(call.func.__qualname__.startswith("LoopingCall") for call in clock.getDelayedCalls()
+                   if hasattr(call, "func"))

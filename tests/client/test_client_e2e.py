@@ -381,3 +381,41 @@ async def test_messages_queued_before_a_restart_are_delivered_after_it(tmp_path)
         await consumer.stop()
     finally:
         await second.stop()
+
+
+@pytest.mark.e2e
+@pytest_twisted.ensureDeferred
+async def test_a_ready_plain_connection_writes_eagerly_and_heartbeats_and_fins_still_flow(nsqd):
+    """Once ready, a plain TCP connection writes through the socket seam (a NOP or a FIN is one
+    send(), issue 47): heartbeats are still answered, and messages are received and finished."""
+    beats = defer.Deferred()
+    got: list[bytes] = []
+
+    class Delegate(ConnectionDelegate):
+        count = 0
+
+        def on_heartbeat(self, conn):
+            Delegate.count += 1
+            if Delegate.count == 2 and not beats.called:
+                beats.callback(None)
+
+    conn = await connect(nsqd.tcp_address, Config(heartbeat_interval=1.0), Delegate())
+    assert conn._seam is not None and conn._seam.attached
+    await beats.addTimeout(5, _reactor())
+    assert conn.is_open and not conn.lost
+    conn.close()
+    await conn.closed
+    assert conn._seam is None
+
+    consumer = Consumer("eager", "ch", lambda m: got.append(m.body), Config(max_in_flight=5))
+    await consumer.connect_to_nsqd(nsqd.tcp_address)
+    (c,) = consumer.connections.values()
+    assert c._seam is not None
+    producer = Producer(nsqd.tcp_address)
+    for i in range(20):
+        await producer.publish("eager", b"m%d" % i)
+    await wait_for(lambda: len(got) == 20, what="20 messages")
+    await wait_for(lambda: c.in_flight == 0, what="every FIN written")
+    await consumer.stop()
+    await producer.stop()
+    assert sorted(got) == sorted(b"m%d" % i for i in range(20))

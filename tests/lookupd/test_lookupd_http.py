@@ -246,3 +246,59 @@ async def test_stop_closes_every_nsqd_connection(lookupd) -> None:
     await lookupd.stop()
     await within(client.closed)
     assert lookupd._db.find_producers("client", "", "") == []
+
+
+async def _raw_get(address: str, path: str) -> tuple[int, dict[bytes, list[bytes]], bytes]:
+    """Status, every header but Date (Content-Length included) and body, read off the socket."""
+    import socket
+
+    from twisted.internet import threads
+
+    def fetch() -> bytes:
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    raw = await within(threads.deferToThread(fetch))
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers: dict[bytes, list[bytes]] = {}
+    for line in lines:
+        name, _, value = line.partition(b":")
+        if name.lower() != b"date":
+            headers.setdefault(name.lower(), []).append(value.strip())
+    return int(status.split()[1]), headers, body
+
+
+@pytest_twisted.ensureDeferred
+async def test_lookup_answers_as_the_klein_route_does_without_it(lookupd, monkeypatch) -> None:
+    """GET /lookup (what every consumer polls) skips klein's routing (issue 47): the same status,
+    headers and body as the klein route gives, errors included; other paths go through klein."""
+    from klein.resource import KleinResource
+
+    client, _ = await identified_v1(lookupd.tcp_port)
+    assert await client.command(register_command("t", "c")) == b"OK"
+    through_klein: list[bytes] = []
+    render = KleinResource.render
+
+    def counting(self, request):
+        through_klein.append(request.uri)
+        return render(self, request)
+
+    monkeypatch.setattr(KleinResource, "render", counting)
+    paths = ["/lookup?topic=t", "/lookup?topic=unknown", "/lookup", "/lookup?topic=a;b"]
+    fast = [await _raw_get(lookupd.http_address, p) for p in paths]
+    assert through_klein == [b"/lookup?topic=unknown", b"/lookup", b"/lookup?topic=a;b"]  # the found topic: not
+    code, headers, body = fast[0]
+    assert code == 200 and headers[b"x-nsq-content-type"] == [b"nsq; version=1.0"]
+    assert headers[b"content-length"] == [str(len(body)).encode()] and b'"producers":[{' in body
+    from nsqtw.lookupd import http as lookupd_http
+
+    monkeypatch.setattr(lookupd_http._LookupFirst, "render", lambda self, request: self.inner.render(request))
+    slow = [await _raw_get(lookupd.http_address, p) for p in paths]
+    assert slow == fast
+    assert (await get(lookupd.http_address, "/topics"))[:2] == (200, {"topics": ["t"]})
