@@ -89,7 +89,8 @@ def tls_wanted(options: Any) -> bool:
         return True
     if getattr(options, "https_address", "") and getattr(options, "tls_cert", ""):
         return True
-    for address in getattr(options, "auth_http_addresses", ()) or ():
+    for address in [*(getattr(options, "auth_http_addresses", ()) or ()),
+                    *(getattr(options, "etcd_endpoints", ()) or ())]:
         if str(address).lower().startswith("https"):
             return True
     return False

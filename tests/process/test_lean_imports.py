@@ -170,3 +170,5 @@ def test_which_options_want_tls():
     assert tls_wanted(NsqdOptions(tls_cert="/c.pem", tls_key="/k.pem"))
     assert tls_wanted(NsqdOptions(auth_http_addresses=["https://auth.example:4181"]))
     assert not tls_wanted(NsqdOptions(auth_http_addresses=["auth.example:4181"]))
+    assert tls_wanted(NsqdOptions(etcd_endpoints=["https://etcd.example:2379"]))
+    assert not tls_wanted(NsqdOptions(etcd_endpoints=["http://etcd.example:2379"]))
