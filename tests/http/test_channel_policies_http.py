@@ -25,7 +25,7 @@ from nsqtw.testing.raw import RawV2Client, command, mpub_command
 
 GO_NSQD = Path(__file__).resolve().parents[3] / "shared" / "anchors" / "go-nsq-1.3.0" / "nsqd"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from replication_support import ChildNsqd  # noqa: E402
+from replication_support import ChildNsqd, sleep  # noqa: E402
 
 
 async def _call(port: int, method: str, path: str) -> tuple[int, Any]:
@@ -262,9 +262,7 @@ async def _until(check: Any) -> None:
     for _ in range(500):
         if check():
             return
-        d: defer.Deferred[None] = defer.Deferred()
-        reactor.callLater(0.01, d.callback, None)  # type: ignore[attr-defined]
-        await d
+        await sleep(0.01)
     raise AssertionError("never happened")
 
 
@@ -289,9 +287,7 @@ async def _go_nsqd_stats(data: str) -> Any:
                 pass
             if proc.poll() is not None:
                 raise AssertionError(f"Go's nsqd exited: {proc.stderr.read() if proc.stderr else ''}")
-            d: defer.Deferred[None] = defer.Deferred()
-            reactor.callLater(0.05, d.callback, None)  # type: ignore[attr-defined]
-            await d
+            await sleep(0.05)
         raise AssertionError("Go's nsqd did not answer")
     finally:
         proc.send_signal(signal.SIGTERM)
