@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import struct
 
+from ..runtime.files import append, write_atomically
 from .core.deadletters import DeadLetter
 from .core.policy import REASON_ATTEMPTS, REASONS
 
@@ -69,27 +70,13 @@ class DeadLetterFile:
         return out
 
     def append(self, letters: list[DeadLetter]) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, _encode(letters))
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        append(self.path, _encode(letters), self.fsync)
 
     def rewrite(self, letters: list[DeadLetter]) -> None:
         if not letters:
             self.delete()
             return
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, _encode(letters))
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, _encode(letters), self.fsync)
 
     def delete(self) -> None:
         try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from ..runtime.files import write_atomically
 from .core.policy import ChannelPolicy, PolicyError
 
 __all__ = ["PolicyFile", "POLICY_FILE"]
@@ -68,12 +69,4 @@ class PolicyFile:
                 pass
             return
         data = json.dumps({"version": 1, "channels": entries}, indent=1).encode()
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, data, self.fsync)

@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 
 from ..options import NsqdOptions, OptionError, split_host_port
 from ..runtime import seam
+from ..runtime.files import write_atomically
 from ..protocol.names import is_ephemeral
 from ..protocol import replication as wire
 from ..protocol.replication import (
@@ -75,16 +76,7 @@ EARLY_FLUSH_MESSAGES = 100
 
 def _write_file(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically and durably (a temporary file, fsync, rename)."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomically(path, data)
 
 
 def read_epoch(data_path: str) -> int:
